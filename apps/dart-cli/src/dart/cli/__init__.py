@@ -1,0 +1,3 @@
+"""The dart command."""
+
+__version__ = "0.1.0"

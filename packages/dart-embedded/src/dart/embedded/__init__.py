@@ -1,0 +1,3 @@
+"""dart.embedded."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""dart.protocol."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""dart.rollout."""
+
+__version__ = "0.1.0"

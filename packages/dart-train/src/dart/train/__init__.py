@@ -1,0 +1,3 @@
+"""dart.train."""
+
+__version__ = "0.1.0"
