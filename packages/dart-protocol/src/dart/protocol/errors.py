@@ -149,3 +149,62 @@ class IntegrityError(StoreError):
 
 class InvalidURIError(StoreError, ValueError):
     """An artifact URI is malformed or uses an unsupported scheme."""
+
+
+class ServiceError(BusError):
+    """Raised by a request handler to answer with a typed error reply instead of a result.
+
+    The bus turns it into an ``ErrorReply`` carrying the same fields; the caller's
+    :meth:`~dart.protocol.bus.Bus.request` then raises :class:`RemoteError` with them.
+
+    Attributes:
+        code: An :class:`~dart.protocol.messages.base.ErrorCode` value (``not_found``, ...).
+        message: What went wrong and what the caller can do.
+        details: Structured context (ids, field errors); JSON values only.
+        retryable: Whether repeating the same request later may succeed.
+    """
+
+    def __init__(
+        self, code: str, message: str, details: dict[str, Any] | None = None, *, retryable: bool = False
+    ) -> None:
+        self.code = code
+        self.message = message
+        self.details = details or {}
+        self.retryable = retryable
+        super().__init__(f"{code}: {message}")
+
+
+class JetStreamError(BusError):
+    """A JetStream operation (stream, consumer, KV bucket or persistent publish) failed.
+
+    Attributes:
+        operation: What was attempted, e.g. ``ensure_stream`` or ``js_publish``.
+        target: The stream, consumer, bucket or subject it was attempted on.
+        detail: The server's or client's reason.
+    """
+
+    def __init__(self, operation: str, target: str, detail: str) -> None:
+        self.operation = operation
+        self.target = target
+        self.detail = detail
+        super().__init__(f"{operation} on '{target}' failed: {detail}")
+
+
+class RevisionConflictError(JetStreamError):
+    """A compare-and-set KV write lost: the key's revision is not the one the writer read.
+
+    Re-read the key, re-apply the change and retry.
+
+    Attributes:
+        key: The KV key.
+        expected_revision: The revision the writer expected (0 means "key must not exist").
+    """
+
+    def __init__(self, bucket: str, key: str, expected_revision: int) -> None:
+        self.key = key
+        self.expected_revision = expected_revision
+        super().__init__(
+            "kv_update",
+            f"{bucket}/{key}",
+            f"revision is no longer {expected_revision}: another writer changed the key; re-read and retry",
+        )

@@ -1,0 +1,125 @@
+"""GRPO group formation with staleness and variance filters.
+
+Group lifecycle: ``open`` when its first trajectory arrives -> ``complete`` when ``group_size``
+trajectories arrived, or ``timed out`` when ``timeout_s`` passed since the first one (then it is
+emitted if it has at least ``min_group_size`` usable members, else dropped) -> emitted or dropped,
+never both. A trajectory is usable when its status is trainable and its policy lag
+(``current_version - min_policy_version``) is within ``max_staleness``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dart.protocol.messages import Trajectory
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    """How groups are formed.
+
+    Attributes:
+        timeout_s: Emit (or drop) an incomplete group this long after its first trajectory.
+        min_group_size: Smallest group worth training on after filtering.
+        max_staleness: Largest accepted policy lag in versions; None disables the limit.
+        drop_zero_variance: Drop groups whose rewards are all equal (zero advantage everywhere).
+    """
+
+    timeout_s: float = 300.0
+    min_group_size: int = 2
+    max_staleness: int | None = 4
+    drop_zero_variance: bool = True
+
+
+@dataclass
+class ReadyGroup:
+    """A group ready for advantage computation."""
+
+    group_id: str
+    trajectories: list[Trajectory]
+    complete: bool
+    """False when emitted on timeout with fewer members than requested."""
+
+
+@dataclass
+class _OpenGroup:
+    expected: int
+    first_seen: float
+    members: dict[str, Trajectory] = field(default_factory=dict)
+    unusable: int = 0
+
+
+class GroupAssembler:
+    """Collects trajectories into GRPO groups and applies the staleness and variance filters.
+
+    Not thread-safe; owned by one task of the data manager. ``drops`` counts why data was
+    discarded (``stale``, ``not_trainable``, ``zero_variance``, ``too_small``, ``duplicate``).
+    """
+
+    def __init__(self, policy: GroupPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._open: dict[str, _OpenGroup] = {}
+        self._closed: set[str] = set()
+        self.drops: Counter[str] = Counter()
+
+    def is_stale(self, traj: Trajectory, current_version: int) -> bool:
+        """Whether a trajectory's oldest step lags the current policy by more than allowed."""
+        limit = self.policy.max_staleness
+        return limit is not None and current_version - traj.min_policy_version > limit
+
+    def add(self, traj: Trajectory, current_version: int) -> list[ReadyGroup]:
+        """Add one trajectory; return the groups that became ready (at most one)."""
+        if traj.group_id in self._closed:
+            self.drops["late"] += 1
+            return []
+        group = self._open.setdefault(traj.group_id, _OpenGroup(traj.group_size, self._clock()))
+        if traj.trajectory_id in group.members:
+            self.drops["duplicate"] += 1
+            return []
+        if not traj.trainable:
+            self.drops["not_trainable"] += 1
+            group.unusable += 1
+        elif self.is_stale(traj, current_version):
+            self.drops["stale"] += 1
+            group.unusable += 1
+        else:
+            group.members[traj.trajectory_id] = traj
+        if len(group.members) + group.unusable >= group.expected:
+            return self._close(traj.group_id, complete=group.unusable == 0)
+        return []
+
+    def poll(self, current_version: int) -> list[ReadyGroup]:
+        """Close groups that timed out, and drop members that went stale while waiting."""
+        ready: list[ReadyGroup] = []
+        now = self._clock()
+        for gid, group in list(self._open.items()):
+            for tid, traj in list(group.members.items()):
+                if self.is_stale(traj, current_version):
+                    del group.members[tid]
+                    group.unusable += 1
+                    self.drops["stale"] += 1
+            if now - group.first_seen >= self.policy.timeout_s:
+                ready.extend(self._close(gid, complete=False))
+        return ready
+
+    @property
+    def open_groups(self) -> int:
+        """Number of groups still waiting for members."""
+        return len(self._open)
+
+    def _close(self, gid: str, complete: bool) -> list[ReadyGroup]:
+        group = self._open.pop(gid)
+        self._closed.add(gid)
+        members = sorted(group.members.values(), key=lambda t: t.rollout_index)
+        if len(members) < self.policy.min_group_size:
+            self.drops["too_small"] += len(members) or 1
+            return []
+        rewards = [t.reward for t in members]
+        if self.policy.drop_zero_variance and max(rewards) - min(rewards) <= 1e-9:
+            self.drops["zero_variance"] += len(members)
+            return []
+        return [ReadyGroup(gid, members, complete)]

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import pytest
+
+from dart.data.groups import GroupAssembler, GroupPolicy
+from dart.protocol import messages as m
+from dart.protocol.testing import TASK
+
+pytestmark = pytest.mark.unit
+
+
+def traj(tid: str, gid: str = "g", idx: int = 0, size: int = 4, reward: float = 0.0, version: int = 5,
+         status: m.TrajectoryStatus = m.TrajectoryStatus.OK) -> m.Trajectory:
+    return m.Trajectory(
+        trajectory_id=tid, work_id=tid, task=TASK, group_id=gid, rollout_index=idx, group_size=size,
+        status=status, reward=reward, success=reward > 0, min_policy_version=version, max_policy_version=version,
+        started_at=0.0, finished_at=1.0,
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_complete_group_emitted_once_in_rollout_order() -> None:
+    asm = GroupAssembler(GroupPolicy())
+    assert asm.add(traj("b", idx=1, reward=1.0), 5) == []
+    assert asm.add(traj("a", idx=0), 5) == []
+    assert asm.add(traj("c", idx=2), 5) == []
+    ready = asm.add(traj("d", idx=3, reward=1.0), 5)
+    assert len(ready) == 1 and ready[0].complete
+    assert [t.trajectory_id for t in ready[0].trajectories] == ["a", "b", "c", "d"]
+    assert asm.open_groups == 0
+    assert asm.add(traj("e", idx=3), 5) == []
+    assert asm.drops["late"] == 1
+
+
+def test_zero_variance_group_dropped() -> None:
+    asm = GroupAssembler(GroupPolicy())
+    for i in range(3):
+        asm.add(traj(f"t{i}", idx=i, size=4, reward=1.0), 5)
+    assert asm.add(traj("t3", idx=3, size=4, reward=1.0), 5) == []
+    assert asm.drops["zero_variance"] == 4
+
+
+def test_duplicates_ignored() -> None:
+    asm = GroupAssembler(GroupPolicy())
+    asm.add(traj("t0", idx=0, size=2, reward=1.0), 5)
+    assert asm.add(traj("t0", idx=0, size=2, reward=1.0), 5) == []
+    assert asm.drops["duplicate"] == 1
+    assert len(asm.add(traj("t1", idx=1, size=2), 5)) == 1
+
+
+def test_staleness_limit_on_arrival_and_while_waiting() -> None:
+    asm = GroupAssembler(GroupPolicy(max_staleness=2, min_group_size=2))
+    assert asm.is_stale(traj("x", version=1), 4)
+    assert not asm.is_stale(traj("x", version=2), 4)
+    asm.add(traj("old", idx=0, size=3, version=1), 4)
+    assert asm.drops["stale"] == 1
+    asm.add(traj("a", idx=1, size=3, version=3, reward=1.0), 4)
+    asm.poll(6)  # a's lag is now 3 > 2
+    assert asm.drops["stale"] == 2
+    assert asm.add(traj("b", idx=2, size=3, version=6), 6) == []  # only one usable member left
+    assert asm.drops["too_small"] == 1
+
+
+def test_failed_trajectories_count_toward_completion_but_are_not_trained() -> None:
+    asm = GroupAssembler(GroupPolicy(min_group_size=2))
+    asm.add(traj("a", idx=0, size=3, reward=1.0), 5)
+    asm.add(traj("f", idx=1, size=3, status=m.TrajectoryStatus.ENV_FAILED), 5)
+    ready = asm.add(traj("b", idx=2, size=3, reward=0.0), 5)
+    assert len(ready) == 1 and not ready[0].complete
+    assert [t.trajectory_id for t in ready[0].trajectories] == ["a", "b"]
+    assert asm.drops["not_trainable"] == 1
+
+
+def test_timeout_emits_partial_group() -> None:
+    clock = Clock()
+    asm = GroupAssembler(GroupPolicy(timeout_s=10, min_group_size=2), clock=clock)
+    asm.add(traj("a", idx=0, size=8, reward=1.0), 5)
+    asm.add(traj("b", idx=1, size=8, reward=0.0), 5)
+    clock.t = 9.9
+    assert asm.poll(5) == []
+    clock.t = 10.0
+    ready = asm.poll(5)
+    assert len(ready) == 1 and not ready[0].complete and len(ready[0].trajectories) == 2
+    assert asm.open_groups == 0

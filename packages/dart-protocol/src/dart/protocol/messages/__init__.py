@@ -1,0 +1,127 @@
+"""DART wire messages: pydantic v2 models with a ``kind`` discriminator and a schema version."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter
+
+from dart.protocol.messages.actions import (
+    ACTION_ADAPTER,
+    TERMINAL_ACTION_KINDS,
+    Action,
+    Click,
+    DoubleClick,
+    Drag,
+    Fail,
+    Finished,
+    Hotkey,
+    RightClick,
+    Scroll,
+    ScrollDirection,
+    Type,
+    Wait,
+)
+from dart.protocol.messages.base import SCHEMA_VERSION, ErrorCode, ErrorReply, Message, Value
+from dart.protocol.messages.codec import decode, encode
+from dart.protocol.messages.env import (
+    EvaluateReply,
+    EvaluateRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    LeaseReply,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    ResetReply,
+    ResetRequest,
+    StepReply,
+    StepRequest,
+)
+from dart.protocol.messages.observation import Image, ImageRef, InlineImage, Observation
+from dart.protocol.messages.tasks import TaskSpec, WorkItem
+from dart.protocol.messages.training import ModelVersion, TrainingBatch, TrainingSample
+from dart.protocol.messages.trajectory import (
+    TRAINABLE_STATUSES,
+    StepRecord,
+    StepTimings,
+    Trajectory,
+    TrajectoryStatus,
+)
+
+AnyMessage = Annotated[
+    ErrorReply
+    | LeaseRequest
+    | LeaseReply
+    | HeartbeatRequest
+    | HeartbeatReply
+    | ResetRequest
+    | ResetReply
+    | StepRequest
+    | StepReply
+    | EvaluateRequest
+    | EvaluateReply
+    | ReleaseRequest
+    | ReleaseReply
+    | WorkItem
+    | Trajectory
+    | TrainingBatch
+    | ModelVersion,
+    Field(discriminator="kind"),
+]
+"""Every top-level wire message, discriminated by ``kind``."""
+
+ANY_MESSAGE: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
+"""Decoder for any top-level message: ``decode(data, ANY_MESSAGE)``."""
+
+__all__ = [
+    "ACTION_ADAPTER",
+    "ANY_MESSAGE",
+    "SCHEMA_VERSION",
+    "TERMINAL_ACTION_KINDS",
+    "TRAINABLE_STATUSES",
+    "Action",
+    "AnyMessage",
+    "Click",
+    "DoubleClick",
+    "Drag",
+    "ErrorCode",
+    "ErrorReply",
+    "EvaluateReply",
+    "EvaluateRequest",
+    "Fail",
+    "Finished",
+    "HeartbeatReply",
+    "HeartbeatRequest",
+    "Hotkey",
+    "Image",
+    "ImageRef",
+    "InlineImage",
+    "LeaseReply",
+    "LeaseRequest",
+    "Message",
+    "ModelVersion",
+    "Observation",
+    "ReleaseReply",
+    "ReleaseRequest",
+    "ResetReply",
+    "ResetRequest",
+    "RightClick",
+    "Scroll",
+    "ScrollDirection",
+    "StepRecord",
+    "StepReply",
+    "StepRequest",
+    "StepTimings",
+    "TaskSpec",
+    "Trajectory",
+    "TrajectoryStatus",
+    "TrainingBatch",
+    "TrainingSample",
+    "Type",
+    "Value",
+    "Wait",
+    "WorkItem",
+    "decode",
+    "encode",
+]

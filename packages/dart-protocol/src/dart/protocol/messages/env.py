@@ -1,0 +1,134 @@
+"""Env service requests and replies (core NATS request/reply).
+
+Lease lifecycle: ``free -> leased`` on :class:`LeaseRequest` (the reply names the instance and
+lease id) ``-> leased`` while the holder heartbeats before ``expires_at`` ``-> free`` on
+:class:`ReleaseRequest`, on expiry (holder stopped heartbeating), or ``-> failed`` when the
+instance crashes (requests on it are answered with ``env_failed``; the pool replaces it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dart.protocol.messages.actions import Action
+from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat
+from dart.protocol.messages.observation import MetadataValue, Observation
+from dart.protocol.messages.tasks import TaskSpec
+
+
+class LeaseRequest(Message):
+    """Ask a pool for an env instance."""
+
+    kind: Literal["env.lease"] = "env.lease"
+    holder: NonEmptyStr
+    """Who holds the lease (runner id), for diagnostics and stale-lease cleanup."""
+    ttl_s: NonNegFloat = Field(default=60.0, gt=0.0, le=3600.0)
+    """Lease lifetime without a heartbeat, seconds."""
+    task_id: str | None = None
+    """Optional task hint, so a pool may prefer an instance already set up for it."""
+
+
+class LeaseReply(Message):
+    """A granted lease."""
+
+    kind: Literal["env.lease.reply"] = "env.lease.reply"
+    lease_id: NonEmptyStr
+    instance_id: NonEmptyStr
+    """Instance to address with :meth:`Subjects.env_instance`."""
+    backend: NonEmptyStr
+    expires_at: NonNegFloat
+    """Unix time, seconds, after which the lease is void without a heartbeat."""
+    heartbeat_interval_s: NonNegFloat = Field(gt=0.0)
+    """How often the holder should heartbeat."""
+    screen_width: int = Field(ge=1)
+    screen_height: int = Field(ge=1)
+
+
+class HeartbeatRequest(Message):
+    """Extend a lease."""
+
+    kind: Literal["env.heartbeat"] = "env.heartbeat"
+    lease_id: NonEmptyStr
+
+
+class HeartbeatReply(Message):
+    """The lease's new expiry."""
+
+    kind: Literal["env.heartbeat.reply"] = "env.heartbeat.reply"
+    expires_at: NonNegFloat
+
+
+class ResetRequest(Message):
+    """Reset the leased instance to a task."""
+
+    kind: Literal["env.reset"] = "env.reset"
+    lease_id: NonEmptyStr
+    task: TaskSpec
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+
+class ResetReply(Message):
+    """The first observation of an episode."""
+
+    kind: Literal["env.reset.reply"] = "env.reset.reply"
+    observation: Observation
+    instruction: str
+    """The task's instruction as the backend resolved it."""
+    env_latency_s: NonNegFloat
+    """Time the backend spent resetting, seconds."""
+
+
+class StepRequest(Message):
+    """Execute one action on the leased instance."""
+
+    kind: Literal["env.step"] = "env.step"
+    lease_id: NonEmptyStr
+    action: Action
+    step_index: int = Field(ge=0)
+    """Index of this step in the episode, to detect duplicated or lost requests."""
+
+
+class StepReply(Message):
+    """The observation after an action."""
+
+    kind: Literal["env.step.reply"] = "env.step.reply"
+    observation: Observation
+    done: bool
+    """Whether the episode ended (terminal action or env-side end)."""
+    env_latency_s: NonNegFloat
+    """Time the backend spent executing the action and capturing the screen, seconds."""
+    info: dict[str, MetadataValue] = Field(default_factory=dict)
+
+
+class EvaluateRequest(Message):
+    """Score the episode on the leased instance."""
+
+    kind: Literal["env.evaluate"] = "env.evaluate"
+    lease_id: NonEmptyStr
+
+
+class EvaluateReply(Message):
+    """The episode's reward."""
+
+    kind: Literal["env.evaluate.reply"] = "env.evaluate.reply"
+    reward: FiniteFloat
+    success: bool
+    env_latency_s: NonNegFloat
+    details: dict[str, MetadataValue] = Field(default_factory=dict)
+
+
+class ReleaseRequest(Message):
+    """Give the instance back to its pool."""
+
+    kind: Literal["env.release"] = "env.release"
+    lease_id: NonEmptyStr
+    reason: str = ""
+
+
+class ReleaseReply(Message):
+    """Whether the lease was still held when released (False: it had expired already)."""
+
+    kind: Literal["env.release.reply"] = "env.release.reply"
+    released: bool

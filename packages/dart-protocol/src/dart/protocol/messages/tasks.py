@@ -1,0 +1,63 @@
+"""Tasks and work items: what to roll out."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
+
+
+class TaskSpec(Value):
+    """One task an environment backend can reset to.
+
+    Task suites are files of these; ``params`` is backend-specific and opaque to everything but
+    the backend (e.g. the sim family's target button, an OSWorld task's JSON).
+    """
+
+    task_id: NonEmptyStr
+    """Stable id, unique within a suite (e.g. ``sim/click-button/17``, ``osworld/os/<uuid>``)."""
+    backend: NonEmptyStr
+    """Env backend that runs it: ``sim``, ``miniwob``, ``desktop``, ``osworld``."""
+    instruction: str = Field(default="", max_length=16384)
+    """Natural-language goal shown to the policy; backends may fill it at reset."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Backend-specific parameters (JSON values)."""
+    max_steps: int = Field(default=15, ge=1, le=1000)
+    """Default step budget for this task."""
+    tags: tuple[str, ...] = ()
+    """Free-form labels (domain, family, difficulty)."""
+
+
+class WorkItem(Message):
+    """A request for exactly one trajectory (rollout-wise sampling: no batch barrier).
+
+    Lifecycle: emitted by dart-data onto the work stream -> pulled by one trajectory runner ->
+    acked when its trajectory is published (or nak'ed for redelivery if the runner fails).
+    """
+
+    kind: Literal["work_item"] = "work_item"
+    work_id: NonEmptyStr
+    """Unique id; also the JetStream dedupe id, so re-emitting a work item is harmless."""
+    task: TaskSpec
+    group_id: NonEmptyStr
+    """GRPO group this rollout belongs to (same task, same sampling round)."""
+    rollout_index: int = Field(ge=0)
+    """Index of this rollout within its group, in ``[0, group_size)``."""
+    group_size: int = Field(ge=1, le=1024)
+    """Number of rollouts in the group."""
+    max_steps: int = Field(ge=1, le=1000)
+    """Step budget for this trajectory (may differ from the task default: adaptive length)."""
+    min_policy_version: PolicyVersion = 0
+    """The runner must not sample with an older policy than this."""
+    temperature: FiniteFloat = Field(default=1.0, ge=0.0, le=10.0)
+    """Sampling temperature."""
+    created_at: NonNegFloat
+    """Unix time, seconds."""
+
+    @model_validator(mode="after")
+    def _index_in_group(self) -> WorkItem:
+        if self.rollout_index >= self.group_size:
+            raise ValueError(f"rollout_index {self.rollout_index} must be < group_size {self.group_size}")
+        return self

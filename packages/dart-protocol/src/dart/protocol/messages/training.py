@@ -1,0 +1,92 @@
+"""Training batches and model versions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
+from dart.protocol.messages.observation import ImageRef, Sha256Hex
+
+
+class TrainingSample(Value):
+    """One step of one trajectory, carrying its trajectory's group-normalized advantage.
+
+    The prompt's images are by reference; tokens are exactly the rollout's, so the trainer's
+    recomputed log-probs and the rollout log-probs refer to the same tokens.
+    """
+
+    trajectory_id: NonEmptyStr
+    step_index: int = Field(ge=0)
+    group_id: NonEmptyStr
+    task_id: NonEmptyStr
+    advantage: FiniteFloat
+    """Group-normalized advantage of the trajectory (GRPO)."""
+    reward: FiniteFloat
+    policy_version: PolicyVersion
+    """Version that generated the step (behaviour policy)."""
+    prompt_token_ids: list[int] = Field(min_length=1)
+    response_token_ids: list[int] = Field(min_length=1)
+    rollout_logprobs: list[FiniteFloat]
+    """Behaviour-policy log-probs of the response tokens, aligned with ``response_token_ids``."""
+    images: list[ImageRef] = Field(default_factory=list)
+    """Screenshots in the prompt, oldest first."""
+    from_experience_pool: bool = False
+    """Whether the trajectory came from the experience pool rather than the current round."""
+    entropy: NonNegFloat = 0.0
+    """Mean response-token entropy of the step (used for high-entropy selection)."""
+
+    @model_validator(mode="after")
+    def _aligned(self) -> TrainingSample:
+        if len(self.rollout_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"{len(self.rollout_logprobs)} rollout logprobs for {len(self.response_token_ids)} response tokens"
+            )
+        return self
+
+
+class TrainingBatch(Message):
+    """A batch of step samples from complete GRPO groups, served by dart-data to dart-train."""
+
+    kind: Literal["training_batch"] = "training_batch"
+    batch_id: NonEmptyStr
+    samples: list[TrainingSample] = Field(min_length=1)
+    group_ids: list[NonEmptyStr] = Field(min_length=1)
+    min_policy_version: PolicyVersion
+    max_policy_version: PolicyVersion
+    created_at: NonNegFloat
+    """Unix time, seconds."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingBatch:
+        versions = [s.policy_version for s in self.samples]
+        if min(versions) != self.min_policy_version or max(versions) != self.max_policy_version:
+            raise ValueError("batch policy version range does not match its samples")
+        missing = {s.group_id for s in self.samples} - set(self.group_ids)
+        if missing:
+            raise ValueError(f"samples reference groups not listed in group_ids: {sorted(missing)[:3]}")
+        return self
+
+
+class ModelVersion(Message):
+    """Announcement of new policy weights (published by dart-train, consumed by engines).
+
+    Lifecycle of an engine update it triggers: ``serving -> draining`` (finish or pause in-flight
+    requests) ``-> loading`` (fetch ``uri``, verify ``sha256``) ``-> serving`` at ``version``.
+    """
+
+    kind: Literal["model_version"] = "model_version"
+    version: PolicyVersion
+    uri: NonEmptyStr
+    """Artifact URI of the safetensors weights."""
+    sha256: Sha256Hex
+    """Digest of the weights file."""
+    manifest_uri: str | None = None
+    """Artifact URI of the manifest (version, sha256, base model, trainer step)."""
+    size_bytes: int = Field(default=0, ge=0)
+    trainer_step: int = Field(default=0, ge=0)
+    base_model: str = ""
+    """Name or path of the architecture/base checkpoint the weights belong to."""
+    created_at: NonNegFloat
+    """Unix time, seconds."""

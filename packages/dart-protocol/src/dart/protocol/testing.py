@@ -1,0 +1,125 @@
+"""Valid sample messages of every kind, for tests of dart-protocol and of the services built on it."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+from dart.protocol import messages as m
+
+
+def tiny_png(width: int = 2, height: int = 2) -> bytes:
+    """A valid grayscale PNG built by hand (no imaging library needed)."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + bytes(range(width)) for _ in range(height))
+    buf = io.BytesIO()
+    buf.write(m.observation.PNG_SIGNATURE)
+    buf.write(chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)))
+    buf.write(chunk(b"IDAT", zlib.compress(raw)))
+    buf.write(chunk(b"IEND", b""))
+    return buf.getvalue()
+
+
+SHA = "ab" * 32
+TASK = m.TaskSpec(task_id="sim/click/1", backend="sim", instruction="Click OK", params={"target": "OK", "n": 3})
+OBS = m.Observation(
+    screenshot=m.InlineImage(png=tiny_png(), width=2, height=2), text="Click OK", metadata={"step": 0, "title": "w"}
+)
+OBS_REF = m.Observation(screenshot=m.ImageRef(uri="s3://b/k.png", sha256=SHA, width=640, height=480))
+
+ACTIONS: list[m.Action] = [
+    m.Click(x=0.1, y=0.9),
+    m.DoubleClick(x=0.0, y=1.0),
+    m.RightClick(x=0.5, y=0.5),
+    m.Drag(x1=0.1, y1=0.2, x2=0.3, y2=0.4),
+    m.Type(text="hello\n"),
+    m.Hotkey(keys=("ctrl", "c")),
+    m.Scroll(x=0.5, y=0.5, direction=m.ScrollDirection.DOWN, amount=3),
+    m.Wait(seconds=0.5),
+    m.Finished(content="done"),
+    m.Fail(reason="infeasible"),
+]
+
+
+def step(index: int = 0, version: int = 3) -> m.StepRecord:
+    return m.StepRecord(
+        index=index,
+        policy_version=version,
+        observation=OBS,
+        prompt_token_ids=[1, 2, 3],
+        response_token_ids=[4, 5],
+        response_logprobs=[-0.1, -2.5],
+        response_entropy=[0.3, 1.2],
+        response_text="Action: click(start_box='(10,20)')",
+        action=m.Click(x=0.01, y=0.02),
+        timings=m.StepTimings(generate_s=0.2, env_s=0.1, total_s=0.31),
+    )
+
+
+def all_messages() -> list[m.Message]:
+    """One valid instance of every top-level message kind."""
+    work = m.WorkItem(
+        work_id="w1", task=TASK, group_id="g1", rollout_index=1, group_size=4, max_steps=10, created_at=1.5e9
+    )
+    traj = m.Trajectory(
+        trajectory_id="t1",
+        work_id="w1",
+        task=TASK,
+        group_id="g1",
+        rollout_index=1,
+        group_size=4,
+        steps=[step(0, 3), step(1, 4)],
+        status=m.TrajectoryStatus.OK,
+        reward=1.0,
+        success=True,
+        min_policy_version=3,
+        max_policy_version=4,
+        started_at=10.0,
+        finished_at=12.0,
+    )
+    sample = m.TrainingSample(
+        trajectory_id="t1",
+        step_index=0,
+        group_id="g1",
+        task_id="sim/click/1",
+        advantage=0.7,
+        reward=1.0,
+        policy_version=3,
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3],
+        rollout_logprobs=[-0.5],
+        images=[m.ImageRef(uri="file:///tmp/a.png", sha256=SHA, width=4, height=4)],
+    )
+    return [
+        m.ErrorReply(code=m.ErrorCode.NOT_FOUND, message="no such lease", details={"lease_id": "x"}),
+        m.LeaseRequest(holder="runner-1", ttl_s=30.0, task_id="sim/click/1"),
+        m.LeaseReply(
+            lease_id="l1",
+            instance_id="sim-0",
+            backend="sim",
+            expires_at=100.0,
+            heartbeat_interval_s=5.0,
+            screen_width=640,
+            screen_height=480,
+        ),
+        m.HeartbeatRequest(lease_id="l1"),
+        m.HeartbeatReply(expires_at=130.0),
+        m.ResetRequest(lease_id="l1", task=TASK, seed=7),
+        m.ResetReply(observation=OBS, instruction="Click OK", env_latency_s=0.01),
+        *[m.StepRequest(lease_id="l1", action=a, step_index=i) for i, a in enumerate(ACTIONS)],
+        m.StepReply(observation=OBS_REF, done=False, env_latency_s=0.2, info={"k": 1.5}),
+        m.EvaluateRequest(lease_id="l1"),
+        m.EvaluateReply(reward=1.0, success=True, env_latency_s=0.0),
+        m.ReleaseRequest(lease_id="l1", reason="done"),
+        m.ReleaseReply(released=True),
+        work,
+        traj,
+        m.TrainingBatch(
+            batch_id="b1", samples=[sample], group_ids=["g1"], min_policy_version=3, max_policy_version=3, created_at=1.0
+        ),
+        m.ModelVersion(version=5, uri="s3://w/v5.safetensors", sha256=SHA, created_at=2.0, size_bytes=10),
+    ]
