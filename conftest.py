@@ -1,11 +1,16 @@
-"""Fixtures shared by every test in the repository: real servers, never fakes.
+"""Fixtures and guards shared by every test in the repository: real servers, never fakes.
 
 - ``nats_server``: one embedded nats-server with JetStream per test session.
 - ``s3_server``: one embedded S3 server (SeaweedFS) per test session.
+- Guards: no connection beyond loopback; no callback may block an event loop for longer than
+  ``BLOCKING_LIMIT_S`` (asyncio debug mode reports slow callbacks, and the test fails).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -52,3 +57,32 @@ def _loopback_only_connect(self: socket.socket, address: Any) -> Any:
 def _no_network_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guard: a test that reaches beyond loopback fails instead of leaking traffic."""
     monkeypatch.setattr(socket.socket, "connect", _loopback_only_connect)
+
+
+# pytest-asyncio runs loops in debug mode (asyncio_debug in pyproject), which times every callback.
+BLOCKING_LIMIT_S = float(os.environ.get("DART_TEST_BLOCKING_LIMIT_S", "1.0"))
+_SLOW = re.compile(r"took (\d+\.\d+) seconds")
+
+
+class _SlowCallbackRecorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.slow: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _SLOW.search(record.getMessage())
+        if match and float(match.group(1)) > BLOCKING_LIMIT_S:
+            self.slow.append(record.getMessage()[:300])
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_the_event_loop() -> Iterator[None]:
+    """Guard: a coroutine that blocks its loop (sync I/O, sleep, heavy CPU) fails the test."""
+    recorder = _SlowCallbackRecorder()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(recorder)
+    try:
+        yield
+    finally:
+        logger.removeHandler(recorder)
+    assert not recorder.slow, f"event loop blocked for more than {BLOCKING_LIMIT_S}s: {recorder.slow}"

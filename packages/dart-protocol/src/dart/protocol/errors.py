@@ -100,13 +100,22 @@ class RemoteError(BusError):
         code: The error code from the reply (see :class:`dart.protocol.messages.ErrorCode`).
         message: The service's explanation.
         details: Structured details from the reply.
+        retryable: Whether the service said the same request may succeed later.
     """
 
-    def __init__(self, subject: str, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        subject: str,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        retryable: bool = False,
+    ) -> None:
         self.subject = subject
         self.code = code
         self.message = message
         self.details = details or {}
+        self.retryable = retryable
         super().__init__(f"'{subject}' answered {code}: {message}")
 
 
@@ -207,4 +216,47 @@ class RevisionConflictError(JetStreamError):
             "kv_update",
             f"{bucket}/{key}",
             f"revision is no longer {expected_revision}: another writer changed the key; re-read and retry",
+        )
+
+
+class ConfigValidationError(ConfigError):
+    """A config has invalid values or unknown keys; every failing field is listed.
+
+    The first problem fills :attr:`source`, :attr:`field` and :attr:`detail` as for
+    :class:`ConfigError`; the message lists the others on following lines.
+
+    Attributes:
+        problems: ``(source, field, detail)`` for every failing field, in pydantic's order.
+    """
+
+    def __init__(self, problems: list[tuple[str, str, str]]) -> None:
+        self.problems = problems
+        super().__init__(*problems[0])
+        if len(problems) > 1:
+            lines = [f"  {len(problems) - 1} more:"]
+            for source, field, detail in problems[1:]:
+                where = f" (from {source})" if source != self.source else ""
+                lines.append(f"  - field '{field}'{where}: {detail}")
+            self.args = ("\n".join([str(self.args[0]), *lines]),)
+
+
+class PayloadTooLargeError(BusError):
+    """A message is larger than the NATS server accepts (its ``max_payload``).
+
+    Send large data by reference (put it in the artifact store and send the URI), or raise the
+    server's ``max_payload``.
+
+    Attributes:
+        subject: The subject it was sent to.
+        size: The encoded message size, in bytes.
+        limit: The server's ``max_payload``, in bytes.
+    """
+
+    def __init__(self, subject: str, size: int, limit: int) -> None:
+        self.subject = subject
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"message of {size} bytes on '{subject}' exceeds the server's max_payload of {limit} bytes: "
+            "send large data by reference through the artifact store"
         )

@@ -1,24 +1,21 @@
-"""JetStream: idempotent stream and consumer setup, deduplicated publishes, durable pull consumption.
+"""JetStream: idempotent stream and consumer setup, deduplicated publishes, stream and consumer state.
 
 What must not be lost (work items, trajectories, batches, model versions) travels on streams.
 Publishers pass a message id, so a retried publish within the stream's duplicate window is stored
 once. Consumers are durable pull consumers with explicit acks: a message that is not acked within
 ``ack_wait`` (its consumer died, or is too slow and did not call ``in_progress``) is redelivered,
-up to ``max_deliver`` times. A message that does not decode is terminated and counted, never
-redelivered, since no retry can fix it.
+up to ``max_deliver`` times (consumption lives in :mod:`dart.protocol.bus.consumer`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 import nats.errors
 import nats.js.errors
-from nats.aio.msg import Msg
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -30,18 +27,14 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.client import JetStreamContext
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import SpanKind
 
-from dart.protocol.bus.service import Schema
-from dart.protocol.bus.stats import BusStats
-from dart.protocol.bus.tracing import receive_span, send_span
-from dart.protocol.errors import JetStreamError, MessageValidationError
+from dart.protocol.bus.tracing import BusTracer
+from dart.protocol.errors import JetStreamError, PayloadTooLargeError
 from dart.protocol.messages.base import Message
-from dart.protocol.messages.codec import decode, encode
+from dart.protocol.messages.codec import encode
 
 log = logging.getLogger("dart.protocol.bus")
-
-T = TypeVar("T")
 
 Retention = Literal["limits", "interest", "workqueue"]
 Storage = Literal["file", "memory"]
@@ -49,6 +42,9 @@ Discard = Literal["old", "new"]
 DeliverFrom = Literal["all", "new", "last"]
 EnsureResult = Literal["created", "updated", "unchanged"]
 """What an ``ensure_*`` call did: created the object, updated its config, or found it as asked."""
+
+DEFAULT_DUPLICATE_WINDOW_S = 120.0
+"""How long a publish id is remembered when a stream does not say (capped at its max age)."""
 
 _STREAM_NAME_IN_USE = 10058
 _CONSUMER_EXISTS = 10148
@@ -70,6 +66,66 @@ class PublishAck:
     duplicate: bool
 
 
+@dataclass(frozen=True)
+class StreamState:
+    """A stream's contents right now.
+
+    Attributes:
+        messages: Messages stored.
+        bytes: Bytes stored.
+        first_seq: Sequence of the oldest stored message.
+        last_seq: Sequence of the newest stored message.
+        consumers: Consumers defined on the stream.
+    """
+
+    messages: int
+    bytes: int
+    first_seq: int
+    last_seq: int
+    consumers: int
+
+
+@dataclass(frozen=True)
+class ConsumerState:
+    """A durable consumer's backlog right now (queue depth for telemetry and tests).
+
+    Attributes:
+        num_pending: Stored messages not yet delivered to this consumer.
+        num_ack_pending: Delivered messages not yet acked (in flight or awaiting redelivery).
+        num_redelivered: Messages delivered more than once.
+        num_waiting: Pull requests waiting for messages (idle fetchers).
+    """
+
+    num_pending: int
+    num_ack_pending: int
+    num_redelivered: int
+    num_waiting: int
+
+
+async def stream_state(js: JetStreamContext, name: str) -> StreamState:
+    """The current state of a stream; raises :class:`JetStreamError` when it does not exist."""
+    try:
+        info = await js.stream_info(name)
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise JetStreamError("stream_state", name, reason(exc)) from exc
+    state = info.state
+    return StreamState(state.messages, state.bytes, state.first_seq, state.last_seq, state.consumer_count)
+
+
+async def consumer_state(js: JetStreamContext, stream: str, durable: str) -> ConsumerState:
+    """The current backlog of a durable consumer; raises :class:`JetStreamError` when it does not exist."""
+    try:
+        info = await js.consumer_info(stream, durable)
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise JetStreamError("consumer_state", f"{stream}/{durable}", reason(exc)) from exc
+    return ConsumerState(
+        num_pending=info.num_pending or 0,
+        num_ack_pending=info.num_ack_pending or 0,
+        num_redelivered=info.num_redelivered or 0,
+        num_waiting=info.num_waiting or 0,
+    )
+
+
 def _norm(value: Any) -> Any:
     """Normalize config values for comparison: enums to strings, seconds to milliseconds."""
     if hasattr(value, "value"):
@@ -89,7 +145,7 @@ def _diff(desired: Mapping[str, Any], actual: object) -> dict[str, tuple[Any, An
     }
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     if isinstance(exc, nats.js.errors.APIError) and exc.description:
         return f"{exc.description} (err_code {exc.err_code})"
     if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.ServiceUnavailableError):
@@ -97,6 +153,13 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "JetStream API timed out"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _duplicate_window(window_s: float | None, max_age_s: float | None) -> float:
+    if window_s is not None:
+        return float(window_s)
+    # The server's default is 2 min, but it refuses a window longer than the stream's max age.
+    return float(min(DEFAULT_DUPLICATE_WINDOW_S, max_age_s or DEFAULT_DUPLICATE_WINDOW_S))
 
 
 async def ensure_stream(
@@ -107,7 +170,7 @@ async def ensure_stream(
     retention: Retention = "limits",
     storage: Storage = "file",
     max_age_s: float | None = None,
-    duplicate_window_s: float = 120.0,
+    duplicate_window_s: float | None = None,
     max_msgs: int | None = None,
     max_bytes: int | None = None,
     max_msg_size: int | None = None,
@@ -127,7 +190,7 @@ async def ensure_stream(
         "retention": RetentionPolicy(retention),
         "storage": StorageType(storage),
         "max_age": float(max_age_s or 0.0),
-        "duplicate_window": float(duplicate_window_s),
+        "duplicate_window": _duplicate_window(duplicate_window_s, max_age_s),
         "max_msgs": -1 if max_msgs is None else max_msgs,
         "max_bytes": -1 if max_bytes is None else max_bytes,
         "max_msg_size": -1 if max_msg_size is None else max_msg_size,
@@ -155,7 +218,7 @@ async def ensure_stream(
         log.info("updated stream %s: %s", name, {k: f"{old} -> {new}" for k, (old, new) in changed.items()})
         return "updated"
     except (nats.errors.Error, TimeoutError) as exc:
-        raise JetStreamError("ensure_stream", name, _reason(exc)) from exc
+        raise JetStreamError("ensure_stream", name, reason(exc)) from exc
 
 
 async def ensure_consumer(
@@ -217,180 +280,36 @@ async def ensure_consumer(
         log.info("updated consumer %s/%s: %s", stream, durable, {k: f"{o} -> {n}" for k, (o, n) in changed.items()})
         return "updated"
     except (nats.errors.Error, TimeoutError) as exc:
-        raise JetStreamError("ensure_consumer", f"{stream}/{durable}", _reason(exc)) from exc
+        raise JetStreamError("ensure_consumer", f"{stream}/{durable}", reason(exc)) from exc
 
 
 async def js_publish(
-    js: JetStreamContext, subject: str, msg: Message, msg_id: str, *, timeout: float, stream: str | None = None
+    js: JetStreamContext,
+    tracer: BusTracer,
+    subject: str,
+    msg: Message,
+    msg_id: str,
+    *,
+    timeout: float,
+    stream: str | None = None,
+    max_payload: int = 0,
 ) -> PublishAck:
-    """Persist one message with a dedupe id; see :meth:`Bus.js_publish <dart.protocol.bus.Bus.js_publish>`."""
+    """Persist one message with a dedupe id; see :meth:`Bus.js_publish <dart.protocol.bus.Bus.js_publish>`.
+
+    ``max_payload`` is the connection's message size limit, only used to report an oversized message.
+    """
     if not msg_id:
         raise ValueError("msg_id must be a non-empty id that is the same when the same message is retried")
     data = encode(msg)
-    with send_span("publish", subject, SpanKind.PRODUCER) as (span, headers):
+    with tracer.send("publish", subject, SpanKind.PRODUCER) as (span, headers):
         headers[Header.MSG_ID] = msg_id
         span.set_attribute("messaging.message.id", msg_id)
         try:
             ack = await js.publish(subject, data, timeout=timeout, stream=stream, headers=headers)
         except nats.js.errors.NoStreamResponseError as exc:
             raise JetStreamError("js_publish", subject, "no stream stores this subject: ensure_stream first") from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLargeError(subject, len(data), max_payload) from exc
         except (nats.errors.Error, TimeoutError) as exc:
-            raise JetStreamError("js_publish", subject, _reason(exc)) from exc
+            raise JetStreamError("js_publish", subject, reason(exc)) from exc
         return PublishAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
-
-
-class Delivery(Generic[T]):
-    """One message delivered by a durable pull consumer, already validated.
-
-    Lifecycle: ``delivered`` -> exactly one of ``ack()`` (done), ``nak()`` (redeliver, optionally
-    after a delay), ``term()`` (never redeliver) -> ``settled``. Until settled, ``in_progress()``
-    resets the ack timer for long work. An unsettled delivery is redelivered after ``ack_wait``.
-
-    Attributes:
-        message: The decoded message.
-        subject: Subject it was published to.
-        stream: Stream name.
-        consumer: Durable consumer name.
-        stream_seq: Sequence number in the stream.
-        num_delivered: How many times it has been delivered, this delivery included (1 = first).
-        headers: Message headers (trace context, ``Nats-Msg-Id``).
-    """
-
-    __slots__ = ("_msg", "consumer", "headers", "message", "num_delivered", "stream", "stream_seq", "subject")
-
-    def __init__(self, msg: Msg, message: T) -> None:
-        meta = msg.metadata
-        self._msg = msg
-        self.message = message
-        self.subject = msg.subject
-        self.stream = meta.stream
-        self.consumer = meta.consumer
-        self.stream_seq = meta.sequence.stream
-        self.num_delivered = meta.num_delivered
-        self.headers: Mapping[str, str] = msg.headers or {}
-
-    @property
-    def msg_id(self) -> str | None:
-        """The publisher's dedupe id, when it set one."""
-        return self.headers.get(Header.MSG_ID)
-
-    async def ack(self) -> None:
-        """Mark the message processed; it will not be delivered again."""
-        await self._settle("ack", self._msg.ack())
-
-    async def nak(self, delay: float | None = None) -> None:
-        """Ask for redelivery, after ``delay`` seconds when given (else right away)."""
-        await self._settle("nak", self._msg.nak(delay=delay))
-
-    async def in_progress(self) -> None:
-        """Reset the ack timer: the work is still going (call it more often than ``ack_wait``)."""
-        await self._settle("in_progress", self._msg.in_progress())
-
-    async def term(self) -> None:
-        """Give up on the message for good: it will not be redelivered."""
-        await self._settle("term", self._msg.term())
-
-    @contextmanager
-    def span(self) -> Iterator[Span]:
-        """A CONSUMER span, child of the publisher's span, to process this delivery in.
-
-        Example::
-
-            async for delivery in consumer.messages():
-                with delivery.span():
-                    await handle(delivery.message)
-                    await delivery.ack()
-        """
-        with receive_span("process", self.subject, self.headers, SpanKind.CONSUMER) as span:
-            span.set_attribute("messaging.message.delivery_count", self.num_delivered)
-            yield span
-
-    async def _settle(self, operation: str, call: Any) -> None:
-        try:
-            await call
-        except nats.errors.Error as exc:
-            raise JetStreamError(operation, f"{self.stream}/{self.consumer} seq {self.stream_seq}", str(exc)) from exc
-
-
-class PullConsumer(Generic[T]):
-    """A bound durable pull consumer yielding validated :class:`Delivery` objects.
-
-    Lifecycle: ``bound`` by :meth:`Bus.pull_consumer <dart.protocol.bus.Bus.pull_consumer>` ->
-    ``closed`` by :meth:`close` (or the bus closing). Closing stops fetching; deliveries not yet
-    acked are redelivered to other members after ``ack_wait``. Several processes (or several
-    ``PullConsumer`` objects) bound to the same durable share its messages.
-
-    Attributes:
-        stream: Stream name.
-        durable: Durable consumer name.
-    """
-
-    def __init__(
-        self, sub: JetStreamContext.PullSubscription, stream: str, durable: str, schema: Schema, stats: BusStats
-    ) -> None:
-        self.stream = stream
-        self.durable = durable
-        self._sub = sub
-        self._schema = schema
-        self._stats = stats
-        self._closed = False
-
-    @property
-    def poisoned(self) -> int:
-        """Undecodable messages this consumer's durable has terminated on this bus."""
-        return self._stats.poison_messages.get(f"{self.stream}/{self.durable}", 0)
-
-    async def fetch(self, n: int = 1, timeout: float = 5.0) -> list[Delivery[T]]:
-        """Wait up to ``timeout`` seconds for up to ``n`` messages; an empty list when none came.
-
-        Undecodable messages are terminated, counted and left out, so fewer than ``n`` (or none)
-        may be returned even when messages arrived.
-        """
-        if self._closed:
-            raise JetStreamError("fetch", f"{self.stream}/{self.durable}", "consumer is closed")
-        try:
-            msgs = await self._sub.fetch(n, timeout=timeout)
-        except TimeoutError:
-            return []
-        except nats.errors.Error as exc:
-            raise JetStreamError("fetch", f"{self.stream}/{self.durable}", _reason(exc)) from exc
-        deliveries = []
-        for msg in msgs:
-            delivery = await self._validate(msg)
-            if delivery is not None:
-                deliveries.append(delivery)
-        return deliveries
-
-    async def messages(self, batch: int = 1, timeout: float = 5.0) -> AsyncIterator[Delivery[T]]:
-        """Yield deliveries until :meth:`close`, fetching up to ``batch`` at a time.
-
-        Every delivery of a fetched batch is already ticking towards ``ack_wait``, so keep
-        ``batch`` at 1 for long work and raise it for short handlers.
-        """
-        while not self._closed:
-            for delivery in await self.fetch(batch, timeout):
-                yield delivery
-
-    async def close(self) -> None:
-        """Stop fetching and drop the subscription. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._sub.unsubscribe()
-        except nats.errors.Error as exc:
-            log.debug("unsubscribing %s/%s: %s", self.stream, self.durable, exc)
-
-    async def _validate(self, msg: Msg) -> Delivery[T] | None:
-        try:
-            message: T = decode(msg.data, self._schema)
-        except MessageValidationError as exc:
-            # A message that cannot decode will not decode on redelivery either: stop it here.
-            self._stats.count_poison(self.stream, self.durable)
-            log.error("terminating undecodable message on %s (%s/%s): %s", msg.subject, self.stream, self.durable, exc)
-            try:
-                await msg.term()
-            except nats.errors.Error as term_exc:
-                log.warning("cannot terminate poison message on %s: %s", msg.subject, term_exc)
-            return None
-        return Delivery(msg, message)

@@ -22,8 +22,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from pydantic import BaseModel, TypeAdapter
 
 from dart.protocol.bus.stats import BusStats, EndpointStats
-from dart.protocol.bus.tracing import receive_span
-from dart.protocol.errors import MessageValidationError, ServiceError
+from dart.protocol.bus.tracing import BusTracer
+from dart.protocol.errors import MessageValidationError, PayloadTooLargeError, ServiceError
 from dart.protocol.messages.base import ErrorCode, ErrorReply, Message
 from dart.protocol.messages.codec import decode, encode
 
@@ -60,6 +60,7 @@ class Service:
         schema: Schema,
         handler: Handler,
         bus_stats: BusStats,
+        tracer: BusTracer,
         *,
         queue: str | None,
         max_concurrency: int,
@@ -72,6 +73,7 @@ class Service:
         self._schema = schema
         self._handler = handler
         self._bus_stats = bus_stats
+        self._tracer = tracer
         self._reply = reply
         self._slots = asyncio.Semaphore(max_concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -104,7 +106,9 @@ class Service:
             for task in pending:
                 task.cancel()
             if pending:
-                log.warning("cancelled %d handlers of %s still running after %.1fs", len(pending), self.subject, timeout_s)
+                log.warning(
+                    "cancelled %d handlers of %s still running after %.1fs", len(pending), self.subject, timeout_s
+                )
                 await asyncio.gather(*pending, return_exceptions=True)
 
     async def _on_msg(self, msg: Msg) -> None:
@@ -121,9 +125,14 @@ class Service:
         self._tasks.discard(task)
         self._slots.release()
         self.stats.in_flight -= 1
+        if not task.cancelled() and task.exception() is not None:
+            # _handle answers every failure itself; reaching here is a bug in this module.
+            log.error("serving %s failed", self.subject, exc_info=task.exception())
 
     async def _handle(self, msg: Msg) -> None:
-        with receive_span("handle" if self._reply else "process", msg.subject, msg.headers, _span_kind(self._reply)) as span:
+        with self._tracer.receive(
+            "handle" if self._reply else "process", msg.subject, msg.headers, _span_kind(self._reply)
+        ) as span:
             answer = await self._answer(msg, span)
             if answer is None or not msg.reply:
                 return
@@ -155,6 +164,9 @@ class Service:
             if not isinstance(result, Message):
                 raise TypeError(f"handler returned {type(result).__name__}, expected a Message")
             data = encode(result)
+            if len(data) > self._nc.max_payload:
+                # Checked here so the requester gets an error reply now instead of a timeout.
+                raise PayloadTooLargeError(msg.reply or msg.subject, len(data), self._nc.max_payload)
         except ServiceError as exc:
             self._count("error_replies")
             span.set_status(Status(StatusCode.ERROR, exc.code))

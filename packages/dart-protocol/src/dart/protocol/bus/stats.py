@@ -17,7 +17,8 @@ class EndpointStats:
         requests_served: Requests whose handler returned a result.
         invalid_requests: Requests that failed to decode (bad UTF-8 or JSON, wrong schema or kind);
             answered with ``ErrorReply(code=invalid_request)``.
-        handler_errors: Requests whose handler raised an unexpected exception; answered with
+        handler_errors: Requests whose handler raised an unexpected exception or returned something
+            unsendable (not a message, or larger than ``max_payload``); answered with
             ``ErrorReply(code=internal)``.
         error_replies: Requests whose handler raised :class:`~dart.protocol.errors.ServiceError`;
             answered with an ``ErrorReply`` of the handler's code.
@@ -35,9 +36,7 @@ class EndpointStats:
 class BusStats:
     """Counters of one :class:`~dart.protocol.bus.Bus`.
 
-    Totals are monotonic over the connection's life; ``endpoints`` holds the subjects being
-    served right now (an endpoint's entry is removed when its service stops, its counts stay in
-    the totals).
+    Every counter is monotonic over the bus's life.
 
     Attributes:
         requests_served: Total of :attr:`EndpointStats.requests_served`.
@@ -46,7 +45,9 @@ class BusStats:
         error_replies: Total of :attr:`EndpointStats.error_replies`.
         poison_messages: Stream messages that failed to decode and were terminated, by
             ``"<stream>/<consumer>"``.
-        endpoints: Per-subject counters of live services.
+        endpoints: Per-subject counters, one entry per subject served on this bus.
+        disconnects: Times the connection was lost.
+        reconnects: Times it was re-established (subscriptions are replayed then).
     """
 
     requests_served: int = 0
@@ -55,6 +56,8 @@ class BusStats:
     error_replies: int = 0
     poison_messages: dict[str, int] = field(default_factory=dict)
     endpoints: dict[str, EndpointStats] = field(default_factory=dict)
+    disconnects: int = 0
+    reconnects: int = 0
 
     @property
     def poison_total(self) -> int:

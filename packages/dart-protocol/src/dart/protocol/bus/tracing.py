@@ -14,22 +14,9 @@ from contextlib import contextmanager
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 TRACER_NAME = "dart.protocol.bus"
-
-# A module-level tracer from the global provider is a proxy until a provider is installed, so it
-# picks up the provider the telemetry setup installs later.
-_tracer = trace.get_tracer(TRACER_NAME)
-
-
-def _attributes(operation: str, subject: str) -> dict[str, str]:
-    # OpenTelemetry messaging semantic conventions.
-    return {
-        "messaging.system": "nats",
-        "messaging.operation.name": operation,
-        "messaging.destination.name": subject,
-    }
 
 
 def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
@@ -47,37 +34,57 @@ def extract_context(headers: Mapping[str, str] | None) -> Context:
     return propagate.extract({key.lower(): value for key, value in headers.items()})
 
 
-@contextmanager
-def send_span(operation: str, subject: str, kind: SpanKind) -> Iterator[tuple[Span, dict[str, str]]]:
-    """Open a sender-side span and yield it with headers that carry its context.
+def _attributes(operation: str, subject: str) -> dict[str, str]:
+    # OpenTelemetry messaging semantic conventions.
+    return {
+        "messaging.system": "nats",
+        "messaging.operation.name": operation,
+        "messaging.destination.name": subject,
+    }
+
+
+class BusTracer:
+    """Opens the bus's sender and receiver spans.
 
     Args:
-        operation: ``request`` or ``publish``.
-        subject: Destination subject.
-        kind: ``SpanKind.CLIENT`` for request/reply, ``SpanKind.PRODUCER`` for publishes.
+        provider: Tracer provider to use; None (the default) uses OpenTelemetry's global provider,
+            resolved when each span starts, so a provider installed after the bus connected (by
+            the process's telemetry setup) is still used.
     """
-    with _tracer.start_as_current_span(
-        f"{operation} {subject}", kind=kind, attributes=_attributes(operation, subject)
-    ) as span:
-        yield span, inject_headers()
 
+    def __init__(self, provider: TracerProvider | None = None) -> None:
+        self._tracer = trace.get_tracer(TRACER_NAME, tracer_provider=provider)
 
-@contextmanager
-def receive_span(
-    operation: str, subject: str, headers: Mapping[str, str] | None, kind: SpanKind
-) -> Iterator[Span]:
-    """Open a receiver-side span, child of the sender's span found in ``headers``.
+    @contextmanager
+    def send(self, operation: str, subject: str, kind: SpanKind) -> Iterator[tuple[Span, dict[str, str]]]:
+        """Open a sender-side span and yield it with headers that carry its context.
 
-    Args:
-        operation: ``handle`` (served request) or ``process`` (consumed message).
-        subject: The subject the message arrived on.
-        headers: The received message's headers.
-        kind: ``SpanKind.SERVER`` for served requests, ``SpanKind.CONSUMER`` for consumed messages.
-    """
-    with _tracer.start_as_current_span(
-        f"{operation} {subject}",
-        context=extract_context(headers),
-        kind=kind,
-        attributes=_attributes(operation, subject),
-    ) as span:
-        yield span
+        Args:
+            operation: ``request`` or ``publish``.
+            subject: Destination subject.
+            kind: ``SpanKind.CLIENT`` for request/reply, ``SpanKind.PRODUCER`` for publishes.
+        """
+        with self._tracer.start_as_current_span(
+            f"{operation} {subject}", kind=kind, attributes=_attributes(operation, subject)
+        ) as span:
+            yield span, inject_headers()
+
+    @contextmanager
+    def receive(
+        self, operation: str, subject: str, headers: Mapping[str, str] | None, kind: SpanKind
+    ) -> Iterator[Span]:
+        """Open a receiver-side span, child of the sender's span found in ``headers``.
+
+        Args:
+            operation: ``handle`` (served request) or ``process`` (consumed message).
+            subject: The subject the message arrived on.
+            headers: The received message's headers.
+            kind: ``SpanKind.SERVER`` for served requests, ``SpanKind.CONSUMER`` for consumed messages.
+        """
+        with self._tracer.start_as_current_span(
+            f"{operation} {subject}",
+            context=extract_context(headers),
+            kind=kind,
+            attributes=_attributes(operation, subject),
+        ) as span:
+            yield span

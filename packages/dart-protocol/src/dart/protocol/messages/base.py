@@ -8,11 +8,11 @@ built against another schema version fails loudly at the receiver instead of bei
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 """Wire schema version. Bump on any incompatible change; receivers reject other versions."""
 
 NonEmptyStr = Annotated[str, Field(min_length=1, max_length=512)]
