@@ -19,3 +19,37 @@ class SuiteError(EnvError):
     def __init__(self, path: str, detail: str) -> None:
         self.path = path
         super().__init__(f"task suite {path}: {detail}")
+
+
+class TaskParamsError(EnvError):
+    """A task cannot run on this backend: wrong backend name or invalid ``params``.
+
+    Attributes:
+        task_id: The task.
+        backend: The backend that rejected it.
+        detail: What is wrong.
+    """
+
+    def __init__(self, task_id: str, backend: str, detail: str) -> None:
+        self.task_id = task_id
+        self.backend = backend
+        self.detail = detail
+        super().__init__(f"task {task_id!r} cannot run on the {backend} backend: {detail}")
+
+
+class EpisodeStateError(EnvError):
+    """An env backend was asked for something its lifecycle state does not allow.
+
+    Attributes:
+        operation: What was asked (``step``, ``evaluate`` ...).
+        state: The backend's state at the time (``ready``, ``done``, ``closed`` ...).
+    """
+
+    def __init__(self, operation: str, state: str, hint: str) -> None:
+        self.operation = operation
+        self.state = state
+        super().__init__(f"cannot {operation} while the env is {state}: {hint}")
+
+
+class LayoutError(EnvError):
+    """A simulated GUI task does not fit on the configured screen; use a larger screen size."""

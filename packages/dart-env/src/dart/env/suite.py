@@ -8,7 +8,7 @@ Format::
     tasks:
       - task_id: sim/click-button/0
         instruction: Click the OK button
-        params: {family: click-button, target: OK}
+        params: {family: click-button, difficulty: easy, seed: 0}
 """
 
 from __future__ import annotations

@@ -1,0 +1,153 @@
+"""The interface every env backend implements (sim, MiniWoB++, desktop, OSWorld).
+
+The env service hosts backend instances in pools and calls them from its asyncio loop; a backend
+must never block that loop (slow work goes to a thread or a subprocess).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from enum import StrEnum
+from types import TracebackType
+from typing import ClassVar
+
+from dart.env.errors import EpisodeStateError
+from dart.protocol.messages import Action, Observation, TaskSpec
+from dart.protocol.messages.observation import MetadataValue
+
+
+class BackendState(StrEnum):
+    """Where a backend instance is in its lifecycle (see :class:`EnvBackend`)."""
+
+    CREATED = "created"
+    """Constructed; nothing started yet."""
+    READY = "ready"
+    """Started (browser up, desktop booted); waiting for the first reset."""
+    IN_EPISODE = "in_episode"
+    """Reset to a task; accepting steps."""
+    DONE = "done"
+    """The episode ended (a terminal action, or the task itself ended it); evaluate or reset."""
+    CLOSED = "closed"
+    """Shut down for good; every call but :meth:`EnvBackend.close` raises."""
+
+
+_HINTS = {
+    BackendState.CREATED: "call reset first",
+    BackendState.READY: "no episode yet; call reset first",
+    BackendState.DONE: "the episode has ended; evaluate it, or reset to start a new one",
+    BackendState.CLOSED: "the env was closed; use another instance",
+}
+
+
+class EnvBackend(ABC):
+    """One GUI environment instance.
+
+    Lifecycle::
+
+        created --start()--> ready --reset(task)--> in_episode --step()...--> done
+                                          ^                                    |
+                                          +------------- reset(task) ----------+
+        any state --close()--> closed
+
+    - :meth:`start` brings the environment up (launch a browser, boot a desktop); backends that
+      need nothing do nothing. :meth:`reset` on a ``created`` backend starts it first.
+    - :meth:`reset` is allowed in every state but ``closed`` and abandons a running episode.
+    - :meth:`step` is allowed only ``in_episode``; it returns ``done=True`` (and the backend moves
+      to ``done``) after ``finished``/``fail`` or when the task ends the episode itself (the sim
+      form was submitted, a MiniWoB episode timed out).
+    - :meth:`evaluate` is allowed in ``in_episode`` and ``done`` and may be called repeatedly; it
+      scores the current state.
+    - :meth:`close` is idempotent. Calls in a state that does not allow them raise
+      :class:`~dart.env.errors.EpisodeStateError`; a crashed environment raises another
+      :class:`~dart.env.errors.EnvError`, and the service replaces the instance.
+    """
+
+    name: ClassVar[str]
+    """Backend name, as in :attr:`TaskSpec.backend`."""
+
+    def __init__(self) -> None:
+        self._state = BackendState.CREATED
+
+    @property
+    def state(self) -> BackendState:
+        """The current lifecycle state."""
+        return self._state
+
+    @property
+    @abstractmethod
+    def screen_size(self) -> tuple[int, int]:
+        """Screenshot size ``(width, height)`` in pixels."""
+
+    async def start(self) -> None:
+        """Bring the environment up (``created -> ready``); a no-op once started.
+
+        Raises:
+            EpisodeStateError: The backend is closed.
+        """
+        self._require("start", BackendState.CREATED, BackendState.READY, BackendState.IN_EPISODE, BackendState.DONE)
+        if self._state == BackendState.CREATED:
+            self._state = BackendState.READY
+
+    @abstractmethod
+    async def reset(self, task: TaskSpec, seed: int | None = None) -> tuple[Observation, str]:
+        """Start an episode of ``task``.
+
+        Args:
+            task: The task; its ``backend`` must name this backend.
+            seed: Randomness of the episode where the task leaves some open.
+
+        Returns:
+            The first observation and the instruction as the backend resolved it.
+
+        Raises:
+            TaskParamsError: The task is not for this backend or its params are invalid.
+            EpisodeStateError: The backend is closed.
+        """
+
+    @abstractmethod
+    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
+        """Execute one action.
+
+        Returns:
+            The observation after it, whether the episode is done, and info scalars.
+
+        Raises:
+            EpisodeStateError: No episode is running (never reset, done, or closed).
+        """
+
+    @abstractmethod
+    async def evaluate(self) -> tuple[float, bool, dict[str, MetadataValue]]:
+        """Score the episode in its current state.
+
+        Returns:
+            The reward, whether the task succeeded, and detail scalars.
+
+        Raises:
+            EpisodeStateError: There is no episode (never reset, or closed).
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Shut the environment down (idempotent)."""
+
+    def oracle_action(self) -> tuple[str, Action] | None:
+        """The next correct action and a thought, where the backend knows it (demonstrations).
+
+        Returns:
+            ``(thought, action)``, or None when the backend has no oracle or the episode is over.
+        """
+        return None
+
+    async def __aenter__(self) -> EnvBackend:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _require(self, operation: str, *allowed: BackendState) -> None:
+        """Raise :class:`EpisodeStateError` unless the backend is in one of ``allowed``."""
+        if self._state not in allowed:
+            raise EpisodeStateError(operation, self._state.value, _HINTS.get(self._state, ""))
