@@ -9,12 +9,29 @@ from dart.protocol.testing import TASK
 pytestmark = pytest.mark.unit
 
 
-def traj(tid: str, gid: str = "g", idx: int = 0, size: int = 4, reward: float = 0.0, version: int = 5,
-         status: m.TrajectoryStatus = m.TrajectoryStatus.OK) -> m.Trajectory:
+def traj(
+    tid: str,
+    gid: str = "g",
+    idx: int = 0,
+    size: int = 4,
+    reward: float = 0.0,
+    version: int = 5,
+    status: m.TrajectoryStatus = m.TrajectoryStatus.OK,
+) -> m.Trajectory:
     return m.Trajectory(
-        trajectory_id=tid, work_id=tid, task=TASK, group_id=gid, rollout_index=idx, group_size=size,
-        status=status, reward=reward, success=reward > 0, min_policy_version=version, max_policy_version=version,
-        started_at=0.0, finished_at=1.0,
+        trajectory_id=tid,
+        work_id=tid,
+        task=TASK,
+        group_id=gid,
+        rollout_index=idx,
+        group_size=size,
+        status=status,
+        reward=reward,
+        success=reward > 0,
+        min_policy_version=version,
+        max_policy_version=version,
+        started_at=0.0,
+        finished_at=1.0,
     )
 
 

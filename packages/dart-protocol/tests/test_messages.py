@@ -71,9 +71,21 @@ def test_structural_mutations_raise_only_typed_error(msg: m.Message) -> None:
 @pytest.mark.parametrize(
     ("schema", "doc", "field"),
     [
-        (m.StepRequest, {"kind": "env.step", "lease_id": "l", "step_index": 0, "action": {"kind": "click", "x": 1.5, "y": 0}}, "action.click.x"),
-        (m.StepRequest, {"kind": "env.step", "lease_id": "l", "step_index": 0, "action": {"kind": "teleport"}}, "action"),
-        (m.StepRequest, {"kind": "env.step", "lease_id": "l", "step_index": "0", "action": {"kind": "wait"}}, "step_index"),
+        (
+            m.StepRequest,
+            {"kind": "env.step", "lease_id": "l", "step_index": 0, "action": {"kind": "click", "x": 1.5, "y": 0}},
+            "action.click.x",
+        ),
+        (
+            m.StepRequest,
+            {"kind": "env.step", "lease_id": "l", "step_index": 0, "action": {"kind": "teleport"}},
+            "action",
+        ),
+        (
+            m.StepRequest,
+            {"kind": "env.step", "lease_id": "l", "step_index": "0", "action": {"kind": "wait"}},
+            "step_index",
+        ),
         (m.HeartbeatRequest, {"kind": "env.heartbeat", "lease_id": "l", "extra": 1}, "extra"),
         (m.HeartbeatRequest, {"kind": "env.heartbeat", "lease_id": "l", "schema_version": 2}, "schema_version"),
         (m.HeartbeatRequest, {"kind": "env.lease", "lease_id": "l"}, "kind"),
@@ -103,8 +115,13 @@ def test_inline_png_travels_as_base64() -> None:
 def test_step_record_arrays_must_align() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         m.StepRecord(
-            index=0, policy_version=0, observation=OBS, response_token_ids=[1, 2], response_logprobs=[-1.0],
-            response_entropy=[0.1, 0.2], action=m.Wait(),
+            index=0,
+            policy_version=0,
+            observation=OBS,
+            response_token_ids=[1, 2],
+            response_logprobs=[-1.0],
+            response_entropy=[0.1, 0.2],
+            action=m.Wait(),
         )
 
 
@@ -118,8 +135,15 @@ def test_step_record_needs_action_or_parse_error_not_both() -> None:
 
 def test_trajectory_version_range_must_match_steps() -> None:
     base = dict(
-        trajectory_id="t", work_id="w", task=TASK, group_id="g", rollout_index=0, group_size=1,
-        status=m.TrajectoryStatus.OK, started_at=1.0, finished_at=2.0,
+        trajectory_id="t",
+        work_id="w",
+        task=TASK,
+        group_id="g",
+        rollout_index=0,
+        group_size=1,
+        status=m.TrajectoryStatus.OK,
+        started_at=1.0,
+        finished_at=2.0,
     )
     with pytest.raises(ValueError, match="policy version range"):
         m.Trajectory(**base, steps=[step(0, 2), step(1, 5)], min_policy_version=2, max_policy_version=4)

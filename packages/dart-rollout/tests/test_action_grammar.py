@@ -26,7 +26,10 @@ pytestmark = pytest.mark.unit
         ("Action: hotkey(key='ctrl+shift+t')", m.Hotkey(keys=("ctrl", "shift", "t"))),
         ("Action: press(key='enter')", m.Hotkey(keys=("enter",))),
         ("Action: type(content='it\\'s done\\n')", m.Type(text="it's done\n")),
-        ("Action: scroll(start_box='(500,500)', direction='UP')", m.Scroll(x=0.5, y=0.5, direction=m.ScrollDirection.UP)),
+        (
+            "Action: scroll(start_box='(500,500)', direction='UP')",
+            m.Scroll(x=0.5, y=0.5, direction=m.ScrollDirection.UP),
+        ),
         ("Action: scroll(direction='down')", m.Scroll(x=0.5, y=0.5, direction=m.ScrollDirection.DOWN)),
         ("Action: wait()", m.Wait()),
         ("Action: finished(content='42')", m.Finished(content="42")),
@@ -92,8 +95,13 @@ actions = st.one_of(
     st.builds(m.DoubleClick, x=grid, y=grid),
     st.builds(m.RightClick, x=grid, y=grid),
     st.builds(m.Drag, x1=grid, y1=grid, x2=grid, y2=grid),
-    st.builds(m.Type, text=st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")) | st.just("\n"), max_size=50)),
-    st.builds(m.Hotkey, keys=st.lists(st.sampled_from(["ctrl", "shift", "alt", "a", "enter", "f5"]), min_size=1, max_size=3).map(tuple)),
+    st.builds(
+        m.Type, text=st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")) | st.just("\n"), max_size=50)
+    ),
+    st.builds(
+        m.Hotkey,
+        keys=st.lists(st.sampled_from(["ctrl", "shift", "alt", "a", "enter", "f5"]), min_size=1, max_size=3).map(tuple),
+    ),
     st.builds(m.Scroll, x=grid, y=grid, direction=st.sampled_from(list(m.ScrollDirection))),
     st.builds(m.Finished, content=st.text(alphabet="abc '\\", max_size=10)),
     st.builds(m.Fail, reason=st.text(alphabet="xyz'", max_size=10)),

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from pathlib import Path
-from types import TracebackType
-
 import urllib.error
 import urllib.request
+from pathlib import Path
+from types import TracebackType
 
 from dart.embedded.process import ManagedProcess, find_binary, free_port
 

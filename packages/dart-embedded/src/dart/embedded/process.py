@@ -95,7 +95,7 @@ class ManagedProcess:
             EmbeddedServerError: The process exited or was not ready within ``timeout_s``.
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        log = open(self.log_path, "ab")  # handed to the child, closed here after Popen
         try:
             self._proc = subprocess.Popen(
                 self.argv,

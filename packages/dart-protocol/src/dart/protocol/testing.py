@@ -119,7 +119,12 @@ def all_messages() -> list[m.Message]:
         work,
         traj,
         m.TrainingBatch(
-            batch_id="b1", samples=[sample], group_ids=["g1"], min_policy_version=3, max_policy_version=3, created_at=1.0
+            batch_id="b1",
+            samples=[sample],
+            group_ids=["g1"],
+            min_policy_version=3,
+            max_policy_version=3,
+            created_at=1.0,
         ),
         m.ModelVersion(version=5, uri="s3://w/v5.safetensors", sha256=SHA, created_at=2.0, size_bytes=10),
     ]

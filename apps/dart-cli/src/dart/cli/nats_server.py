@@ -1,0 +1,124 @@
+"""``dart nats``: an embedded nats-server with JetStream in the foreground, for development.
+
+Lifecycle: start (prints the URL) -> serve until SIGINT/SIGTERM (exit 0) or until the server
+dies (exit 1, with the tail of its log) -> stop the server and remove a temporary store. The last
+line printed is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from dart.embedded.nats import EmbeddedNats
+from dart.embedded.process import EmbeddedServerError, port_open
+
+
+def _healthy(server: EmbeddedNats) -> bool:
+    # The monitor endpoint, not the client port: probing the client port would make the server
+    # log a protocol error for every probe.
+    try:
+        url = f"http://{server.host}:{server.monitor_port}/healthz"
+        with urllib.request.urlopen(url, timeout=2.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _log_tail(server: EmbeddedNats, lines: int = 20) -> str:
+    try:
+        text = (server.store_dir / "nats-server.log").read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def nats_command(
+    port: Annotated[
+        int, typer.Option("--port", "-p", min=0, max=65535, help="Client port; 0 picks a free one.")
+    ] = 4222,
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    store_dir: Annotated[
+        Path | None,
+        typer.Option("--store-dir", help="JetStream storage directory, kept at exit. Default: a temporary one."),
+    ] = None,
+) -> None:
+    """Run a nats-server with JetStream in the foreground until Ctrl-C."""
+    console = Console(highlight=False, soft_wrap=True)
+    stop = threading.Event()
+    received: list[str] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    # Installed before the server starts, so a signal during startup still stops it cleanly.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        exit_code = _serve(console, stop, received, port, host, store_dir)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    raise typer.Exit(exit_code)
+
+
+def _serve(
+    console: Console, stop: threading.Event, received: list[str], port: int, host: str, store_dir: Path | None
+) -> int:
+    if port and port_open(host, port):
+        console.print(
+            f"[red]error:[/] {host}:{port} is already in use; pick another --port, or --port 0 for a free one"
+        )
+        return 1
+    server = EmbeddedNats(port=port or None, host=host, store_dir=store_dir)
+    try:
+        server.start()
+    except EmbeddedServerError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        server.stop()
+        return 1
+    started = time.monotonic()
+    kept = "kept" if store_dir is not None else "removed at exit"
+    console.print(f"NATS with JetStream listening on {server.url}")
+    console.print(f"  pid {server.pid}, store {server.store_dir} ({kept}), monitor http://{host}:{server.monitor_port}")
+    console.print(f"  use it with: export DART_BUS__URL={server.url}")
+    console.print("Press Ctrl-C to stop.")
+    console.file.flush()
+    exit_code, reason = 0, ""
+    try:
+        while not stop.wait(1.0):
+            if not _healthy(server) and not stop.is_set():
+                exit_code, reason = 1, "nats-server stopped unexpectedly"
+                console.print(f"[red]error:[/] {reason}; last log lines:\n{escape(_log_tail(server))}")
+                break
+    finally:
+        pid = server.pid
+        server.stop()
+    stopped_by = received[0] if received else reason
+    if exit_code == 0:
+        console.print(f"stopped ({stopped_by})")
+    summary = {
+        "url": server.url,
+        "pid": pid,
+        "stopped_by": stopped_by,
+        "uptime_s": round(time.monotonic() - started, 3),
+    }
+    console.file.write(json.dumps(summary) + "\n")
+    console.file.flush()
+    return exit_code
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``nats`` to the ``dart`` app."""
+    app.command("nats")(nats_command)

@@ -1,0 +1,95 @@
+"""``dart doctor``: checks, JSON summary and exit codes, against real binaries and servers."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dart.cli.doctor import check_browsers, check_python
+from dart.cli.main import app
+from dart.embedded.process import free_port
+
+pytestmark = pytest.mark.unit
+
+
+def run_doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
+    result = CliRunner().invoke(app, ["doctor", "--json", *args], env=env)
+    last = result.stdout.strip().splitlines()[-1]
+    return result.exit_code, json.loads(last), result.stdout
+
+
+def test_json_summary_has_every_check() -> None:
+    code, summary, out = run_doctor(env={"DART_S3_ENDPOINT": ""})
+    checks = summary["checks"]
+    expected = {"python", "dart-protocol", "dart-env", "dart-rollout", "dart-data", "dart-train", "dart-embedded"}
+    expected |= {"dart-cli", "nats-server", "torch", "cuda", "chromium", "chromedriver", "xvfb", "s3", "nats"}
+    assert expected <= set(checks)
+    assert all(c["status"] in {"ok", "warn", "fail", "skip"} for c in checks.values())
+    assert checks["python"] == {"status": "ok", "detail": checks["python"]["detail"], "required": True}
+    assert checks["nats-server"]["status"] == "ok" and "v2." in checks["nats-server"]["detail"]
+    assert checks["dart-protocol"]["status"] == "ok"
+    # torch may be absent (a warning) or present; never a failure, never required.
+    assert checks["torch"]["status"] in {"ok", "warn"} and not checks["torch"]["required"]
+    assert checks["s3"]["status"] == "skip" and "not configured" in checks["s3"]["detail"]
+    assert checks["nats"]["status"] == "skip"
+    assert summary["ok"] is True and code == 0
+    assert "nats-server" in out  # the table is printed too
+
+
+def test_missing_nats_server_is_a_required_failure(tmp_path: Path) -> None:
+    code, summary, out = run_doctor(env={"DART_NATS_SERVER": str(tmp_path / "missing")})
+    assert summary["checks"]["nats-server"]["status"] == "fail"
+    assert "DART_NATS_SERVER" in summary["checks"]["nats-server"]["detail"]
+    assert summary["ok"] is False and code == 1
+    assert "1 check(s) failed" in out
+
+
+@pytest.mark.integration
+def test_reachable_nats_with_jetstream(nats_url: str) -> None:
+    code, summary, _ = run_doctor("--nats-url", nats_url)
+    nats = summary["checks"]["nats"]
+    assert nats["status"] == "ok", nats
+    assert "JetStream on" in nats["detail"] and "nats-server v2." in nats["detail"]
+    assert code == 0
+
+
+def test_unreachable_servers_fail_but_are_optional() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    args = ("--nats-url", f"nats://{dead}", "--s3-endpoint", f"http://{dead}", "--timeout", "1")
+    code, summary, _ = run_doctor(*args)
+    assert summary["checks"]["nats"]["status"] == "fail"
+    assert summary["checks"]["s3"]["status"] == "fail"
+    assert "cannot reach" in summary["checks"]["s3"]["detail"]
+    assert summary["ok"] is True and code == 0
+    code, summary, _ = run_doctor(*args, "--strict")
+    assert summary["ok"] is False and code == 1
+
+
+def test_s3_endpoint_from_environment() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    _, summary, _ = run_doctor("--timeout", "1", env={"DART_S3_ENDPOINT": dead})
+    assert dead in summary["checks"]["s3"]["detail"]
+
+
+def test_browser_binaries_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "chrome"
+    fake.write_text("#!/bin/sh\necho 'Chromium 131.0.6778.85'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("MINIWOB_CHROME_BINARY", str(fake))
+    monkeypatch.setenv("MINIWOB_CHROMEDRIVER", str(tmp_path / "not-there"))
+    chromium, chromedriver = check_browsers()
+    assert chromium.status == "ok"
+    assert "Chromium 131.0.6778.85" in chromium.detail and "from MINIWOB_CHROME_BINARY" in chromium.detail
+    assert chromedriver.status == "warn" and "MINIWOB_CHROMEDRIVER" in chromedriver.detail
+    assert not chromium.required and not chromedriver.required
+
+
+def test_python_version_gate() -> None:
+    assert check_python((3, 10, 14)).status == "fail"
+    assert check_python((3, 11, 0)).status == "ok"
+    assert check_python((3, 13, 1)).required
