@@ -53,3 +53,21 @@ class EpisodeStateError(EnvError):
 
 class LayoutError(EnvError):
     """A simulated GUI task does not fit on the configured screen; use a larger screen size."""
+
+
+class InstanceIdTakenError(EnvError):
+    """Another process already serves an env instance id this service was about to serve.
+
+    Several env service processes may share one pool (the lease subject is served in a queue
+    group), but their instance ids must differ: give each process its own ``instance_prefix``.
+
+    Attributes:
+        instance_id: The instance id that is already served.
+    """
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        super().__init__(
+            f"env instance {instance_id!r} is already served by another process: "
+            "set a distinct instance_prefix for each env service sharing a pool"
+        )

@@ -1,0 +1,34 @@
+"""The env service: pools of env backend instances served over NATS request/reply.
+
+Modules: :mod:`.config` (:class:`EnvServiceConfig` and the backend registry), :mod:`.lease`
+(leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters),
+:mod:`.service` (:class:`EnvService`).
+"""
+
+from __future__ import annotations
+
+from dart.env.service.config import (
+    BackendFactory,
+    EnvServiceConfig,
+    backend_factory,
+    register_backend,
+    registered_backends,
+    unregister_backend,
+)
+from dart.env.service.instance import InstanceStats, SlotState
+from dart.env.service.lease import EndReason, Lease
+from dart.env.service.service import EnvService
+
+__all__ = [
+    "BackendFactory",
+    "EndReason",
+    "EnvService",
+    "EnvServiceConfig",
+    "InstanceStats",
+    "Lease",
+    "SlotState",
+    "backend_factory",
+    "register_backend",
+    "registered_backends",
+    "unregister_backend",
+]

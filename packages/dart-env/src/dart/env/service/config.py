@@ -1,0 +1,128 @@
+"""Configuration of the env service and the registry of env backends it can host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import Field, field_validator, model_validator
+
+from dart.env.backend import EnvBackend
+from dart.env.sim import SimConfig, SimEnv
+from dart.protocol.config import ConfigModel
+from dart.protocol.errors import ConfigError
+from dart.protocol.subjects import Subjects
+
+
+class EnvServiceConfig(ConfigModel):
+    """One pool of env instances served over NATS by one process.
+
+    Example (YAML)::
+
+        env:
+          pool: sim
+          backend: sim
+          instances: 16
+          sim:
+            latency: {step: {kind: lognormal, median_s: 0.5}}
+
+    Warm spares (instances started ahead of need, so a crashed one is swapped without waiting
+    for a start) are future work: today a crashed instance is replaced in the background and its
+    slot is not leasable until the replacement has started.
+    """
+
+    pool: str = "sim"
+    """Pool name: the lease subject is ``subjects.env_lease(pool)``."""
+    backend: str = "sim"
+    """Backend name, a key of the backend registry (:func:`register_backend`)."""
+    instances: int = Field(default=4, ge=1, le=4096)
+    """Number of env instances this process hosts."""
+    instance_prefix: str | None = None
+    """Instance ids are ``<instance_prefix>-<i>``; defaults to the pool name. Processes sharing a
+    pool must use distinct prefixes (the service refuses to start on an id already served)."""
+    max_lease_ttl_s: float = Field(default=600.0, gt=0.0, le=3600.0)
+    """Upper bound on a lease's lifetime without a heartbeat, seconds (requests ask for their own
+    ``ttl_s``; larger values are capped so a vanished holder cannot pin an instance for long)."""
+    heartbeat_interval_s: float = Field(default=10.0, gt=0.0, le=600.0)
+    """Heartbeat interval suggested to holders, seconds (never more than a third of the lease ttl)."""
+    reap_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
+    """How often the reaper frees expired leases, seconds."""
+    op_timeout_s: float = Field(default=120.0, gt=0.0, le=3600.0)
+    """Deadline of one backend reset/step/evaluate, seconds; past it the instance counts as crashed."""
+    max_consecutive_failures: int = Field(default=3, ge=1, le=1000)
+    """Crashes and failed restarts in a row after which an instance slot is retired instead of
+    restarted again (a circuit breaker against a backend that cannot run). A completed episode
+    (a successful evaluate) resets the count."""
+    restart_backoff_s: float = Field(default=1.0, ge=0.0, le=600.0)
+    """Pause before retrying a failed restart, seconds (doubles with each further failure)."""
+    sim: SimConfig = Field(default_factory=SimConfig)
+    """Settings of the ``sim`` backend."""
+
+    @field_validator("pool", "instance_prefix")
+    @classmethod
+    def _check_token(cls, value: str | None) -> str | None:
+        if value is not None:
+            # Both end up in subjects; reuse the one place that knows what a subject token is.
+            Subjects().env_lease(value)
+        return value
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> EnvServiceConfig:
+        Subjects().env_instance(self.instance_id(self.instances - 1), "step")
+        return self
+
+    def instance_id(self, index: int) -> str:
+        """The id of instance slot ``index``."""
+        return f"{self.instance_prefix or self.pool}-{index}"
+
+
+BackendFactory = Callable[[EnvServiceConfig, int], EnvBackend]
+"""Creates one backend instance: ``factory(config, stream)``. ``stream`` differs between instances
+(and between an instance and its replacements), for backends with per-instance randomness."""
+
+_REGISTRY: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory, *, replace: bool = False) -> None:
+    """Make a backend available to :class:`EnvServiceConfig` under ``name``.
+
+    Args:
+        name: The value of ``EnvServiceConfig.backend`` that selects it.
+        factory: Creates an instance, unstarted (the service starts it).
+        replace: Allow overriding an existing registration (tests).
+
+    Raises:
+        ValueError: ``name`` is registered already and ``replace`` is False.
+    """
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"env backend {name!r} is registered already; pass replace=True to override it")
+    _REGISTRY[name] = factory
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a registration (no-op when absent)."""
+    _REGISTRY.pop(name, None)
+
+
+def registered_backends() -> list[str]:
+    """Names of the registered backends, sorted."""
+    return sorted(_REGISTRY)
+
+
+def backend_factory(name: str) -> BackendFactory:
+    """The factory registered under ``name``.
+
+    Raises:
+        ConfigError: No backend has that name (the message lists those that exist).
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(registered_backends())
+        raise ConfigError("config", "backend", f"unknown env backend {name!r}; registered: {known}") from None
+
+
+def _sim_factory(config: EnvServiceConfig, stream: int) -> EnvBackend:
+    return SimEnv(config.sim, stream=stream)
+
+
+register_backend("sim", _sim_factory)

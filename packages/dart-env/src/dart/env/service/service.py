@@ -1,0 +1,412 @@
+"""The env service: a pool of env backend instances served over NATS request/reply."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TypeVar
+
+from dart.env.backend import EnvBackend
+from dart.env.errors import EpisodeStateError, InstanceIdTakenError, LayoutError, TaskParamsError
+from dart.env.service.config import EnvServiceConfig, backend_factory
+from dart.env.service.instance import InstanceSlot, InstanceStats, SlotState
+from dart.env.service.lease import EndReason, Lease, LeaseBook
+from dart.protocol.bus import Bus, Service
+from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError, ServiceError
+from dart.protocol.messages import (
+    ErrorCode,
+    EvaluateReply,
+    EvaluateRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    LeaseReply,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    ResetReply,
+    ResetRequest,
+    StepReply,
+    StepRequest,
+)
+from dart.protocol.telemetry import BusyTracker, Telemetry
+
+log = logging.getLogger("dart.env.service")
+
+T = TypeVar("T")
+
+_CLOSE_TIMEOUT_S = 10.0
+"""How long closing a crashed or stopping backend may take before it is abandoned, seconds."""
+_PROBE_TIMEOUT_S = 1.0
+
+
+class EnvService:
+    """Hosts ``config.instances`` env backends and serves them on the bus.
+
+    Subjects (from ``bus.subjects``): ``env_lease(pool)`` in a queue group, so several processes
+    can share a pool, and ``env_instance(instance_id, op)`` for ``reset``, ``step``,
+    ``evaluate``, ``release`` and ``heartbeat`` of each instance.
+
+    Lease lifecycle (see :mod:`dart.env.service.lease` and
+    :class:`~dart.env.service.instance.InstanceSlot`): a lease request gets a free instance
+    (least recently used first, one that last ran the hinted task preferred) or ``unavailable``
+    (retryable). The holder then calls the instance with its lease id; a heartbeat or any
+    successful call pushes the lease's deadline to now + ttl. Release frees the instance; a
+    holder that stops heartbeating loses the lease to the reaper (or to the next call) and
+    further calls get ``expired``. If the backend raises or exceeds ``op_timeout_s`` during
+    reset/step/evaluate, the call is answered ``env_failed``, the lease ends (later calls on it
+    get ``env_failed`` too) and the instance is replaced in the background under the same id.
+
+    Error codes: ``invalid_request`` (schema, or a task the backend rejects), ``not_found`` (an
+    unknown or released lease), ``conflict`` (the instance is leased by someone else, the call
+    does not fit the episode state, or a ``step_index`` out of sequence), ``expired``,
+    ``env_failed``, ``unavailable``.
+
+    Service lifecycle: ``created --start()--> serving --stop()--> stopped``; also an async
+    context manager. The bus is the caller's and stays open.
+
+    Example::
+
+        async with await Bus.connect(BusConfig(url=url)) as bus:
+            async with EnvService(EnvServiceConfig(pool="sim", instances=8), bus):
+                await stop_event.wait()
+
+    Args:
+        config: What to host.
+        bus: A connected bus.
+        telemetry: Where busy/idle intervals go; None keeps them in memory (see :meth:`stats`).
+    """
+
+    def __init__(self, config: EnvServiceConfig, bus: Bus, *, telemetry: Telemetry | None = None) -> None:
+        self.config = config
+        self._bus = bus
+        self._telemetry = telemetry
+        self._factory = backend_factory(config.backend)
+        self._slots: dict[str, InstanceSlot] = {}
+        self._leases = LeaseBook()
+        self._services: list[Service] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._started = False
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start every backend, then serve the pool.
+
+        Raises:
+            InstanceIdTakenError: Another process already serves one of this pool's instance ids.
+            Exception: A backend failed to start (the ones started are closed again).
+        """
+        if self._started:
+            raise RuntimeError("EnvService.start() was called twice")
+        self._started = True
+        await self._check_ids_free()
+        for i in range(self.config.instances):
+            instance_id = self.config.instance_id(i)
+            tracker = (
+                self._telemetry.busy_tracker("env", instance_id)
+                if self._telemetry is not None
+                else BusyTracker("env", instance_id)
+            )
+            slot = InstanceSlot(i, instance_id, self._factory(self.config, i), tracker)
+            self._slots[instance_id] = slot
+        try:
+            await asyncio.gather(*(self._start_backend(slot.backend) for slot in self._slots.values()))
+            for slot in self._slots.values():
+                await self._serve_instance(slot)
+                slot.free()
+            subjects = self._bus.subjects
+            self._services.append(
+                await self._bus.serve(
+                    subjects.env_lease(self.config.pool), LeaseRequest, self._on_lease, queue="dart-env"
+                )
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        self._reaper = asyncio.create_task(self._reap_forever(), name=f"env reaper {self.config.pool}")
+        log.info("env pool %s serving %d %s instances", self.config.pool, len(self._slots), self.config.backend)
+
+    async def stop(self) -> None:
+        """Stop serving, end every lease and close every backend (idempotent)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        # The lease subject goes first so no new holder arrives while instances shut down.
+        for service in self._services:
+            await service.stop()
+        background = [*self._tasks, *([self._reaper] if self._reaper is not None else [])]
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        for slot in self._slots.values():
+            if slot.lease is not None:
+                self._leases.end(slot, EndReason.STOPPED)
+            slot.state = SlotState.STOPPED
+        await asyncio.gather(*(self._close_backend(slot.backend) for slot in self._slots.values()))
+        log.info("env pool %s stopped", self.config.pool)
+
+    async def __aenter__(self) -> EnvService:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # --- inspection -----------------------------------------------------------------------------
+    @property
+    def instance_ids(self) -> list[str]:
+        """Ids of the hosted instances, in slot order."""
+        return list(self._slots)
+
+    def backend(self, instance_id: str) -> EnvBackend:
+        """The backend currently behind ``instance_id`` (for tests and tools, e.g. its oracle).
+
+        Raises:
+            KeyError: No such instance here.
+        """
+        return self._slots[instance_id].backend
+
+    def stats(self) -> dict[str, InstanceStats]:
+        """Per-instance counters and busy/idle seconds, by instance id."""
+        return {instance_id: slot.stats() for instance_id, slot in self._slots.items()}
+
+    # --- lease subject --------------------------------------------------------------------------
+    async def _on_lease(self, request: LeaseRequest) -> LeaseReply:
+        free = [slot for slot in self._slots.values() if slot.state == SlotState.FREE]
+        if self._stopping or not free:
+            raise ServiceError(
+                ErrorCode.UNAVAILABLE,
+                f"no free instance in pool {self.config.pool!r} here; retry shortly",
+                {"pool": self.config.pool, "instances": len(self._slots)},
+                retryable=True,
+            )
+        # Least recently used first spreads wear (and busy time) evenly; a task hint wins over it
+        # because a backend that last ran the task may reset to it faster.
+        slot = min(free, key=lambda s: (s.last_task_id != request.task_id or request.task_id is None, s.free_since))
+        ttl = min(request.ttl_s, self.config.max_lease_ttl_s)
+        now = time.monotonic()
+        lease = Lease(uuid.uuid4().hex, request.holder, ttl, now + ttl, now)
+        slot.grant(lease)
+        width, height = slot.backend.screen_size
+        return LeaseReply(
+            lease_id=lease.lease_id,
+            instance_id=slot.instance_id,
+            backend=self.config.backend,
+            expires_at=lease.expires_at,
+            heartbeat_interval_s=min(self.config.heartbeat_interval_s, ttl / 3),
+            screen_width=width,
+            screen_height=height,
+        )
+
+    # --- instance subjects ----------------------------------------------------------------------
+    async def _serve_instance(self, slot: InstanceSlot) -> None:
+        subjects = self._bus.subjects
+        iid = slot.instance_id
+
+        async def reset(request: ResetRequest) -> ResetReply:
+            return await self._on_reset(slot, request)
+
+        async def step(request: StepRequest) -> StepReply:
+            return await self._on_step(slot, request)
+
+        async def evaluate(request: EvaluateRequest) -> EvaluateReply:
+            return await self._on_evaluate(slot, request)
+
+        async def release(request: ReleaseRequest) -> ReleaseReply:
+            return await self._on_release(slot, request)
+
+        async def heartbeat(request: HeartbeatRequest) -> HeartbeatReply:
+            return await self._on_heartbeat(slot, request)
+
+        self._services += [
+            await self._bus.serve(subjects.env_instance(iid, "reset"), ResetRequest, reset),
+            await self._bus.serve(subjects.env_instance(iid, "step"), StepRequest, step),
+            await self._bus.serve(subjects.env_instance(iid, "evaluate"), EvaluateRequest, evaluate),
+            await self._bus.serve(subjects.env_instance(iid, "release"), ReleaseRequest, release),
+            await self._bus.serve(subjects.env_instance(iid, "heartbeat"), HeartbeatRequest, heartbeat),
+        ]
+
+    async def _on_reset(self, slot: InstanceSlot, request: ResetRequest) -> ResetReply:
+        async with slot.lock:
+            self._leases.authorize(slot, request.lease_id)
+            started = time.monotonic()
+            observation, instruction = await self._call(slot, "reset", lambda b: b.reset(request.task, request.seed))
+            slot.resets += 1
+            slot.last_task_id = request.task.task_id
+            slot.next_step_index = 0
+            slot.last_step = None
+            return ResetReply(
+                observation=observation, instruction=instruction, env_latency_s=time.monotonic() - started
+            )
+
+    async def _on_step(self, slot: InstanceSlot, request: StepRequest) -> StepReply:
+        async with slot.lock:
+            self._leases.authorize(slot, request.lease_id)
+            if slot.last_step is not None and request.step_index == slot.next_step_index - 1:
+                # The holder retried a step whose reply it lost: answer again, do not act twice.
+                return slot.last_step
+            if request.step_index != slot.next_step_index:
+                raise ServiceError(
+                    ErrorCode.CONFLICT,
+                    f"step_index {request.step_index} is out of sequence on {slot.instance_id}: "
+                    f"expected {slot.next_step_index} (0 right after a reset)",
+                    {"expected": slot.next_step_index, "got": request.step_index},
+                )
+            started = time.monotonic()
+            observation, done, info = await self._call(slot, "step", lambda b: b.step(request.action))
+            slot.steps += 1
+            slot.next_step_index += 1
+            slot.last_step = StepReply(
+                observation=observation, done=done, env_latency_s=time.monotonic() - started, info=info
+            )
+            return slot.last_step
+
+    async def _on_evaluate(self, slot: InstanceSlot, request: EvaluateRequest) -> EvaluateReply:
+        async with slot.lock:
+            self._leases.authorize(slot, request.lease_id)
+            started = time.monotonic()
+            reward, success, details = await self._call(slot, "evaluate", lambda b: b.evaluate())
+            slot.evaluations += 1
+            return EvaluateReply(
+                reward=reward, success=success, env_latency_s=time.monotonic() - started, details=details
+            )
+
+    async def _on_release(self, slot: InstanceSlot, request: ReleaseRequest) -> ReleaseReply:
+        async with slot.lock:
+            # Releasing a lease that has already ended is not an error: the instance is back anyway.
+            lease = self._leases.authorize(slot, request.lease_id, ended_ok=True)
+            if lease is None:
+                return ReleaseReply(released=False)
+            self._leases.end(slot, EndReason.RELEASED)
+            return ReleaseReply(released=True)
+
+    async def _on_heartbeat(self, slot: InstanceSlot, request: HeartbeatRequest) -> HeartbeatReply:
+        # No lock: a heartbeat must get through while a long step holds the instance.
+        lease = self._leases.authorize(slot, request.lease_id)
+        assert lease is not None
+        lease.touch()
+        return HeartbeatReply(expires_at=lease.expires_at)
+
+    # --- leases ---------------------------------------------------------------------------------
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval_s)
+            now = time.monotonic()
+            for slot in self._slots.values():
+                lease = slot.lease
+                # A slot whose lock is held has a call in flight or queued: its holder is alive.
+                if lease is not None and lease.expired(now) and not slot.lock.locked():
+                    self._leases.end(slot, EndReason.EXPIRED)
+
+    # --- backend calls and crash recovery -------------------------------------------------------
+    async def _call(self, slot: InstanceSlot, op: str, call: Callable[[EnvBackend], Awaitable[T]]) -> T:
+        """Run one backend operation with the slot's lock held; map its failures to error replies."""
+        slot.running_op = op
+        try:
+            with slot.tracker.busy(op):
+                result = await asyncio.wait_for(call(slot.backend), self.config.op_timeout_s)
+        except (TaskParamsError, LayoutError) as exc:
+            raise ServiceError(ErrorCode.INVALID_REQUEST, str(exc), {"instance_id": slot.instance_id}) from exc
+        except EpisodeStateError as exc:
+            raise ServiceError(
+                ErrorCode.CONFLICT, str(exc), {"instance_id": slot.instance_id, "state": exc.state}
+            ) from exc
+        except Exception as exc:
+            # Anything else means the env is in an unknown state: never hand it to anyone again.
+            detail = f"{op} timed out after {self.config.op_timeout_s:g}s" if isinstance(exc, TimeoutError) else None
+            self._fail(slot, op, exc)
+            raise ServiceError(
+                ErrorCode.ENV_FAILED,
+                f"instance {slot.instance_id} failed during {op}: {detail or f'{type(exc).__name__}: {exc}'}; "
+                "report the episode as env_failed and lease again",
+                {"instance_id": slot.instance_id, "op": op},
+            ) from exc
+        finally:
+            slot.running_op = None
+        if op == "evaluate":
+            # Only a whole episode proves the backend sound: a backend that resets fine and then
+            # crashes mid-episode every time must still trip the breaker.
+            slot.consecutive_failures = 0
+        if slot.lease is not None:
+            slot.lease.touch()
+        return result
+
+    def _fail(self, slot: InstanceSlot, op: str, exc: BaseException) -> None:
+        log.warning("instance %s failed during %s: %r; replacing it", slot.instance_id, op, exc)
+        slot.failures += 1
+        slot.consecutive_failures += 1
+        self._leases.end(slot, EndReason.ENV_FAILED)
+        slot.state = SlotState.REPLACING
+        task = asyncio.create_task(self._replace(slot, slot.backend), name=f"replace {slot.instance_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _replace(self, slot: InstanceSlot, crashed: EnvBackend) -> None:
+        await self._close_backend(crashed)
+        backoff = self.config.restart_backoff_s
+        while slot.consecutive_failures < self.config.max_consecutive_failures:
+            slot.generation += 1
+            # A new stream per generation, so a replacement does not replay its predecessor's randomness.
+            backend = self._factory(self.config, slot.index + slot.generation * self.config.instances)
+            try:
+                await self._start_backend(backend)
+            except asyncio.CancelledError:
+                await self._close_backend(backend)  # the service is stopping; do not leak a half-started env
+                raise
+            except Exception as exc:
+                slot.failures += 1
+                slot.consecutive_failures += 1
+                log.warning("restarting instance %s failed: %r", slot.instance_id, exc)
+                await self._close_backend(backend)
+                await asyncio.sleep(backoff)
+                backoff *= 2
+                continue
+            slot.backend = backend
+            slot.restarts += 1
+            slot.last_task_id = None
+            slot.free()
+            log.info("instance %s replaced (generation %d)", slot.instance_id, slot.generation)
+            return
+        slot.state = SlotState.RETIRED
+        log.error(
+            "instance %s retired after %d consecutive failures; check the %s backend",
+            slot.instance_id,
+            slot.consecutive_failures,
+            self.config.backend,
+        )
+
+    async def _start_backend(self, backend: EnvBackend) -> None:
+        await asyncio.wait_for(backend.start(), self.config.op_timeout_s)
+
+    async def _close_backend(self, backend: EnvBackend) -> None:
+        try:
+            await asyncio.wait_for(backend.close(), _CLOSE_TIMEOUT_S)
+        except Exception as exc:  # a crashed env may fail to close; it is dropped either way
+            log.warning("closing a %s backend failed: %r", self.config.backend, exc)
+
+    async def _check_ids_free(self) -> None:
+        """Refuse to serve an instance id that another process already serves."""
+
+        async def taken(instance_id: str) -> bool:
+            subject = self._bus.subjects.env_instance(instance_id, "heartbeat")
+            try:
+                await self._bus.request(
+                    subject, HeartbeatRequest(lease_id="probe"), HeartbeatReply, timeout=_PROBE_TIMEOUT_S
+                )
+            except NoRespondersError:
+                return False
+            except (RemoteError, RequestTimeoutError):
+                pass  # an error reply, or a subscriber too busy to answer: either way, someone is there
+            return True
+
+        ids = [self.config.instance_id(i) for i in range(self.config.instances)]
+        for instance_id, is_taken in zip(ids, await asyncio.gather(*map(taken, ids)), strict=True):
+            if is_taken:
+                raise InstanceIdTakenError(instance_id)

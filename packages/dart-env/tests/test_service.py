@@ -1,0 +1,385 @@
+"""The env service over a real nats-server: leases, episodes, expiry, crashes, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dart.env.backend import EnvBackend
+from dart.env.errors import InstanceIdTakenError
+from dart.env.service import EnvService, EnvServiceConfig, SlotState, register_backend, unregister_backend
+from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.errors import ConfigError, NoRespondersError, RemoteError
+from dart.protocol.messages import (
+    Action,
+    ErrorCode,
+    EvaluateReply,
+    EvaluateRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    LeaseReply,
+    LeaseRequest,
+    Observation,
+    ReleaseReply,
+    ReleaseRequest,
+    ResetReply,
+    ResetRequest,
+    StepReply,
+    StepRequest,
+    TaskSpec,
+    Wait,
+)
+from dart.protocol.messages.observation import MetadataValue
+from dart.protocol.telemetry import TelemetryConfig, load_busy_intervals, setup_telemetry
+
+pytestmark = pytest.mark.integration
+
+FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
+
+
+class CrashOnWait(SimEnv):
+    """A sim env (it runs sim tasks) whose step crashes on a ``wait`` action, like a dying browser."""
+
+    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
+        if isinstance(action, Wait):
+            raise RuntimeError("simulated browser crash")
+        return await super().step(action)
+
+
+class HangOnWait(SimEnv):
+    """A sim env whose step never returns on a ``wait`` action."""
+
+    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
+        if isinstance(action, Wait):
+            await asyncio.sleep(3600)
+        return await super().step(action)
+
+
+@pytest.fixture(autouse=True)
+def _test_backends() -> Iterator[None]:
+    register_backend("crash-on-wait", lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
+    register_backend("hang-on-wait", lambda cfg, stream: HangOnWait(cfg.sim, stream=stream), replace=True)
+    yield
+    unregister_backend("crash-on-wait")
+    unregister_backend("hang-on-wait")
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    config = BusConfig(url=nats_url, run="envsvc", connect_timeout_s=2.0, request_timeout_s=5.0)
+    async with await Bus.connect(config) as connected:
+        yield connected
+
+
+@pytest.fixture
+async def make_service(bus: Bus) -> AsyncIterator[Callable[..., EnvService]]:
+    """Builds services on a pool name unique to the test (instance ids are global on the server)."""
+    created: list[EnvService] = []
+
+    def make(**overrides: Any) -> EnvService:
+        fields: dict[str, Any] = {"pool": f"p{uuid.uuid4().hex[:8]}", "instances": 1, "sim": FAST_SIM}
+        fields.update(overrides)
+        service = EnvService(EnvServiceConfig(**fields), bus)
+        created.append(service)
+        return service
+
+    yield make
+    for service in created:  # a failed test must not leave instances serving
+        await service.stop()
+
+
+class Client:
+    """The calls a trajectory runner makes, straight through ``bus.request``."""
+
+    def __init__(self, bus: Bus, pool: str) -> None:
+        self.bus = bus
+        self.pool = pool
+
+    async def lease(self, ttl_s: float = 30.0, holder: str = "runner-0") -> LeaseReply:
+        request = LeaseRequest(holder=holder, ttl_s=ttl_s)
+        return await self.bus.request(self.bus.subjects.env_lease(self.pool), request, LeaseReply)
+
+    async def lease_eventually(self, timeout_s: float = 5.0) -> LeaseReply:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                try:
+                    return await self.lease()
+                except RemoteError as exc:
+                    if exc.code != ErrorCode.UNAVAILABLE:
+                        raise
+                    await asyncio.sleep(0.02)
+
+    async def reset(self, lease: LeaseReply, task: TaskSpec) -> ResetReply:
+        return await self.bus.request(
+            self._at(lease, "reset"), ResetRequest(lease_id=lease.lease_id, task=task), ResetReply
+        )
+
+    async def step(self, lease: LeaseReply, action: Action, index: int) -> StepReply:
+        request = StepRequest(lease_id=lease.lease_id, action=action, step_index=index)
+        return await self.bus.request(self._at(lease, "step"), request, StepReply)
+
+    async def evaluate(self, lease: LeaseReply) -> EvaluateReply:
+        return await self.bus.request(
+            self._at(lease, "evaluate"), EvaluateRequest(lease_id=lease.lease_id), EvaluateReply
+        )
+
+    async def heartbeat(self, lease: LeaseReply) -> HeartbeatReply:
+        return await self.bus.request(
+            self._at(lease, "heartbeat"), HeartbeatRequest(lease_id=lease.lease_id), HeartbeatReply
+        )
+
+    async def release(self, lease: LeaseReply) -> ReleaseReply:
+        return await self.bus.request(self._at(lease, "release"), ReleaseRequest(lease_id=lease.lease_id), ReleaseReply)
+
+    def _at(self, lease: LeaseReply, op: Any) -> str:
+        return self.bus.subjects.env_instance(lease.instance_id, op)
+
+
+async def run_episode(client: Client, service: EnvService, task: TaskSpec) -> tuple[float, int]:
+    """Lease, solve ``task`` with the instance's oracle, evaluate, release; returns (reward, steps)."""
+    lease = await client.lease_eventually()
+    reset = await client.reset(lease, task)
+    assert reset.instruction == task.instruction
+    backend = service.backend(lease.instance_id)
+    steps = 0
+    done = False
+    while (oracle := backend.oracle_action()) is not None:
+        assert not done
+        reply = await client.step(lease, oracle[1], steps)
+        steps += 1
+        done = reply.done
+    assert done
+    evaluation = await client.evaluate(lease)
+    assert (await client.release(lease)).released
+    return evaluation.reward, steps
+
+
+async def expect_error(code: ErrorCode, call: Any) -> RemoteError:
+    with pytest.raises(RemoteError) as caught:
+        await call
+    assert caught.value.code == code, caught.value
+    return caught.value
+
+
+async def test_full_episode_over_nats(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    async with make_service(instances=2) as service:
+        client = Client(bus, service.config.pool)
+        lease = await client.lease()
+        assert lease.instance_id in service.instance_ids == [f"{service.config.pool}-0", f"{service.config.pool}-1"]
+        assert (lease.screen_width, lease.screen_height) == (224, 224) and lease.backend == "sim"
+        await client.release(lease)
+
+        reward, steps = await run_episode(client, service, sim_task("tick-boxes", "medium", 3))
+        assert reward == 1.0 and steps >= 2
+        stats = service.stats()
+        assert sum(s.steps for s in stats.values()) == steps
+        assert sum(s.resets for s in stats.values()) == 1
+        assert sum(s.leases_granted for s in stats.values()) == 2
+        assert all(s.state == SlotState.FREE and s.failures == 0 for s in stats.values())
+        busy = [s.busy_s for s in stats.values() if s.steps]
+        assert set(busy[0]) == {"reset", "step", "evaluate"}
+
+
+async def test_lease_exhaustion_is_unavailable_until_a_release(
+    bus: Bus, make_service: Callable[..., EnvService]
+) -> None:
+    async with make_service(instances=2) as service:
+        client = Client(bus, service.config.pool)
+        first, second = await client.lease(), await client.lease()
+        assert first.instance_id != second.instance_id
+        error = await expect_error(ErrorCode.UNAVAILABLE, client.lease())
+        assert error.retryable
+        assert (await client.release(first)).released
+        third = await client.lease()
+        assert third.instance_id == first.instance_id and third.lease_id != first.lease_id
+
+
+async def test_calls_need_the_current_lease(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    async with make_service() as service:
+        client = Client(bus, service.config.pool)
+        lease = await client.lease()
+        task = sim_task("click-button", "easy", 1)
+        forged = lease.model_copy(update={"lease_id": "not-my-lease"})
+        await expect_error(ErrorCode.CONFLICT, client.reset(forged, task))
+        await expect_error(ErrorCode.CONFLICT, client.heartbeat(forged))
+        # The right lease still works, and a step before the reset is a state conflict, not a crash.
+        await expect_error(ErrorCode.CONFLICT, client.step(lease, Wait(), 0))
+        await client.reset(lease, task)
+        await expect_error(ErrorCode.CONFLICT, client.step(lease, Wait(seconds=0), 5))
+        first = await client.step(lease, Wait(seconds=0), 0)
+        again = await client.step(lease, Wait(seconds=0), 0)  # a retried step is answered, not re-run
+        assert again == first and service.stats()[lease.instance_id].steps == 1
+        assert (await client.release(lease)).released
+        # After release the old lease is gone: not_found on calls, released=False on a second release.
+        await expect_error(ErrorCode.NOT_FOUND, client.evaluate(lease))
+        assert not (await client.release(lease)).released
+        await expect_error(ErrorCode.NOT_FOUND, client.heartbeat(forged))
+
+
+async def test_a_lease_without_heartbeats_expires(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    async with make_service(reap_interval_s=0.05) as service:
+        client = Client(bus, service.config.pool)
+        lease = await client.lease(ttl_s=0.3)
+        assert lease.heartbeat_interval_s == pytest.approx(0.1)
+        await client.reset(lease, sim_task("click-button", "easy", 2))
+        await asyncio.sleep(0.6)
+        slot = service.stats()[lease.instance_id]
+        assert slot.state == SlotState.FREE and slot.leases_expired == 1  # freed by the reaper
+        await expect_error(ErrorCode.EXPIRED, client.step(lease, Wait(), 0))
+        await expect_error(ErrorCode.EXPIRED, client.heartbeat(lease))
+        assert not (await client.release(lease)).released
+        assert (await client.lease()).instance_id == lease.instance_id
+
+
+async def test_heartbeats_keep_a_lease_alive(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    async with make_service(reap_interval_s=0.05) as service:
+        client = Client(bus, service.config.pool)
+        lease = await client.lease(ttl_s=0.5)
+        await client.reset(lease, sim_task("click-button", "easy", 2))
+        for _ in range(10):  # 1 s in all, twice the ttl
+            await asyncio.sleep(0.1)
+            beat = await client.heartbeat(lease)
+            assert beat.expires_at > lease.expires_at
+        await client.step(lease, Wait(seconds=0), 0)
+        assert service.stats()[lease.instance_id].leases_expired == 0
+        await expect_error(ErrorCode.UNAVAILABLE, client.lease())
+        assert (await client.release(lease)).released
+
+
+async def test_a_crash_fails_the_episode_and_the_instance_is_replaced(
+    bus: Bus, make_service: Callable[..., EnvService]
+) -> None:
+    async with make_service(backend="crash-on-wait") as service:
+        client = Client(bus, service.config.pool)
+        lease = await client.lease()
+        crashed = service.backend(lease.instance_id)
+        await client.reset(lease, sim_task("click-button", "easy", 4))
+        error = await expect_error(ErrorCode.ENV_FAILED, client.step(lease, Wait(), 0))
+        assert error.details["instance_id"] == lease.instance_id
+        # The failed lease stays failed: the runner's next call says env_failed too.
+        await expect_error(ErrorCode.ENV_FAILED, client.evaluate(lease))
+        assert not (await client.release(lease)).released
+
+        fresh = await client.lease_eventually()
+        assert fresh.instance_id == lease.instance_id  # same slot, same id, new backend
+        assert service.backend(fresh.instance_id) is not crashed and crashed.state == "closed"
+        await client.release(fresh)
+        reward, _ = await run_episode(client, service, sim_task("click-button", "easy", 4))
+        assert reward == 1.0
+        stats = service.stats()[lease.instance_id]
+        assert (stats.failures, stats.restarts) == (1, 1)
+
+
+async def test_a_backend_that_keeps_crashing_is_retired(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    async with make_service(backend="crash-on-wait", max_consecutive_failures=2) as service:
+        client = Client(bus, service.config.pool)
+        task = sim_task("click-button", "easy", 4)
+        for _ in range(2):
+            lease = await client.lease_eventually()
+            await client.reset(lease, task)
+            await expect_error(ErrorCode.ENV_FAILED, client.step(lease, Wait(), 0))
+        await asyncio.sleep(0.1)  # closing the crashed backend (instant for sim) precedes retiring
+        assert service.stats()[lease.instance_id].state == SlotState.RETIRED
+        await expect_error(ErrorCode.UNAVAILABLE, client.lease())
+
+
+async def test_a_hung_backend_times_out_as_env_failed(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    async with make_service(backend="hang-on-wait", op_timeout_s=0.2) as service:
+        client = Client(bus, service.config.pool)
+        lease = await client.lease()
+        await client.reset(lease, sim_task("click-button", "easy", 4))
+        error = await expect_error(ErrorCode.ENV_FAILED, client.step(lease, Wait(), 0))
+        assert "timed out" in error.message
+        assert (await client.lease_eventually()).instance_id == lease.instance_id
+
+
+async def test_invalid_requests_are_answered_and_serving_goes_on(
+    bus: Bus, make_service: Callable[..., EnvService]
+) -> None:
+    async with make_service() as service:
+        client = Client(bus, service.config.pool)
+        lease = await client.lease()
+        step_subject = bus.subjects.env_instance(lease.instance_id, "step")
+        # A message of the wrong type on a subject fails schema validation.
+        with pytest.raises(RemoteError) as caught:
+            await bus.request(step_subject, EvaluateRequest(lease_id=lease.lease_id), StepReply)
+        assert caught.value.code == ErrorCode.INVALID_REQUEST
+        # A task for another backend is rejected by the backend, without failing the instance.
+        other = TaskSpec(task_id="web/1", backend="miniwob", instruction="click", params={}, max_steps=3)
+        await expect_error(ErrorCode.INVALID_REQUEST, client.reset(lease, other))
+        bad_params = sim_task("click-button", "easy", 1).model_copy(update={"params": {"family": "nope"}})
+        await expect_error(ErrorCode.INVALID_REQUEST, client.reset(lease, bad_params))
+        await client.release(lease)
+        assert service.stats()[lease.instance_id].failures == 0
+        reward, _ = await run_episode(client, service, sim_task("enter-text", "easy", 1))
+        assert reward == 1.0
+
+
+async def test_concurrent_episodes_on_four_instances(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    async with make_service(instances=4) as service:
+        client = Client(bus, service.config.pool)
+        families = ["click-button", "enter-text", "tick-boxes", "select-item"]
+        results = await asyncio.gather(
+            *(run_episode(client, service, sim_task(family, "medium", i)) for i, family in enumerate(families))  # type: ignore[arg-type]
+        )
+        assert [reward for reward, _ in results] == [1.0] * 4
+        stats = service.stats()
+        assert all(s.leases_granted == 1 and s.resets == 1 for s in stats.values())
+
+
+async def test_two_processes_cannot_serve_the_same_instance_ids(
+    bus: Bus, make_service: Callable[..., EnvService]
+) -> None:
+    async with make_service() as first:
+        pool = first.config.pool
+        with pytest.raises(InstanceIdTakenError):
+            await make_service(pool=pool).start()
+        # With distinct prefixes both serve the pool; the lease subject is shared in a queue group.
+        async with make_service(pool=pool, instance_prefix=f"{pool}-b") as second:
+            client = Client(bus, pool)
+            # A lease request reaches one member of the group; one that is full answers unavailable
+            # (retryable), and the retry may reach the other.
+            leases = [await client.lease_eventually(), await client.lease_eventually()]
+            assert {lease.instance_id for lease in leases} == {first.instance_ids[0], second.instance_ids[0]}
+
+
+async def test_an_unknown_backend_fails_at_start_naming_the_field(bus: Bus) -> None:
+    with pytest.raises(ConfigError) as caught:
+        EnvService(EnvServiceConfig(backend="nope"), bus)
+    assert caught.value.field == "backend" and "sim" in str(caught.value)
+
+
+async def test_stop_ends_leases_and_closes_backends(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    service = make_service(instances=2)
+    await service.start()
+    client = Client(bus, service.config.pool)
+    lease = await client.lease()
+    backends: list[EnvBackend] = [service.backend(i) for i in service.instance_ids]
+    await service.stop()
+    await service.stop()  # idempotent
+    assert all(b.state == "closed" for b in backends)
+    assert all(s.state == SlotState.STOPPED for s in service.stats().values())
+    with pytest.raises(NoRespondersError):  # nobody serves the pool any more
+        await client.lease()
+    with pytest.raises(NoRespondersError):
+        await client.heartbeat(lease)
+
+
+async def test_busy_time_reaches_telemetry(bus: Bus, tmp_path: Path) -> None:
+    telemetry = setup_telemetry("dart-env", version="1", run_id="r", config=TelemetryConfig(run_dir=tmp_path))
+    config = EnvServiceConfig(pool=f"p{uuid.uuid4().hex[:8]}", instances=1, sim=FAST_SIM)
+    try:
+        async with EnvService(config, bus, telemetry=telemetry) as service:
+            reward, _ = await run_episode(Client(bus, config.pool), service, sim_task("click-button", "easy", 5))
+            assert reward == 1.0
+    finally:
+        telemetry.shutdown()
+    intervals = load_busy_intervals(telemetry.jsonl_path)
+    assert {i.resource_id for i in intervals} == {f"{config.pool}-0"}
+    assert {i.activity for i in intervals} == {"reset", "step", "evaluate"}
