@@ -1,0 +1,183 @@
+"""The inference engine interface every backend (``hf``, ``vllm``) implements.
+
+Lifecycle of an engine::
+
+    serving --update_weights()--> draining --in-flight batch done--> loading --weights swapped--> serving
+    serving / draining / loading --close()--> closed
+
+- **serving**: requests are batched and generated.
+- **draining**: an update was requested; the running batch finishes, new requests wait in the queue.
+- **loading**: the new weights are loaded; on success ``version`` becomes the new version, on failure the
+  old weights stay and :class:`WeightUpdateError` is raised; either way the engine serves again.
+- **closed**: queued requests fail with :class:`EngineClosedError`.
+
+The weight-sync controller triggers updates; trajectory runners call :meth:`InferenceEngine.generate`
+concurrently; the router reads :attr:`InferenceEngine.load`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from dart.rollout.model.prompt import ChatPrompt
+
+
+class EngineState(StrEnum):
+    """Where an engine is in its lifecycle (see the module docstring)."""
+
+    SERVING = "serving"
+    DRAINING = "draining"
+    LOADING = "loading"
+    CLOSED = "closed"
+
+
+class EngineError(Exception):
+    """Base class of inference engine errors."""
+
+
+class EngineClosedError(EngineError):
+    """The engine was closed; send the request to another engine."""
+
+
+class WeightUpdateError(EngineError):
+    """New weights could not be loaded; the engine keeps serving its previous version.
+
+    Attributes:
+        version: The version that failed to load.
+        missing: Parameter names the model has but the new weights lack.
+        unexpected: Names in the new weights the model does not have.
+    """
+
+    def __init__(
+        self, version: int, reason: str, missing: list[str] | None = None, unexpected: list[str] | None = None
+    ):
+        self.version = version
+        self.missing = missing or []
+        self.unexpected = unexpected or []
+        super().__init__(
+            f"cannot load weights for version {version}: {reason}"
+            + (f"; missing {self.missing[:5]}" if self.missing else "")
+            + (f"; unexpected {self.unexpected[:5]}" if self.unexpected else "")
+            + ". The engine keeps serving its previous version; publish weights saved from this architecture."
+        )
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation call.
+
+    Attributes:
+        prompt: The rendered chat prompt (text with image placeholders, and the images).
+        max_new_tokens: Upper bound on response tokens, the stop token included.
+        temperature: Sampling temperature; 0 means greedy (argmax).
+        top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
+        seed: Seed of this request's sampler; same seed, prompt and weights give the same response.
+    """
+
+    prompt: ChatPrompt
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class GenerationTimings:
+    """Where a request's time went, seconds.
+
+    Attributes:
+        queued_s: From submission until its batch started.
+        generate_s: Duration of the batch that served it (encoding, prefill and decode).
+        batch_size: Requests in that batch.
+    """
+
+    queued_s: float = 0.0
+    generate_s: float = 0.0
+    batch_size: int = 1
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One generated response, with everything the trainer needs to recompute and compare log-probs.
+
+    The arrays are aligned: index ``i`` of every ``response_*`` list belongs to ``response_token_ids[i]``.
+
+    Attributes:
+        prompt_token_ids: The exact prompt tokens the model consumed (image pads expanded).
+        response_token_ids: Generated tokens, the stop token (``<|im_end|>``) included when generated.
+        response_logprobs: ``log softmax(logits)[token]`` of the raw, un-tempered, un-truncated logits, nats.
+            This is the rollout policy's log-prob the trainer's own forward pass reproduces, so it is
+            the behaviour log-prob for truncated importance sampling.
+        response_entropy: Entropy of ``softmax(logits)`` (raw, un-tempered) at each position, nats.
+        sampling_logprobs: Log-prob of each token under the distribution actually sampled from
+            (vision placeholders and ``<|im_start|>`` removed, temperature and top-p applied); 0.0 for
+            greedy steps. Differs from ``response_logprobs``
+            unless temperature is 1 and top_p is 1.
+        text: Decoded response without special tokens.
+        finish_reason: ``"stop"`` when the stop token was generated, ``"length"`` at max_new_tokens.
+        policy_version: Version of the weights that produced every token of this response.
+        timings: Where the time went.
+    """
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_logprobs: list[float]
+    response_entropy: list[float]
+    sampling_logprobs: list[float]
+    text: str
+    finish_reason: str
+    policy_version: int
+    timings: GenerationTimings = field(default_factory=GenerationTimings)
+
+
+class InferenceEngine(abc.ABC):
+    """A policy server that turns prompts into responses; see the module docstring for its lifecycle."""
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one response; concurrent calls may be batched together.
+
+        Raises:
+            EngineClosedError: The engine is closed.
+        """
+
+    @abc.abstractmethod
+    async def update_weights(self, weights: object, version: int) -> None:
+        """Swap in new weights: drain the in-flight batch, load, set ``version``, resume serving.
+
+        Args:
+            weights: A state dict (name -> tensor) or a path to a ``.safetensors`` file.
+            version: The policy version the weights are.
+
+        Raises:
+            WeightUpdateError: The weights do not match the model; the previous version keeps serving.
+        """
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Policy version of the weights now serving."""
+
+    @property
+    @abc.abstractmethod
+    def load(self) -> int:
+        """Requests submitted and not yet answered (queued plus in flight); the router balances on it."""
+
+    @property
+    @abc.abstractmethod
+    def state(self) -> EngineState:
+        """Lifecycle state."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop serving: fail queued requests, wait for the running batch, release the model."""

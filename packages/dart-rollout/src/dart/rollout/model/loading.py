@@ -1,0 +1,34 @@
+"""Load a Qwen2.5-VL policy and its processor from a local directory, never from a hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+def load_policy(path: str | Path, *, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
+    """Load ``(model, processor)`` from a local checkpoint directory.
+
+    Args:
+        path: Directory written by ``save_pretrained`` (e.g. by :func:`dart.rollout.model.tiny.write_tiny_checkpoint`).
+        dtype: Torch dtype of the weights; float32 when None (exact log-probs on CPU).
+        device: Torch device to place the model on.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory holding ``config.json``.
+    """
+    import torch
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    local = Path(path)
+    if not (local / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {local}: expected {local / 'config.json'}; write one first")
+    # A local path never needs the hub; make sure nothing tries to reach it.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    processor = AutoProcessor.from_pretrained(local, local_files_only=True)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        local, local_files_only=True, dtype=dtype or torch.float32
+    )
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers stubs mistype .to
+    return model, processor
