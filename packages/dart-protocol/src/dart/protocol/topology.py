@@ -1,0 +1,95 @@
+"""The durable pipeline topology every service agrees on: streams, consumers and the state bucket.
+
+Each service calls :func:`ensure_topology` at start. Because every stream and consumer has exactly
+one definition (here), concurrent starts of several services are idempotent instead of fighting
+over settings.
+
+=========  ================  ===============  ====================  ===========================
+stream     message           published by     consumed by (durable) dedupe id
+=========  ================  ===============  ====================  ===========================
+``work``   WorkItem          dart-data        dart-rollout runners  ``work_id``
+``traj``   Trajectory        dart-rollout     dart-data ingest      ``trajectory_id``
+``batch``  TrainingBatch     dart-data        dart-train            ``batch_id``
+``model``  ModelVersion      dart-train       (history, audit)      ``model-v<version>``
+=========  ================  ===============  ====================  ===========================
+
+The ``state`` KV bucket holds the latest :class:`ModelVersion` under :data:`LATEST_MODEL_KEY`;
+engines' sync controllers and the data manager watch it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dart.protocol.bus import Bus, KeyValueStore
+from dart.protocol.subjects import StreamKind
+
+LATEST_MODEL_KEY = "model-latest"
+"""Key of the newest ModelVersion in the ``state`` bucket."""
+STATE_BUCKET = "state"
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer of one stream.
+
+    Attributes:
+        group: Consumer group token (``subjects.consumer_name(stream, group)``).
+        ack_wait_s: Seconds before an unacked delivery is redelivered; long-running holders send
+            ``in_progress`` heartbeats within it.
+        max_deliver: Deliveries before the server gives up on a message.
+        max_ack_pending: Deliveries outstanding at once: a natural backpressure bound.
+    """
+
+    group: str
+    ack_wait_s: float
+    max_deliver: int
+    max_ack_pending: int = 1000
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One pipeline stream and its consumer."""
+
+    kind: StreamKind
+    retention: str
+    consumer: ConsumerSpec | None
+    duplicate_window_s: float = 600.0
+    max_age_s: float | None = None
+
+
+STREAMS: dict[StreamKind, StreamSpec] = {
+    # Work items are deleted once a runner acks them (work queue).
+    "work": StreamSpec("work", "workqueue", ConsumerSpec("runners", ack_wait_s=60.0, max_deliver=3)),
+    "traj": StreamSpec("traj", "limits", ConsumerSpec("data", ack_wait_s=60.0, max_deliver=10)),
+    "batch": StreamSpec("batch", "limits", ConsumerSpec("trainer", ack_wait_s=300.0, max_deliver=5)),
+    "model": StreamSpec("model", "limits", None),
+}
+
+
+def durable_name(bus: Bus, kind: StreamKind) -> str:
+    """Durable consumer name of a stream's consumer group."""
+    consumer = STREAMS[kind].consumer
+    if consumer is None:
+        raise ValueError(f"stream {kind!r} has no consumer group")
+    return bus.subjects.consumer_name(kind, consumer.group)
+
+
+async def ensure_topology(bus: Bus) -> KeyValueStore:
+    """Create (or confirm) every stream, consumer and the state bucket; returns the state bucket."""
+    for spec in STREAMS.values():
+        await bus.ensure_stream(
+            spec.kind,
+            retention=spec.retention,  # type: ignore[arg-type]
+            duplicate_window_s=spec.duplicate_window_s,
+            max_age_s=spec.max_age_s,
+        )
+        if spec.consumer is not None:
+            await bus.ensure_consumer(
+                spec.kind,
+                durable_name(bus, spec.kind),
+                ack_wait_s=spec.consumer.ack_wait_s,
+                max_deliver=spec.consumer.max_deliver,
+                max_ack_pending=spec.consumer.max_ack_pending,
+            )
+    return await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET), history=8)
