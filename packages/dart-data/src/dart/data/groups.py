@@ -3,7 +3,9 @@
 Group lifecycle: ``open`` when its first trajectory arrives -> ``complete`` when ``group_size``
 trajectories arrived, or ``timed out`` when ``timeout_s`` passed since the first one (then it is
 emitted if it has at least ``min_group_size`` usable members, else dropped) -> emitted or dropped,
-never both. A trajectory is usable when its status is trainable and its policy lag
+never both. Just before that decision, a group none of whose members succeeded may be filled with
+one stored success of the same task (the experience pool, through the ``fill`` hook). A
+trajectory is usable when its status is trainable and its policy lag
 (``current_version - min_policy_version``) is within ``max_staleness``.
 """
 
@@ -42,12 +44,15 @@ class ReadyGroup:
     trajectories: list[Trajectory]
     complete: bool
     """False when emitted on timeout with fewer members than requested."""
+    pooled: frozenset[str] = frozenset()
+    """Ids of members injected from the experience pool (not rolled out for this group)."""
 
 
 @dataclass
 class _OpenGroup:
     expected: int
     first_seen: float
+    task_id: str
     members: dict[str, Trajectory] = field(default_factory=dict)
     unusable: int = 0
 
@@ -59,9 +64,27 @@ class GroupAssembler:
     discarded (``stale``, ``not_trainable``, ``zero_variance``, ``too_small``, ``duplicate``).
     """
 
-    def __init__(self, policy: GroupPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: GroupPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        fill: Callable[[str, list[Trajectory]], Trajectory | None] | None = None,
+        on_drop: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        """Create an assembler.
+
+        Args:
+            policy: Completion, timeout, staleness and variance rules.
+            clock: Monotonic seconds (injectable for tests).
+            fill: Called as ``fill(group_id, members)`` when a closing group has no successful
+                member; may return a stored success of the same task to add (experience pool).
+            on_drop: Called as ``on_drop(group_id, task_id, reason)`` when a group is dropped.
+        """
         self.policy = policy
         self._clock = clock
+        self._fill = fill
+        self._on_drop = on_drop
         self._open: dict[str, _OpenGroup] = {}
         self._closed: set[str] = set()
         self.drops: Counter[str] = Counter()
@@ -76,7 +99,7 @@ class GroupAssembler:
         if traj.group_id in self._closed:
             self.drops["late"] += 1
             return []
-        group = self._open.setdefault(traj.group_id, _OpenGroup(traj.group_size, self._clock()))
+        group = self._open.setdefault(traj.group_id, _OpenGroup(traj.group_size, self._clock(), traj.task.task_id))
         if traj.trajectory_id in group.members:
             self.drops["duplicate"] += 1
             return []
@@ -115,11 +138,23 @@ class GroupAssembler:
         group = self._open.pop(gid)
         self._closed.add(gid)
         members = sorted(group.members.values(), key=lambda t: t.rollout_index)
+        pooled: frozenset[str] = frozenset()
+        if members and self._fill is not None and not any(t.success for t in members):
+            extra = self._fill(gid, members)
+            if extra is not None and extra.trajectory_id not in group.members:
+                members.append(extra)
+                pooled = frozenset({extra.trajectory_id})
         if len(members) < self.policy.min_group_size:
             self.drops["too_small"] += len(members) or 1
+            self._dropped(gid, group.task_id, "too_small")
             return []
         rewards = [t.reward for t in members]
         if self.policy.drop_zero_variance and max(rewards) - min(rewards) <= 1e-9:
             self.drops["zero_variance"] += len(members)
+            self._dropped(gid, group.task_id, "zero_variance")
             return []
-        return [ReadyGroup(gid, members, complete)]
+        return [ReadyGroup(gid, members, complete, pooled)]
+
+    def _dropped(self, gid: str, task_id: str, reason: str) -> None:
+        if self._on_drop is not None:
+            self._on_drop(gid, task_id, reason)

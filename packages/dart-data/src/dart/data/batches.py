@@ -1,0 +1,128 @@
+"""From ready GRPO groups to training batches.
+
+Every step of a trajectory carries the trajectory's group-normalized advantage (step-wise GRPO).
+A step's images are the screenshots its rollout prompt showed: its own observation's and, for
+``screenshots_in_prompt = K > 1``, those of the ``K - 1`` previous steps, oldest first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from dart.data.advantages import group_advantages
+from dart.data.config import BatchingConfig, CurationConfig
+from dart.data.curation import select_high_entropy
+from dart.data.groups import ReadyGroup
+from dart.protocol.messages import ImageRef, TrainingBatch, TrainingSample, Trajectory
+
+
+def group_samples(group: ReadyGroup, config: BatchingConfig) -> list[TrainingSample]:
+    """Step samples of one group, trajectories in group order, steps in order.
+
+    Steps without prompt or response tokens are skipped (nothing to train on); steps whose output
+    did not parse are kept, since their tokens are what the policy produced.
+    """
+    advantages = group_advantages(
+        [t.reward for t in group.trajectories], eps=config.advantage_eps, scale_by_std=config.scale_by_std
+    )
+    samples: list[TrainingSample] = []
+    for traj, advantage in zip(group.trajectories, advantages, strict=True):
+        samples.extend(_trajectory_samples(traj, group, advantage, config.screenshots_in_prompt))
+    return samples
+
+
+def _trajectory_samples(traj: Trajectory, group: ReadyGroup, advantage: float, k: int) -> list[TrainingSample]:
+    out = []
+    for i, step in enumerate(traj.steps):
+        if not step.response_token_ids or not step.prompt_token_ids:
+            continue
+        window = traj.steps[max(0, i - k + 1) : i + 1]
+        images = [s.observation.screenshot for s in window if isinstance(s.observation.screenshot, ImageRef)]
+        entropy = sum(step.response_entropy) / len(step.response_entropy) if step.response_entropy else 0.0
+        out.append(
+            TrainingSample(
+                trajectory_id=traj.trajectory_id,
+                step_index=step.index,
+                group_id=group.group_id,
+                task_id=traj.task.task_id,
+                advantage=advantage,
+                reward=traj.reward,
+                policy_version=step.policy_version,
+                prompt_token_ids=step.prompt_token_ids,
+                response_token_ids=step.response_token_ids,
+                rollout_logprobs=step.response_logprobs,
+                images=images,
+                from_experience_pool=traj.trajectory_id in group.pooled,
+                entropy=entropy,
+            )
+        )
+    return out
+
+
+def batch_id_for(group_ids: list[str]) -> str:
+    """A batch id derived from its groups, so re-publishing the same batch deduplicates."""
+    return "b-" + hashlib.sha256("\n".join(group_ids).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class FormedBatch:
+    """A full batch and the groups it consumed."""
+
+    batch: TrainingBatch
+    groups: list[ReadyGroup]
+
+
+class BatchAssembler:
+    """Accumulates groups' samples until a batch is full.
+
+    Batch lifecycle: ``filling`` as groups are added -> ``full`` when it holds ``min_samples``
+    samples or ``max_groups`` groups -> high-entropy selection applied -> returned by
+    :meth:`add` for publishing -> the next batch starts empty. Groups are never split.
+    """
+
+    def __init__(self, batching: BatchingConfig, curation: CurationConfig) -> None:
+        self.batching = batching
+        self.curation = curation
+        self._samples: list[TrainingSample] = []
+        self._groups: list[ReadyGroup] = []
+
+    @property
+    def pending_groups(self) -> int:
+        """Groups waiting in the unfinished batch."""
+        return len(self._groups)
+
+    def add(self, group: ReadyGroup) -> tuple[bool, FormedBatch | None]:
+        """Add a group's samples.
+
+        Returns:
+            Whether the group had samples (one without is ignored; the caller records it as
+            dropped, reason ``no_samples``), and the batch when it became full.
+        """
+        samples = group_samples(group, self.batching)
+        if samples:
+            self._samples.extend(samples)
+            self._groups.append(group)
+        if len(self._samples) >= self.batching.min_samples or len(self._groups) >= self.batching.max_groups:
+            return bool(samples), self.flush()
+        return bool(samples), None
+
+    def flush(self) -> FormedBatch | None:
+        """The unfinished batch now (None when empty)."""
+        if not self._samples:
+            return None
+        samples = select_high_entropy(self._samples, self.curation.entropy_top_p, self.curation.entropy_scope)
+        versions = [s.policy_version for s in samples]
+        batch = TrainingBatch(
+            batch_id=batch_id_for([g.group_id for g in self._groups]),
+            samples=samples,
+            # All groups, also those whose every step lost the entropy cut: they were consumed.
+            group_ids=[g.group_id for g in self._groups],
+            min_policy_version=min(versions),
+            max_policy_version=max(versions),
+            created_at=time.time(),
+        )
+        formed = FormedBatch(batch, self._groups)
+        self._samples, self._groups = [], []
+        return formed

@@ -1,0 +1,84 @@
+"""Trajectory blobs in the artifact store (synchronous; call from a thread).
+
+Layout under ``<prefix>/<trajectory>/``: one ``<sha256>.png`` per distinct screenshot and one
+``trajectory-<sha256>.json`` holding the trajectory with every inline screenshot replaced by an
+:class:`~dart.protocol.messages.ImageRef`. Keys are derived from content, so storing the same
+trajectory again (a redelivery, a retry after a crash) writes the same keys and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from dart.protocol.messages import ImageRef, InlineImage, Trajectory
+from dart.protocol.store import ArtifactStore
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class StoredTrajectory:
+    """A trajectory whose screenshots are in the store.
+
+    Attributes:
+        trajectory: The trajectory with ImageRefs in place of inline screenshots.
+        blob_key: Key of its JSON blob.
+        blob_uri: URI of its JSON blob.
+    """
+
+    trajectory: Trajectory
+    blob_key: str
+    blob_uri: str
+
+
+class TrajectoryBlobs:
+    """Writes and reads trajectory blobs in one artifact store."""
+
+    def __init__(self, store: ArtifactStore, prefix: str = "trajectories") -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+
+    def directory(self, trajectory_id: str) -> str:
+        """Key prefix of a trajectory's blobs (ids that are not key-safe are hashed)."""
+        safe = trajectory_id if _SAFE_ID.match(trajectory_id) and trajectory_id not in {".", ".."} else None
+        return f"{self.prefix}/{safe or 'h-' + hashlib.sha256(trajectory_id.encode()).hexdigest()[:32]}"
+
+    def put(self, traj: Trajectory) -> StoredTrajectory:
+        """Store a trajectory's screenshots and JSON; idempotent (content-derived keys)."""
+        directory = self.directory(traj.trajectory_id)
+        refs: dict[str, ImageRef] = {}
+        steps = []
+        for step in traj.steps:
+            shot = step.observation.screenshot
+            if isinstance(shot, InlineImage):
+                digest = hashlib.sha256(shot.png).hexdigest()
+                if digest not in refs:
+                    refs[digest] = self._put_png(f"{directory}/{digest}.png", shot, digest)
+                step = step.model_copy(
+                    update={"observation": step.observation.model_copy(update={"screenshot": refs[digest]})}
+                )
+            steps.append(step)
+        stored = traj.model_copy(update={"steps": steps})
+        body = stored.model_dump_json().encode()
+        digest = hashlib.sha256(body).hexdigest()
+        key = f"{directory}/trajectory-{digest}.json"
+        info = (
+            self.store.stat(key)
+            if self.store.exists(key)
+            else self.store.put(key, body, content_type="application/json", sha256=digest)
+        )
+        return StoredTrajectory(stored, key, info.uri)
+
+    def get(self, blob_key: str) -> Trajectory:
+        """Read a stored trajectory back (screenshots stay references)."""
+        return Trajectory.model_validate_json(self.store.get(blob_key))
+
+    def _put_png(self, key: str, shot: InlineImage, digest: str) -> ImageRef:
+        # Skip the upload when a previous attempt already stored these bytes.
+        if self.store.exists(key):
+            uri = self.store.uri(key)
+        else:
+            uri = self.store.put(key, shot.png, content_type="image/png", sha256=digest).uri
+        return ImageRef(uri=uri, sha256=digest, width=shot.width, height=shot.height)

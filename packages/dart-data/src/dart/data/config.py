@@ -1,0 +1,132 @@
+"""Configuration of the data manager, one model per concern, composed into :class:`DataConfig`.
+
+Example (YAML, the ``data:`` section of a run file)::
+
+    data:
+      database_url: sqlite:///runs/r1/data.sqlite3
+      grouping: {timeout_s: 120, max_staleness: 4}
+      curation: {min_rollouts: 4, max_rollouts: 8, entropy_top_p: 0.8}
+      emission: {max_outstanding: 64}
+      batching: {min_samples: 64}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dart.protocol.config import ConfigModel
+
+
+class GroupingConfig(ConfigModel):
+    """How trajectories form GRPO groups (see :class:`dart.data.groups.GroupPolicy`)."""
+
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Close an incomplete group this long after its first trajectory, seconds."""
+    min_group_size: int = Field(default=2, ge=1)
+    """Smallest group worth training on after filtering."""
+    max_staleness: int | None = Field(default=4, ge=0)
+    """Largest accepted policy lag in versions; None disables the limit (and work items then carry
+    ``min_policy_version = 0``)."""
+    drop_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (every advantage would be zero)."""
+
+
+class CurationConfig(ConfigModel):
+    """Adaptive data curation (DART-GUI section 3): each feature can be switched off on its own."""
+
+    dynamic_rollouts: bool = True
+    """Vary the rollout count per task with its success rate (off: always ``default_rollouts``)."""
+    default_rollouts: int = Field(default=8, ge=1, le=1024)
+    """Rollouts per group for tasks without enough history, or when ``dynamic_rollouts`` is off."""
+    min_rollouts: int = Field(default=4, ge=1, le=1024)
+    """Fewest rollouts per group (solved and hopeless tasks)."""
+    max_rollouts: int = Field(default=8, ge=1, le=1024)
+    """Most rollouts per group (tasks with a success rate near 0.5, where GRPO learns most)."""
+    min_attempts: int = Field(default=4, ge=0)
+    """Attempts a task needs before its statistics steer rollout count and length."""
+    stats_window: int = Field(default=32, ge=1)
+    """Recent outcomes (and successful lengths) kept per task."""
+
+    dynamic_max_steps: bool = True
+    """Derive each task's step budget from its successful trajectories' lengths."""
+    max_steps_margin: float = Field(default=0.5, ge=0)
+    """Relative headroom over the longest recent success (0.5: 50 % more steps)."""
+    max_steps_floor: int = Field(default=2, ge=1, le=1000)
+    """Smallest step budget ever given."""
+    max_steps_ceiling: int | None = Field(default=None, ge=1, le=1000)
+    """Largest step budget ever given; None uses each task's own ``max_steps``."""
+
+    experience_pool: bool = True
+    """Fill a hard task's all-failure group with a stored success so the group has reward variance."""
+    hard_task_threshold: float = Field(default=0.3, ge=0, le=1)
+    """A task whose success rate is below this is hard: its successes are pooled."""
+    pool_size_per_task: int = Field(default=4, ge=1)
+    """Successes kept per task in the pool (newest first)."""
+
+    entropy_top_p: float = Field(default=1.0, gt=0, le=1)
+    """Keep this fraction of steps, those with the highest mean token entropy; 1.0 keeps all."""
+    entropy_scope: Literal["batch", "trajectory"] = "batch"
+    """Rank steps across the whole batch, or within each trajectory."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CurationConfig:
+        if self.min_rollouts > self.max_rollouts:
+            raise ValueError(f"min_rollouts ({self.min_rollouts}) must be <= max_rollouts ({self.max_rollouts})")
+        return self
+
+
+class EmissionConfig(ConfigModel):
+    """Work-item emission with backpressure."""
+
+    enabled: bool = True
+    """Emit work items (off: some other component feeds the rollout service)."""
+    mode: Literal["decoupled", "coupled"] = "decoupled"
+    """``decoupled`` keeps the rollout service saturated; ``coupled`` (batch barrier) is reserved."""
+    max_outstanding: int = Field(default=64, ge=1)
+    """Most trajectories requested but not yet received; a whole group is emitted at once, so a
+    group larger than this is emitted only when nothing is outstanding."""
+    work_timeout_s: float = Field(default=900.0, gt=0)
+    """Stop counting a group's missing trajectories as outstanding this long after emission
+    (a runner that died for good must not stall emission forever)."""
+    poll_interval_s: float = Field(default=0.2, gt=0)
+    """How often the emitter re-checks the outstanding count, seconds."""
+    temperature: float = Field(default=1.0, ge=0, le=10)
+    """Sampling temperature put on work items."""
+    max_groups: int | None = Field(default=None, ge=0)
+    """Stop after emitting this many groups; None cycles the task list forever."""
+
+
+class BatchingConfig(ConfigModel):
+    """Training-batch formation."""
+
+    min_samples: int = Field(default=32, ge=1)
+    """Publish a batch once it holds at least this many step samples..."""
+    max_groups: int = Field(default=16, ge=1)
+    """...or this many groups, whichever comes first. Groups are never split across batches."""
+    screenshots_in_prompt: int = Field(default=1, ge=1)
+    """Screenshots the rollout prompt shows: the step's own, plus previous ones for K > 1."""
+    scale_by_std: bool = True
+    """Divide advantages by the group's reward std (GRPO); False keeps only the mean baseline."""
+    advantage_eps: float = Field(default=1e-6, gt=0)
+    """Added to the std before dividing."""
+
+
+class DataConfig(ConfigModel):
+    """Configuration of the data manager service."""
+
+    database_url: str = "sqlite:///dart-data.sqlite3"
+    """SQLAlchemy URL of the index (SQLite embedded, ``postgresql+psycopg://...`` in the stack)."""
+    blob_prefix: str = "trajectories"
+    """Artifact-store key prefix of trajectory blobs (``<prefix>/<trajectory_id>/...``)."""
+    ingest_batch: int = Field(default=16, ge=1)
+    """Trajectories fetched from the stream at once."""
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    """How often open groups are checked for timeouts and staleness, seconds."""
+    stats_interval_s: float = Field(default=10.0, gt=0)
+    """How often a ``data.stats`` telemetry event is written, seconds."""
+    grouping: GroupingConfig = Field(default_factory=GroupingConfig)
+    curation: CurationConfig = Field(default_factory=CurationConfig)
+    emission: EmissionConfig = Field(default_factory=EmissionConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)

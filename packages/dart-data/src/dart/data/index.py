@@ -1,0 +1,189 @@
+"""The SQL index of trajectories, groups and task statistics (synchronous; call from a thread).
+
+Group lifecycle as recorded in ``rollout_groups``: ``open`` when its work is emitted (or its
+first trajectory arrives, for work emitted elsewhere) -> ``emitted`` (in a training batch,
+``batch_id`` set) or ``dropped`` (``reason``: ``too_small``, ``zero_variance``, ``no_samples``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from dart.data.blobs import StoredTrajectory
+from dart.data.schema import migrate, rollout_groups, task_stats, trajectories
+from dart.data.stats import TaskStats
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """A pooled successful trajectory: where its blob is."""
+
+    task_id: str
+    trajectory_id: str
+    blob_key: str
+
+
+class TrajectoryIndex:
+    """The data manager's SQL database.
+
+    Not safe for concurrent writers: the service serializes every call on one worker thread,
+    which also keeps SQLite free of lock contention.
+    """
+
+    def __init__(self, url: str) -> None:
+        """Open (not yet migrate) the database at SQLAlchemy ``url``."""
+        self.engine: Engine = create_engine(url)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+
+    def migrate(self) -> tuple[int, int]:
+        """Create or upgrade the schema; returns the versions before and after."""
+        return migrate(self.engine)
+
+    def close(self) -> None:
+        """Release pooled connections."""
+        self.engine.dispose()
+
+    def store_trajectory(self, row: Mapping[str, Any], stats: TaskStats | None) -> bool:
+        """Insert a trajectory row once; on first insert also save the task's new statistics.
+
+        Both happen in one transaction, so a redelivered trajectory never counts twice.
+
+        Returns:
+            True when the row was new, False for a duplicate (nothing changed).
+        """
+        with self.engine.begin() as conn:
+            stmt = self._insert(trajectories).values(**row, ingested_at=time.time())
+            inserted = conn.execute(stmt.on_conflict_do_nothing(index_elements=["trajectory_id"])).rowcount == 1
+            if inserted and stats is not None:
+                self._save_stats(conn, stats)
+            return inserted
+
+    def record_group(
+        self,
+        group_id: str,
+        task_id: str,
+        group_size: int,
+        status: str,
+        *,
+        reason: str | None = None,
+        batch_id: str | None = None,
+    ) -> None:
+        """Create or update a group's row (``open``, ``emitted`` or ``dropped``)."""
+        now = time.time()
+        closed_at = None if status == "open" else now
+        values = {"status": status, "reason": reason, "batch_id": batch_id, "closed_at": closed_at}
+        with self.engine.begin() as conn:
+            updated = conn.execute(update(rollout_groups).where(rollout_groups.c.group_id == group_id).values(**values))
+            if updated.rowcount == 0:
+                conn.execute(
+                    insert(rollout_groups).values(
+                        group_id=group_id, task_id=task_id, group_size=group_size, created_at=now, **values
+                    )
+                )
+
+    def group(self, group_id: str) -> dict[str, Any] | None:
+        """A group's row, or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(rollout_groups).where(rollout_groups.c.group_id == group_id)).mappings().first()
+        return dict(row) if row else None
+
+    def trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
+        """A trajectory's row, or None."""
+        with self.engine.connect() as conn:
+            stmt = select(trajectories).where(trajectories.c.trajectory_id == trajectory_id)
+            row = conn.execute(stmt).mappings().first()
+        return dict(row) if row else None
+
+    def count_trajectories(self) -> int:
+        """Stored trajectories."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(trajectories)).scalar_one())
+
+    def task_stats(self) -> dict[str, TaskStats]:
+        """Every task's statistics."""
+        with self.engine.connect() as conn:
+            return {r["task_id"]: TaskStats.from_row(dict(r)) for r in conn.execute(select(task_stats)).mappings()}
+
+    def add_to_pool(self, trajectory_id: str, task_id: str, keep: int) -> list[str]:
+        """Mark a trajectory pooled and unpool the task's oldest beyond ``keep``.
+
+        Returns:
+            Ids of trajectories that left the pool.
+        """
+        t = trajectories.c
+        with self.engine.begin() as conn:
+            conn.execute(update(trajectories).where(t.trajectory_id == trajectory_id).values(pooled=True))
+            pooled = conn.execute(
+                select(t.trajectory_id).where(t.task_id == task_id, t.pooled).order_by(t.finished_at.desc())
+            ).scalars()
+            evicted = list(pooled)[keep:]
+            if evicted:
+                conn.execute(update(trajectories).where(t.trajectory_id.in_(evicted)).values(pooled=False))
+        return evicted
+
+    def pool(self) -> list[PoolEntry]:
+        """Every pooled trajectory, newest first."""
+        t = trajectories.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.task_id, t.trajectory_id, t.blob_key).where(t.pooled).order_by(t.finished_at.desc())
+            ).all()
+        return [PoolEntry(r.task_id, r.trajectory_id, r.blob_key) for r in rows]
+
+    def _insert(self, table: Any) -> Any:
+        # ON CONFLICT DO NOTHING is dialect syntax; both supported dialects spell it the same way.
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
+        return dialect.insert(table)
+
+    def _save_stats(self, conn: Connection, stats: TaskStats) -> None:
+        values = {**stats.to_row(), "updated_at": time.time()}
+        stmt = self._insert(task_stats).values(**values)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["task_id"], set_={k: v for k, v in values.items() if k != "task_id"}
+            )
+        )
+
+
+def trajectory_row(stored: StoredTrajectory) -> dict[str, Any]:
+    """Column values of a stored trajectory's ``trajectories`` row (without ``ingested_at``)."""
+    t = stored.trajectory
+    entropies = [e for s in t.steps for e in s.response_entropy]
+    return {
+        "trajectory_id": t.trajectory_id,
+        "work_id": t.work_id,
+        "task_id": t.task.task_id,
+        "group_id": t.group_id,
+        "rollout_index": t.rollout_index,
+        "group_size": t.group_size,
+        "status": t.status.value,
+        "reward": t.reward,
+        "success": t.success,
+        "num_steps": len(t.steps),
+        "parse_errors": sum(s.parse_error is not None for s in t.steps),
+        "mean_entropy": sum(entropies) / len(entropies) if entropies else 0.0,
+        "min_policy_version": t.min_policy_version,
+        "max_policy_version": t.max_policy_version,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "runner_id": t.runner_id,
+        "env_instance_id": t.env_instance_id,
+        "blob_key": stored.blob_key,
+        "blob_uri": stored.blob_uri,
+    }
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers (a report, a second process) look while the service writes.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()

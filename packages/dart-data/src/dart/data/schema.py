@@ -1,0 +1,166 @@
+"""The SQL index's schema and its versioned migrations (SQLite and PostgreSQL).
+
+The schema is created and upgraded by a small in-house runner rather than alembic: the data
+manager owns one database, migrations are few and linear, and running them at service start with
+no extra tool keeps the embedded default (``dart run``) a single process. Each migration is a
+function applied in its own transaction and recorded in ``schema_version``; a database newer
+than the code is refused instead of being guessed at.
+
+Steps are not rows: a trajectory's steps live in its blob (the trajectory JSON in the artifact
+store). They are only ever read whole (to build samples or replay a pooled success), so a step
+table would multiply row counts by the trajectory length for no query that needs it; the
+per-trajectory aggregates that are worth querying (``num_steps``, ``mean_entropy``,
+``parse_errors``) are columns of ``trajectories``.
+
+Versions:
+    1. ``trajectories``, ``rollout_groups``, ``task_stats``.
+    2. ``trajectories.pooled`` (member of the experience pool) and its index.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    func,
+    inspect,
+    select,
+    text,
+)
+
+from dart.data.errors import SchemaVersionError
+
+_ID = 512  # NonEmptyStr bound of the wire ids
+
+metadata = MetaData()
+"""The current (newest) schema, used for queries."""
+
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_at", Float, nullable=False),
+)
+
+trajectories = Table(
+    "trajectories",
+    metadata,
+    Column("trajectory_id", String(_ID), primary_key=True),
+    Column("work_id", String(_ID), nullable=False),
+    Column("task_id", String(_ID), nullable=False, index=True),
+    Column("group_id", String(_ID), nullable=False, index=True),
+    Column("rollout_index", Integer, nullable=False),
+    Column("group_size", Integer, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("reward", Float, nullable=False),
+    Column("success", Boolean, nullable=False),
+    Column("num_steps", Integer, nullable=False),
+    Column("parse_errors", Integer, nullable=False),
+    Column("mean_entropy", Float, nullable=False),
+    Column("min_policy_version", Integer, nullable=False),
+    Column("max_policy_version", Integer, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=False),
+    Column("runner_id", String(_ID)),
+    Column("env_instance_id", String(_ID)),
+    Column("blob_key", Text, nullable=False),
+    Column("blob_uri", Text, nullable=False),
+    Column("ingested_at", Float, nullable=False),
+    Column("pooled", Boolean, nullable=False, server_default=text("FALSE")),
+    Index("ix_trajectories_pool", "task_id", "pooled"),
+)
+
+rollout_groups = Table(
+    "rollout_groups",
+    metadata,
+    Column("group_id", String(_ID), primary_key=True),
+    Column("task_id", String(_ID), nullable=False, index=True),
+    Column("group_size", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("reason", String(64)),
+    Column("batch_id", String(_ID)),
+    Column("created_at", Float, nullable=False),
+    Column("closed_at", Float),
+)
+
+task_stats = Table(
+    "task_stats",
+    metadata,
+    Column("task_id", String(_ID), primary_key=True),
+    Column("attempts", Integer, nullable=False),
+    Column("successes", Integer, nullable=False),
+    Column("ema_success", Float, nullable=False),
+    Column("recent_outcomes", Text, nullable=False),
+    Column("success_lengths", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+
+def _v1(conn: Connection) -> None:
+    # Frozen copy of the version-1 tables: later edits to the current schema must not change
+    # what an old database is upgraded from.
+    v1 = MetaData()
+    Table(
+        "trajectories",
+        v1,
+        *[
+            Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in trajectories.columns
+            if c.name != "pooled"
+        ],
+        Index("ix_trajectories_task_id", "task_id"),
+        Index("ix_trajectories_group_id", "group_id"),
+    )
+    rollout_groups.to_metadata(v1)
+    task_stats.to_metadata(v1)
+    v1.create_all(conn)
+
+
+def _v2(conn: Connection) -> None:
+    conn.execute(text("ALTER TABLE trajectories ADD COLUMN pooled BOOLEAN NOT NULL DEFAULT FALSE"))
+    conn.execute(text("CREATE INDEX ix_trajectories_pool ON trajectories (task_id, pooled)"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2}
+"""Schema version -> the migration that produces it from the previous version."""
+LATEST_VERSION = max(MIGRATIONS)
+
+
+def current_version(engine: Engine) -> int:
+    """Schema version of the database; 0 for an empty one."""
+    if not inspect(engine).has_table("schema_version"):
+        return 0
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.coalesce(func.max(schema_version.c.version), 0))).scalar_one())
+
+
+def migrate(engine: Engine, target: int = LATEST_VERSION) -> tuple[int, int]:
+    """Bring the database to ``target``, one recorded migration per transaction.
+
+    Returns:
+        The versions before and after.
+
+    Raises:
+        SchemaVersionError: The database is newer than this code.
+    """
+    schema_version.create(engine, checkfirst=True)
+    before = current_version(engine)
+    if before > LATEST_VERSION:
+        raise SchemaVersionError(before, LATEST_VERSION)
+    for version in range(before + 1, target + 1):
+        with engine.begin() as conn:
+            MIGRATIONS[version](conn)
+            conn.execute(schema_version.insert().values(version=version, applied_at=time.time()))
+    return before, max(before, target)

@@ -1,0 +1,129 @@
+"""Work planning and the outstanding-work account behind backpressure.
+
+The emitter keeps ``outstanding`` (trajectories requested but not yet received) at or below
+``max_outstanding``: enough to keep every rollout runner busy, few enough that a new policy
+version reaches the work queue quickly (work queued long ago would be sampled by then-stale
+policies' successors anyway, but its group sizes and step budgets were decided on old statistics).
+
+Work-group lifecycle in the account: ``emitted`` (all its work items published; ``group_size``
+outstanding) -> each received trajectory removes one -> ``settled`` when all arrived, or
+``expired`` ``work_timeout_s`` after emission (the missing ones stop counting: a runner that gave
+up for good must not stall emission forever).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dart.data.config import CurationConfig, EmissionConfig
+from dart.data.curation import max_steps_for, rollout_count
+from dart.data.stats import TaskStats
+from dart.protocol.messages import TaskSpec, WorkItem
+
+
+@dataclass
+class _Pending:
+    missing: int
+    emitted_at: float
+
+
+class OutstandingWork:
+    """Trajectories requested and not yet received, per work group."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._groups: dict[str, _Pending] = {}
+        self.expired = 0
+
+    @property
+    def count(self) -> int:
+        """Outstanding trajectories."""
+        return sum(p.missing for p in self._groups.values())
+
+    def emitted(self, group_id: str, size: int) -> None:
+        """A group's work items were published."""
+        self._groups[group_id] = _Pending(size, self._clock())
+
+    def received(self, group_id: str) -> bool:
+        """A new trajectory arrived; returns whether it was one this account waited for."""
+        pending = self._groups.get(group_id)
+        if pending is None:
+            return False
+        pending.missing -= 1
+        if pending.missing <= 0:
+            del self._groups[group_id]
+        return True
+
+    def expire(self, timeout_s: float) -> int:
+        """Forget groups emitted more than ``timeout_s`` ago; returns the trajectories written off."""
+        now = self._clock()
+        old = [gid for gid, p in self._groups.items() if now - p.emitted_at >= timeout_s]
+        lost = sum(self._groups.pop(gid).missing for gid in old)
+        self.expired += lost
+        return lost
+
+
+def min_policy_version(current_version: int, max_staleness: int | None) -> int:
+    """Oldest policy a runner may sample with: older ones would produce data the group assembler
+    rejects as stale anyway."""
+    return 0 if max_staleness is None else max(0, current_version - max_staleness)
+
+
+class WorkPlanner:
+    """Plans work groups, cycling through the task list.
+
+    Each group is one task x its current rollout count, with the task's current step budget.
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[TaskSpec],
+        curation: CurationConfig,
+        emission: EmissionConfig,
+        stats: Mapping[str, TaskStats],
+    ) -> None:
+        """Create a planner.
+
+        Args:
+            tasks: The task list (a suite), cycled in order.
+            curation: Rollout-count and step-budget rules.
+            emission: Temperature and limits.
+            stats: Live per-task statistics (read at planning time).
+        """
+        if not tasks:
+            raise ValueError("the task list is empty: give the data service at least one TaskSpec")
+        self.tasks = list(tasks)
+        self.curation = curation
+        self.emission = emission
+        self.stats = stats
+        self._cursor = 0
+        self.groups_planned = 0
+
+    def next_group(self, current_version: int, max_staleness: int | None) -> list[WorkItem]:
+        """The work items of the next group."""
+        task = self.tasks[self._cursor % len(self.tasks)]
+        self._cursor += 1
+        self.groups_planned += 1
+        stats = self.stats.get(task.task_id)
+        size = rollout_count(stats, self.curation)
+        steps = max_steps_for(task, stats, self.curation)
+        min_version = min_policy_version(current_version, max_staleness)
+        group_id = f"g-{uuid.uuid4().hex[:16]}"
+        now = time.time()
+        return [
+            WorkItem(
+                work_id=f"{group_id}-{i}",
+                task=task,
+                group_id=group_id,
+                rollout_index=i,
+                group_size=size,
+                max_steps=steps,
+                min_policy_version=min_version,
+                temperature=self.emission.temperature,
+                created_at=now,
+            )
+            for i in range(size)
+        ]

@@ -1,0 +1,67 @@
+"""Factories of realistic trajectories for the dart-data tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from dart.protocol import messages as m
+from dart.protocol.testing import TASK, tiny_png
+
+MakeTraj = Callable[..., m.Trajectory]
+
+
+def make_step(index: int, version: int, *, shot: int = 0, entropy: float = 0.5, empty: bool = False) -> m.StepRecord:
+    """A step whose screenshot differs per ``shot`` (a PNG of width ``shot + 2``)."""
+    tokens = [] if empty else [4, 5]
+    return m.StepRecord(
+        index=index,
+        policy_version=version,
+        observation=m.Observation(screenshot=m.InlineImage(png=tiny_png(shot + 2, 2), width=shot + 2, height=2)),
+        prompt_token_ids=[1, 2, 3, index],
+        response_token_ids=tokens,
+        response_logprobs=[-0.1 * (index + 1)] * len(tokens),
+        response_entropy=[entropy] * len(tokens),
+        response_text="Action: click(start_box='(10,20)')",
+        action=m.Click(x=0.01, y=0.02),
+    )
+
+
+def make_traj(
+    tid: str,
+    gid: str = "g",
+    idx: int = 0,
+    size: int = 2,
+    reward: float = 0.0,
+    version: int = 3,
+    steps: int = 2,
+    task: m.TaskSpec = TASK,
+    status: m.TrajectoryStatus = m.TrajectoryStatus.OK,
+    entropies: list[float] | None = None,
+) -> m.Trajectory:
+    """A trajectory of ``steps`` steps with distinct screenshots; ``success`` is ``reward > 0``."""
+    ents = entropies or [0.5] * steps
+    return m.Trajectory(
+        trajectory_id=tid,
+        work_id=f"w-{tid}",
+        task=task,
+        group_id=gid,
+        rollout_index=idx,
+        group_size=size,
+        steps=[make_step(i, version, shot=i, entropy=ents[i]) for i in range(steps)],
+        status=status,
+        reward=reward,
+        success=reward > 0,
+        min_policy_version=version,
+        max_policy_version=version,
+        started_at=10.0,
+        finished_at=12.0 + idx,
+        runner_id="runner-1",
+        env_instance_id="sim-0",
+    )
+
+
+@pytest.fixture
+def traj_factory() -> MakeTraj:
+    return make_traj

@@ -1,0 +1,67 @@
+"""Exceptions raised by dart-rollout's service: env, engine routing and weight sync failures.
+
+Each carries structured fields so the runner can map it to a trajectory status without parsing
+messages (see :class:`dart.rollout.service.runner.TrajectoryRunner`).
+"""
+
+from __future__ import annotations
+
+from dart.protocol.errors import DartError
+
+
+class RolloutError(DartError):
+    """Base class of rollout service errors."""
+
+
+class EnvFailed(RolloutError):
+    """The leased environment is gone for this episode: it crashed, the lease expired or was lost.
+
+    The episode cannot continue; report the trajectory as ``env_failed`` and lease again.
+
+    Attributes:
+        instance_id: The env instance, or None when no lease was obtained.
+        code: The env service's error code (``env_failed``, ``expired``, ``not_found``), or
+            ``timeout`` / ``no_responders`` / ``unavailable`` when the service did not answer in time.
+        detail: What happened.
+    """
+
+    def __init__(self, instance_id: str | None, code: str, detail: str) -> None:
+        self.instance_id = instance_id
+        self.code = code
+        self.detail = detail
+        where = f"env instance {instance_id}" if instance_id else "env pool"
+        super().__init__(f"{where} failed ({code}): {detail}; the episode ends as env_failed")
+
+
+class NoEngineError(RolloutError):
+    """No engine was serving within the router's deadline.
+
+    Attributes:
+        waited_s: How long the router waited, seconds.
+        engines: How many engines the router knows.
+    """
+
+    def __init__(self, waited_s: float, engines: int) -> None:
+        self.waited_s = waited_s
+        self.engines = engines
+        super().__init__(
+            f"none of {engines} engines was serving within {waited_s:.3g}s: are they all updating or closed?"
+        )
+
+
+class WeightFetchError(RolloutError):
+    """New weights could not be fetched or did not match their announced sha256.
+
+    Attributes:
+        uri: The artifact URI of the weights.
+        version: The policy version announced.
+    """
+
+    def __init__(self, uri: str, version: int, detail: str) -> None:
+        self.uri = uri
+        self.version = version
+        self.detail = detail
+        super().__init__(
+            f"cannot fetch weights of version {version} from {uri}: {detail}. "
+            "Engines keep serving their current version; republish the version with a correct uri/sha256."
+        )

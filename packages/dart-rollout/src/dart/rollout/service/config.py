@@ -1,0 +1,84 @@
+"""Configuration of the rollout service: runners, weight sync, engines.
+
+Example (YAML)::
+
+    rollout:
+      num_engines: 2
+      runners: 8
+      engine: {model_path: /ckpt/tiny, device: cpu}
+      runner: {pool: sim, max_images: 2, max_new_tokens: 256}
+      sync: {mode: decoupled, max_updating_fraction: 0.5}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dart.protocol.config import ConfigModel
+from dart.rollout.engine.hf import HFEngineConfig
+
+
+class RunnerConfig(ConfigModel):
+    """How one trajectory runner talks to envs and engines."""
+
+    pool: str = "sim"
+    """Env pool to lease from (``subjects.env_lease(pool)``)."""
+    max_images: int = Field(default=2, ge=1, le=16)
+    """Screenshots in a prompt, the current one included; older steps appear as their text only."""
+    image_size: int | None = Field(default=224, ge=28)
+    """Side screenshots are resized to before encoding; None keeps their size."""
+    max_new_tokens: int = Field(default=256, ge=1)
+    """Response token budget per step."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass; the temperature comes from each work item."""
+    lease_ttl_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    """Lease lifetime without a heartbeat, seconds; the client heartbeats well within it."""
+    lease_timeout_s: float = Field(default=300.0, gt=0.0)
+    """How long to keep retrying a full pool before the episode ends as env_failed, seconds."""
+    lease_backoff_s: float = Field(default=0.05, gt=0.0)
+    """First pause after an ``unavailable`` lease reply, seconds; doubles up to ``lease_backoff_max_s``."""
+    lease_backoff_max_s: float = Field(default=2.0, gt=0.0)
+    """Longest pause between lease attempts, seconds."""
+    env_request_timeout_s: float = Field(default=150.0, gt=0.0)
+    """Reply deadline of reset/step/evaluate, seconds: above the env service's own op timeout, so
+    a slow backend is reported by the service (``env_failed``) rather than guessed here."""
+    engine_wait_s: float = Field(default=600.0, gt=0.0)
+    """How long a step waits for any serving engine before the trajectory fails, seconds."""
+    min_version_wait_s: float = Field(default=5.0, ge=0.0)
+    """How long to wait for an engine at the work item's ``min_policy_version`` before using any
+    serving engine, seconds (staleness is then visible in the step versions)."""
+
+
+class SyncConfig(ConfigModel):
+    """How new model versions reach the engines."""
+
+    mode: Literal["decoupled", "coupled"] = "decoupled"
+    """``decoupled``: a bounded fraction updates at a time while the rest serve; ``coupled``: every
+    engine updates at once (the synchronous baseline)."""
+    max_updating_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Most engines updating at once, as a fraction of all engines (at least one). In decoupled mode
+    with two or more engines at least one engine always keeps serving, whatever the fraction."""
+    cache_dir: str | None = None
+    """Where fetched weights are kept for remote URIs; None uses a temporary directory."""
+
+
+class RolloutConfig(ConfigModel):
+    """The rollout service: engines, runners and weight sync."""
+
+    engine: HFEngineConfig | None = None
+    """The ``hf`` engine each of ``num_engines`` loads; None when engines are passed in by code."""
+    num_engines: int = Field(default=1, ge=1, le=64)
+    """Engines to start from ``engine``."""
+    runners: int = Field(default=4, ge=1, le=4096)
+    """Concurrent trajectory runners (each runs one trajectory at a time)."""
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    fetch_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
+    """Long-poll of one work fetch, seconds; also bounds how fast a stop is noticed."""
+    in_progress_interval_s: float = Field(default=15.0, gt=0.0)
+    """How often a running trajectory tells JetStream its work item is still in progress, seconds
+    (well within the work consumer's ack_wait)."""
+    stop_timeout_s: float = Field(default=30.0, ge=0.0)
+    """On stop, how long running trajectories may finish before they are aborted, seconds."""

@@ -1,0 +1,226 @@
+"""A lease-holding client of the env service, as a trajectory runner uses it.
+
+Lease lifecycle (client side)::
+
+    idle --lease()--> leased (background heartbeat) --reset()--> episode: step(0), step(1), ...
+         --evaluate()--> evaluated --release()--> idle
+    leased/episode --env_failed | expired | not_found | no reply--> lost (EnvFailed) --release()--> idle
+
+``lease()`` retries while the pool answers ``unavailable`` (retryable) with exponential backoff up
+to ``lease_timeout_s``. Step indices restart at 0 after every reset, as the service requires.
+``release()`` never raises, so it is safe in ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from types import TracebackType
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from dart.protocol.bus import Bus
+from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError
+from dart.protocol.messages import (
+    Action,
+    ErrorCode,
+    EvaluateReply,
+    EvaluateRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    LeaseReply,
+    LeaseRequest,
+    Message,
+    ReleaseReply,
+    ReleaseRequest,
+    ResetReply,
+    ResetRequest,
+    StepReply,
+    StepRequest,
+    TaskSpec,
+)
+from dart.protocol.subjects import EnvOp
+from dart.rollout.errors import EnvFailed
+from dart.rollout.service.config import RunnerConfig
+
+log = logging.getLogger("dart.rollout.env_client")
+
+R = TypeVar("R", bound=BaseModel)
+
+# Codes that mean "this lease is over": the episode cannot go on on this instance.
+LOST_LEASE_CODES = frozenset({ErrorCode.ENV_FAILED, ErrorCode.EXPIRED, ErrorCode.NOT_FOUND})
+
+
+class EnvClient:
+    """Holds at most one env lease and drives one episode at a time on it.
+
+    Example::
+
+        async with EnvClient(bus, "runner-0", RunnerConfig(pool="sim")) as env:
+            await env.lease(task.task_id)
+            first = await env.reset(task)
+            reply = await env.step(action)
+            score = await env.evaluate()
+        # released on exit
+
+    Args:
+        bus: A connected bus.
+        holder: Lease holder name (the runner id), for the service's diagnostics.
+        config: Pool, lease ttl, backoff and timeouts.
+    """
+
+    def __init__(self, bus: Bus, holder: str, config: RunnerConfig) -> None:
+        self._bus = bus
+        self._holder = holder
+        self._config = config
+        self._lease: LeaseReply | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._lost: EnvFailed | None = None
+        self._next_step = 0
+
+    @property
+    def lease_reply(self) -> LeaseReply | None:
+        """The current lease, or None when idle."""
+        return self._lease
+
+    @property
+    def instance_id(self) -> str | None:
+        """The leased instance, or None when idle."""
+        return None if self._lease is None else self._lease.instance_id
+
+    async def lease(self, task_id: str | None = None) -> LeaseReply:
+        """Lease an instance, retrying with backoff while the pool is full.
+
+        Raises:
+            EnvFailed: No instance within ``lease_timeout_s`` (code ``unavailable``), or nobody serves
+                the pool (``no_responders``).
+            RemoteError: Any other refusal (e.g. an invalid request).
+        """
+        if self._lease is not None:
+            raise RuntimeError(f"{self._holder} already holds lease {self._lease.lease_id}; release it first")
+        subject = self._bus.subjects.env_lease(self._config.pool)
+        request = LeaseRequest(holder=self._holder, ttl_s=self._config.lease_ttl_s, task_id=task_id)
+        deadline = time.monotonic() + self._config.lease_timeout_s
+        backoff = self._config.lease_backoff_s
+        while True:
+            try:
+                reply = await self._bus.request(subject, request, LeaseReply)
+                break
+            except RemoteError as exc:
+                if not exc.retryable and exc.code != ErrorCode.UNAVAILABLE:
+                    raise
+                detail = exc.message
+            except (RequestTimeoutError, NoRespondersError) as exc:
+                # A pool that is restarting looks like this too: keep trying until the deadline.
+                detail = str(exc)
+            if time.monotonic() + backoff > deadline:
+                raise EnvFailed(None, ErrorCode.UNAVAILABLE, f"no instance of pool {self._config.pool!r}: {detail}")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._config.lease_backoff_max_s)
+        self._lease, self._lost, self._next_step = reply, None, 0
+        self._heartbeat = asyncio.create_task(self._heartbeat_forever(reply), name=f"heartbeat-{reply.lease_id}")
+        return reply
+
+    async def reset(self, task: TaskSpec, seed: int | None = None) -> ResetReply:
+        """Reset the instance to ``task``; step numbering restarts at 0.
+
+        Raises:
+            EnvFailed: The lease is lost or the instance failed.
+        """
+        lease = self._require()
+        reply = await self._call("reset", ResetRequest(lease_id=lease.lease_id, task=task, seed=seed), ResetReply)
+        self._next_step = 0
+        return reply
+
+    async def step(self, action: Action) -> StepReply:
+        """Execute ``action`` as the next step of the episode.
+
+        Raises:
+            EnvFailed: The lease is lost or the instance failed.
+        """
+        lease = self._require()
+        request = StepRequest(lease_id=lease.lease_id, action=action, step_index=self._next_step)
+        reply = await self._call("step", request, StepReply)
+        self._next_step += 1
+        return reply
+
+    async def evaluate(self) -> EvaluateReply:
+        """Score the episode.
+
+        Raises:
+            EnvFailed: The lease is lost or the instance failed.
+        """
+        lease = self._require()
+        return await self._call("evaluate", EvaluateRequest(lease_id=lease.lease_id), EvaluateReply)
+
+    async def release(self, reason: str = "") -> bool:
+        """Give the instance back; returns whether the service still knew the lease. Never raises."""
+        lease, self._lease = self._lease, None
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+        if lease is None:
+            return False
+        subject = self._bus.subjects.env_instance(lease.instance_id, "release")
+        try:
+            reply = await self._bus.request(
+                subject, ReleaseRequest(lease_id=lease.lease_id, reason=reason), ReleaseReply
+            )
+            return reply.released
+        except Exception as exc:  # the lease then expires on the service side; nothing leaks
+            log.warning("releasing %s on %s failed: %s", lease.lease_id, lease.instance_id, exc)
+            return False
+
+    async def __aenter__(self) -> EnvClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.release(reason=type(exc).__name__ if exc is not None else "")
+
+    # --- internals ------------------------------------------------------------------------------
+    def _require(self) -> LeaseReply:
+        if self._lost is not None:
+            raise self._lost
+        if self._lease is None:
+            raise RuntimeError("no lease held; call lease() first")
+        return self._lease
+
+    async def _call(self, op: EnvOp, request: Message, reply_type: type[R]) -> R:
+        lease = self._require()
+        subject = self._bus.subjects.env_instance(lease.instance_id, op)
+        try:
+            return await self._bus.request(subject, request, reply_type, timeout=self._config.env_request_timeout_s)
+        except RemoteError as exc:
+            if exc.code in LOST_LEASE_CODES:
+                self._lost = EnvFailed(lease.instance_id, exc.code, exc.message)
+                raise self._lost from exc
+            raise
+        except RequestTimeoutError as exc:
+            self._lost = EnvFailed(lease.instance_id, "timeout", str(exc))
+            raise self._lost from exc
+        except NoRespondersError as exc:
+            self._lost = EnvFailed(lease.instance_id, "no_responders", str(exc))
+            raise self._lost from exc
+
+    async def _heartbeat_forever(self, lease: LeaseReply) -> None:
+        subject = self._bus.subjects.env_instance(lease.instance_id, "heartbeat")
+        while True:
+            await asyncio.sleep(lease.heartbeat_interval_s)
+            try:
+                await self._bus.request(subject, HeartbeatRequest(lease_id=lease.lease_id), HeartbeatReply)
+            except RemoteError as exc:
+                if exc.code in LOST_LEASE_CODES:
+                    # Remember why, so the next call fails fast instead of waiting on a dead lease.
+                    self._lost = EnvFailed(lease.instance_id, exc.code, exc.message)
+                    return
+                log.warning("heartbeat on %s refused: %s", lease.instance_id, exc)
+            except (RequestTimeoutError, NoRespondersError) as exc:
+                # Transient: the next heartbeat (or call) decides; the ttl has room for a few misses.
+                log.warning("heartbeat on %s got no reply: %s", lease.instance_id, exc)

@@ -1,0 +1,240 @@
+"""The trajectory runner: one work item in, one trajectory out (rollout-wise sampling).
+
+Trajectory lifecycle (one :meth:`TrajectoryRunner.run` call)::
+
+    started --lease env--> leased --reset(task)--> acting
+    acting: prompt (instruction, last K screenshots, every earlier output as text)
+            -> router.pick() -> engine.generate -> parse_action
+            -> parse error: a step with parse_error, no env step (the observation stays)
+            -> action: env.step -> a step with the action
+            until the env says done, the action is finished/fail, or max_steps steps (TRUNCATED)
+    acting --evaluate--> OK | TRUNCATED, with reward and success
+    any state --EnvFailed--> ENV_FAILED (no reward); --engine error--> FAILED;
+              --task cancelled--> ABORTED (run() returns instead of raising)
+    finally: the env lease is released.
+
+Every step records the policy version of the engine result that produced it, so a trajectory that
+spans a weight update carries both versions (``min_policy_version`` .. ``max_policy_version``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from dart.protocol.bus import Bus
+from dart.protocol.messages import Fail, Finished, Observation, StepRecord, StepTimings, Trajectory, WorkItem
+from dart.protocol.messages.trajectory import TrajectoryStatus
+from dart.rollout.action_grammar import parse_action
+from dart.rollout.engine.base import EngineError, GenerationRequest, GenerationResult
+from dart.rollout.errors import EnvFailed, NoEngineError
+from dart.rollout.model.prompt import HistoryStep, build_prompt
+from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.env_client import EnvClient
+from dart.rollout.service.router import EngineRouter
+
+log = logging.getLogger("dart.rollout.runner")
+tracer = trace.get_tracer("dart.rollout")
+
+
+def trajectory_id_for(work: WorkItem) -> str:
+    """The trajectory id of a work item: derived, so a redelivered item cannot publish twice."""
+    return f"traj-{work.work_id}"
+
+
+def _step_seed(work: WorkItem, index: int) -> int:
+    # Deterministic per (work item, step): reruns of the same item on the same weights agree.
+    digest = hashlib.sha256(f"{work.work_id}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+@dataclass
+class _Episode:
+    """What a run has gathered so far; turned into a Trajectory however the run ends."""
+
+    work: WorkItem
+    started_at: float
+    steps: list[StepRecord] = field(default_factory=list)
+    instance_id: str | None = None
+    start_version: int = 0
+
+
+class TrajectoryRunner:
+    """Runs work items to trajectories, one at a time; see the module docstring for the lifecycle.
+
+    Cheap: a service runs many of these as concurrent asyncio tasks. Each run is one
+    OpenTelemetry span ``trajectory`` whose children are the env and engine calls.
+
+    Example::
+
+        runner = TrajectoryRunner("runner-0", bus, router, RunnerConfig(pool="sim"))
+        trajectory = await runner.run(work_item)
+
+    Args:
+        runner_id: Name of this runner (lease holder, ``Trajectory.runner_id``).
+        bus: A connected bus (to reach the env service).
+        router: Where engines are picked.
+        config: Prompt, sampling and env settings.
+    """
+
+    def __init__(self, runner_id: str, bus: Bus, router: EngineRouter, config: RunnerConfig) -> None:
+        self.runner_id = runner_id
+        self._bus = bus
+        self._router = router
+        self._config = config
+
+    async def run(self, work: WorkItem) -> Trajectory:
+        """Run one episode for ``work`` and return its trajectory (never raises for episode failures).
+
+        Cancelling the task that runs this aborts the trajectory: it returns with status ABORTED
+        (the env is still released), so the caller can publish it.
+        """
+        episode = _Episode(work, time.time(), start_version=self._start_version())
+        with tracer.start_as_current_span("trajectory") as span:
+            span.set_attribute("dart.work_id", work.work_id)
+            span.set_attribute("dart.task_id", work.task.task_id)
+            span.set_attribute("dart.runner_id", self.runner_id)
+            env = EnvClient(self._bus, self.runner_id, self._config)
+            try:
+                status, reward, success = await self._episode(env, episode)
+                trajectory = self._close(episode, status, reward=reward, success=success)
+            except EnvFailed as exc:
+                trajectory = self._close(episode, TrajectoryStatus.ENV_FAILED, error=str(exc))
+            except (EngineError, NoEngineError) as exc:
+                trajectory = self._close(episode, TrajectoryStatus.FAILED, error=f"engine: {exc}")
+            except asyncio.CancelledError:
+                # Our owner asked us to abort: consume the request so the release below and the
+                # caller's publish of the ABORTED trajectory can still await.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                trajectory = self._close(episode, TrajectoryStatus.ABORTED, error="cancelled")
+            except Exception as exc:  # a bug here must not lose the work item's outcome
+                log.exception("runner %s failed on %s", self.runner_id, work.work_id)
+                trajectory = self._close(episode, TrajectoryStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
+            finally:
+                await env.release(reason="episode over")
+            span.set_attribute("dart.status", trajectory.status.value)
+            span.set_attribute("dart.steps", len(trajectory.steps))
+            span.set_attribute("dart.reward", trajectory.reward)
+            return trajectory
+
+    async def _episode(self, env: EnvClient, episode: _Episode) -> tuple[TrajectoryStatus, float, bool]:
+        work = episode.work
+        with tracer.start_as_current_span("env.lease"):
+            lease = await env.lease(work.task.task_id)
+        episode.instance_id = lease.instance_id
+        with tracer.start_as_current_span("env.reset"):
+            first = await env.reset(work.task)
+        instruction = first.instruction or work.task.instruction
+        observation: Observation = first.observation
+        history: list[HistoryStep] = []
+        ended = False
+        while len(episode.steps) < work.max_steps:
+            step_started = time.monotonic()
+            result = await self._generate(work, instruction, observation, history, len(episode.steps))
+            generate_s = time.monotonic() - step_started
+            parsed = parse_action(result.text)
+            env_s = 0.0
+            next_observation = observation
+            if parsed.action is not None:
+                env_started = time.monotonic()
+                with tracer.start_as_current_span("env.step") as span:
+                    span.set_attribute("dart.action", parsed.action.kind)
+                    reply = await env.step(parsed.action)
+                env_s = time.monotonic() - env_started
+                next_observation = reply.observation
+                ended = reply.done or isinstance(parsed.action, Finished | Fail)
+            episode.steps.append(
+                StepRecord(
+                    index=len(episode.steps),
+                    policy_version=result.policy_version,
+                    observation=observation,
+                    prompt_token_ids=result.prompt_token_ids,
+                    response_token_ids=result.response_token_ids,
+                    response_logprobs=result.response_logprobs,
+                    response_entropy=result.response_entropy,
+                    response_text=result.text,
+                    action=parsed.action,
+                    parse_error=parsed.error,
+                    timings=StepTimings(generate_s=generate_s, env_s=env_s, total_s=time.monotonic() - step_started),
+                )
+            )
+            # The model sees its own earlier outputs (bad ones too), and the screens they acted on.
+            history.append(HistoryStep(result.text, observation.screenshot))
+            observation = next_observation
+            if ended:
+                break
+        with tracer.start_as_current_span("env.evaluate"):
+            score = await env.evaluate()
+        status = TrajectoryStatus.OK if ended else TrajectoryStatus.TRUNCATED
+        return status, score.reward, score.success
+
+    async def _generate(
+        self, work: WorkItem, instruction: str, observation: Observation, history: list[HistoryStep], index: int
+    ) -> GenerationResult:
+        prompt = build_prompt(
+            instruction,
+            observation.screenshot,
+            history,
+            max_images=self._config.max_images,
+            image_size=self._config.image_size,
+        )
+        request = GenerationRequest(
+            prompt,
+            max_new_tokens=self._config.max_new_tokens,
+            temperature=work.temperature,
+            top_p=self._config.top_p,
+            seed=_step_seed(work, index),
+        )
+        engine = await self._router.pick(
+            min_version=work.min_policy_version,
+            min_version_wait_s=self._config.min_version_wait_s,
+            timeout_s=self._config.engine_wait_s,
+        )
+        with tracer.start_as_current_span("engine.generate") as span:
+            span.set_attribute("dart.engine_id", self._router.engine_id(engine))
+            with self._router.busy(engine):
+                result = await engine.generate(request)
+            span.set_attribute("dart.policy_version", result.policy_version)
+            span.set_attribute("dart.response_tokens", len(result.response_token_ids))
+        return result
+
+    def _start_version(self) -> int:
+        return max((e.version for e in self._router.engines.values()), default=0)
+
+    def _close(
+        self,
+        episode: _Episode,
+        status: TrajectoryStatus,
+        *,
+        reward: float = 0.0,
+        success: bool = False,
+        error: str | None = None,
+    ) -> Trajectory:
+        work = episode.work
+        versions = [s.policy_version for s in episode.steps] or [episode.start_version]
+        return Trajectory(
+            trajectory_id=trajectory_id_for(work),
+            work_id=work.work_id,
+            task=work.task,
+            group_id=work.group_id,
+            rollout_index=work.rollout_index,
+            group_size=work.group_size,
+            steps=list(episode.steps),
+            status=status,
+            reward=reward,
+            success=success,
+            min_policy_version=min(versions),
+            max_policy_version=max(versions),
+            env_instance_id=episode.instance_id,
+            runner_id=self.runner_id,
+            started_at=episode.started_at,
+            finished_at=max(time.time(), episode.started_at),
+            error=error,
+        )

@@ -1,0 +1,233 @@
+"""The rollout service: engines, router, weight sync and concurrent trajectory runners on the bus.
+
+Service lifecycle::
+
+    created --start()--> running: R runner loops, each pulling ONE work item at a time
+            --stop()--> stopping: no new pulls; running trajectories get ``stop_timeout_s`` to
+                        finish, then are aborted (ABORTED trajectories are still published)
+            --> stopped: sync controller stopped, owned engines closed (the bus stays open)
+
+Work item lifecycle (per runner loop)::
+
+    fetch(1) -> delivered -> run trajectory (in_progress() every in_progress_interval_s)
+      -> js_publish(traj, msg_id=trajectory_id) -> ack
+      publish failed -> nak (redelivered; the derived trajectory id dedupes a late duplicate)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from dart.protocol.bus import Bus, Delivery, PullConsumer
+from dart.protocol.errors import DartError
+from dart.protocol.messages import Trajectory, WorkItem
+from dart.protocol.telemetry import Telemetry
+from dart.protocol.topology import durable_name, ensure_topology
+from dart.rollout.engine.base import InferenceEngine
+from dart.rollout.engine.hf import HFEngine
+from dart.rollout.service.config import RolloutConfig
+from dart.rollout.service.router import EngineRouter
+from dart.rollout.service.runner import TrajectoryRunner
+from dart.rollout.service.sync import WeightSyncController
+
+log = logging.getLogger("dart.rollout.service")
+
+
+@dataclass
+class RolloutStats:
+    """Counters of a rollout service since start.
+
+    Attributes:
+        trajectories: Published trajectories by status value.
+        steps: Steps in published trajectories.
+        publish_failures: Trajectories whose publish failed (their work items were nak'ed).
+        engine_busy_s: Busy time per engine id, seconds.
+    """
+
+    trajectories: Counter[str] = field(default_factory=Counter)
+    steps: int = 0
+    publish_failures: int = 0
+    engine_busy_s: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutService:
+    """Runs trajectories for work items from the ``work`` stream; see the module docstring.
+
+    Example::
+
+        async with await Bus.connect(BusConfig(url=url)) as bus:
+            async with RolloutService(RolloutConfig(engine=HFEngineConfig(model_path=p), num_engines=2), bus):
+                await stop_event.wait()
+
+    Args:
+        config: Engines, runners and sync settings.
+        bus: A connected bus; the caller's, it stays open.
+        engines: Engines to use instead of starting ``config.num_engines`` hf engines from
+            ``config.engine``; the caller keeps ownership (they are not closed on stop).
+        telemetry: Where busy intervals and engine update events go.
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        bus: Bus,
+        *,
+        engines: dict[str, InferenceEngine] | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        if engines is None and config.engine is None:
+            raise ValueError("RolloutConfig.engine is required unless engines are passed in")
+        self.config = config
+        self._bus = bus
+        self._telemetry = telemetry
+        self._given_engines = engines
+        self._owned: list[InferenceEngine] = []
+        self._router: EngineRouter | None = None
+        self._sync: WeightSyncController | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._running: dict[str, asyncio.Task[Trajectory]] = {}
+        self._consumers: list[PullConsumer[WorkItem]] = []
+        self._stopping = asyncio.Event()
+        self._stats = RolloutStats()
+
+    @property
+    def router(self) -> EngineRouter:
+        """The engine router (after :meth:`start`)."""
+        if self._router is None:
+            raise RuntimeError("the rollout service is not started")
+        return self._router
+
+    @property
+    def sync(self) -> WeightSyncController:
+        """The weight sync controller (after :meth:`start`)."""
+        if self._sync is None:
+            raise RuntimeError("the rollout service is not started")
+        return self._sync
+
+    @property
+    def stats(self) -> RolloutStats:
+        """Live counters (engine busy time is read now)."""
+        if self._router is not None:
+            self._stats.engine_busy_s = self._router.busy_seconds()
+        return self._stats
+
+    async def start(self) -> None:
+        """Ensure the topology, start engines, the sync controller and the runner loops."""
+        state = await ensure_topology(self._bus)
+        engines = self._given_engines
+        if engines is None:
+            assert self.config.engine is not None
+            started = await asyncio.gather(
+                *(HFEngine.start(self.config.engine) for _ in range(self.config.num_engines))
+            )
+            self._owned = list(started)
+            engines = {f"engine-{i}": e for i, e in enumerate(started)}
+        self._router = EngineRouter(engines, telemetry=self._telemetry)
+        self._sync = WeightSyncController(engines, self.config.sync, telemetry=self._telemetry)
+        await self._sync.start(state)
+        durable = durable_name(self._bus, "work")
+        for i in range(self.config.runners):
+            # One subscription per runner: each fetches one item at a time, so nothing waits in a
+            # local buffer while its ack_wait ticks (rollout-wise sampling, no batch barrier).
+            consumer = await self._bus.pull_consumer("work", durable, WorkItem)
+            self._consumers.append(consumer)
+            runner = TrajectoryRunner(f"runner-{i}", self._bus, self._router, self.config.runner)
+            self._loops.append(asyncio.create_task(self._loop(runner, consumer), name=runner.runner_id))
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Stop gracefully: no new work, finish or abort running trajectories, publish them.
+
+        Args:
+            timeout_s: How long running trajectories may finish; default ``config.stop_timeout_s``.
+        """
+        self._stopping.set()
+        timeout_s = self.config.stop_timeout_s if timeout_s is None else timeout_s
+        if self._loops:
+            _, pending = await asyncio.wait(self._loops, timeout=timeout_s)
+            for task in list(self._running.values()):
+                task.cancel()  # -> ABORTED trajectories, which the loops still publish
+            if pending:
+                await asyncio.wait(pending, timeout=max(5.0, self.config.fetch_timeout_s * 2))
+            for loop in self._loops:
+                if not loop.done():
+                    loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
+            self._loops = []
+        for consumer in self._consumers:
+            await consumer.close()
+        self._consumers = []
+        if self._sync is not None:
+            await self._sync.stop()
+        for engine in self._owned:
+            await engine.close()
+        self._owned = []
+
+    async def __aenter__(self) -> RolloutService:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # --- internals ------------------------------------------------------------------------------
+    async def _loop(self, runner: TrajectoryRunner, consumer: PullConsumer[WorkItem]) -> None:
+        while not self._stopping.is_set():
+            try:
+                deliveries = await consumer.fetch(1, timeout=self.config.fetch_timeout_s)
+            except DartError as exc:
+                log.warning("%s: fetching work failed: %s", runner.runner_id, exc)
+                await asyncio.sleep(self.config.fetch_timeout_s)
+                continue
+            for delivery in deliveries:
+                if self._stopping.is_set():
+                    await delivery.nak()  # arrived as we stopped: hand it back now, not after ack_wait
+                    continue
+                await self._handle(runner, delivery)
+
+    async def _handle(self, runner: TrajectoryRunner, delivery: Delivery[WorkItem]) -> None:
+        with delivery.span():
+            task = asyncio.create_task(runner.run(delivery.message), name=f"{runner.runner_id}-traj")
+            self._running[runner.runner_id] = task
+            keepalive = asyncio.create_task(self._keep_in_progress(delivery))
+            try:
+                trajectory = await asyncio.shield(task)
+            finally:
+                keepalive.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keepalive
+                self._running.pop(runner.runner_id, None)
+            await self._publish(trajectory, delivery)
+
+    async def _publish(self, trajectory: Trajectory, delivery: Delivery[WorkItem]) -> None:
+        subject = self._bus.subjects.stream_subject("traj")
+        try:
+            await self._bus.js_publish(subject, trajectory, msg_id=trajectory.trajectory_id)
+        except DartError as exc:
+            self._stats.publish_failures += 1
+            log.error("publishing %s failed, handing its work item back: %s", trajectory.trajectory_id, exc)
+            with contextlib.suppress(DartError):
+                await delivery.nak()
+            return
+        self._stats.trajectories[trajectory.status.value] += 1
+        self._stats.steps += len(trajectory.steps)
+        try:
+            await delivery.ack()
+        except DartError as exc:
+            # Redelivery reruns the item; its trajectory id is the same, so the stream dedupes it.
+            log.warning("acking %s failed: %s", delivery.message.work_id, exc)
+
+    async def _keep_in_progress(self, delivery: Delivery[WorkItem]) -> None:
+        while True:
+            await asyncio.sleep(self.config.in_progress_interval_s)
+            try:
+                await delivery.in_progress()
+            except DartError as exc:
+                log.warning("in_progress on %s failed: %s", delivery.message.work_id, exc)

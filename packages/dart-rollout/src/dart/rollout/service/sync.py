@@ -1,0 +1,233 @@
+"""Weight sync: new model versions reach the engines a bounded number at a time.
+
+Engine update lifecycle (driven by :class:`WeightSyncController`)::
+
+    ModelVersion v announced (state KV key LATEST_MODEL_KEY)
+      -> fetch weights by uri once, verify sha256 (failure: every engine keeps serving its version)
+      -> for each engine below v, at most ``max_concurrent`` at a time:
+           engine.update_weights(path, v): serving -> draining -> loading -> serving at v
+           telemetry events engine.update.start / engine.update.end (engine id, version, times)
+    a newer version announced meanwhile is applied next; versions in between are skipped.
+
+In ``decoupled`` mode with two or more engines, at least one engine is serving at any time, so
+trajectory runners never stall on an update; ``coupled`` mode updates every engine at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from dart.protocol.bus import KeyValueStore
+from dart.protocol.messages import ModelVersion
+from dart.protocol.telemetry import Telemetry, current_telemetry
+from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.rollout.engine.base import EngineError, InferenceEngine
+from dart.rollout.errors import WeightFetchError
+from dart.rollout.service.config import SyncConfig
+
+log = logging.getLogger("dart.rollout.sync")
+
+_CHUNK = 1 << 20
+
+
+def _sha256_file(path: Path) -> str | None:
+    """The file's sha256, or None when it is not a readable file."""
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+async def fetch_weights(version: ModelVersion) -> Path:
+    """A local, sha256-verified path of ``version``'s safetensors weights.
+
+    Supports ``file://`` URIs (read in place). This is the one place that resolves weight URIs,
+    so switching to the artifact store client (``s3://`` and store-relative URIs) changes only it.
+
+    Raises:
+        WeightFetchError: Unsupported scheme, missing file, or a sha256 mismatch.
+    """
+    parsed = urlparse(version.uri)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        raise WeightFetchError(version.uri, version.version, "only file:// weight URIs are supported here so far")
+    path = Path(unquote(parsed.path))
+    # Hashing a multi-GB file takes seconds: keep it off the event loop.
+    actual = await asyncio.to_thread(_sha256_file, path)
+    if actual is None:
+        raise WeightFetchError(version.uri, version.version, f"{path} is not a file")
+    if actual != version.sha256:
+        raise WeightFetchError(version.uri, version.version, f"sha256 is {actual}, announced {version.sha256}")
+    return path
+
+
+@dataclass(frozen=True)
+class EngineUpdate:
+    """One engine update, as recorded by the controller.
+
+    Attributes:
+        engine_id: Which engine.
+        version: The version it was updated to (or failed to load).
+        started_at: Unix time the update began, seconds.
+        finished_at: Unix time it ended, seconds.
+        ok: Whether the engine serves ``version`` now.
+        error: Why it failed, when it did.
+    """
+
+    engine_id: str
+    version: int
+    started_at: float
+    finished_at: float
+    ok: bool
+    error: str | None = None
+
+
+def max_concurrent_updates(num_engines: int, config: SyncConfig) -> int:
+    """How many engines may update at once under ``config``."""
+    if config.mode == "coupled":
+        return num_engines
+    allowed = max(1, math.floor(config.max_updating_fraction * num_engines))
+    # Decoupled means someone always serves: never take the last serving engine down.
+    return min(allowed, num_engines - 1) if num_engines >= 2 else 1
+
+
+class WeightSyncController:
+    """Brings engines to the newest announced model version; see the module docstring.
+
+    Example::
+
+        sync = WeightSyncController({"e0": engine0, "e1": engine1}, SyncConfig())
+        await sync.start(state_kv)      # watches LATEST_MODEL_KEY
+        ...
+        await sync.stop()
+
+    Or, without a bus, ``await sync.apply(model_version)``.
+
+    Args:
+        engines: Engines by id.
+        config: Mode and how many engines may update at once.
+        telemetry: Where ``engine.update.*`` events go; None uses the active telemetry, if any.
+    """
+
+    def __init__(
+        self, engines: dict[str, InferenceEngine], config: SyncConfig, *, telemetry: Telemetry | None = None
+    ) -> None:
+        self._engines = dict(engines)
+        self._config = config
+        self._telemetry = telemetry
+        self._limit = max_concurrent_updates(len(self._engines), config)
+        self._latest: ModelVersion | None = None
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._apply_lock = asyncio.Lock()
+        self.updates: list[EngineUpdate] = []
+        """Every update attempted, in completion order."""
+        self.failed_fetches = 0
+        """Announced versions whose weights could not be fetched or verified."""
+
+    @property
+    def max_concurrent(self) -> int:
+        """Engines that may update at once."""
+        return self._limit
+
+    async def start(self, state: KeyValueStore) -> None:
+        """Watch ``state`` for new versions and apply them in the background."""
+        self._tasks = [
+            asyncio.create_task(self._watch(state), name="sync-watch"),
+            asyncio.create_task(self._apply_forever(), name="sync-apply"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop watching; an update in progress is cancelled (its engine keeps its old weights)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def announce(self, version: ModelVersion) -> None:
+        """Queue ``version`` for the background applier (newer versions replace older pending ones)."""
+        if self._latest is None or version.version > self._latest.version:
+            self._latest = version
+            self._wakeup.set()
+
+    async def apply(self, version: ModelVersion) -> list[EngineUpdate]:
+        """Fetch ``version`` and update every engine below it, ``max_concurrent`` at a time.
+
+        Returns:
+            The updates made by this call.
+
+        Raises:
+            WeightFetchError: The weights could not be fetched or verified; no engine changed.
+        """
+        async with self._apply_lock:
+            stale = [(eid, e) for eid, e in self._engines.items() if e.version < version.version]
+            if not stale:
+                return []
+            try:
+                path = await fetch_weights(version)
+            except WeightFetchError:
+                self.failed_fetches += 1
+                raise
+            gate = asyncio.Semaphore(self._limit)
+
+            async def update(engine_id: str, engine: InferenceEngine) -> EngineUpdate:
+                async with gate:
+                    return await self._update_one(engine_id, engine, path, version.version)
+
+            return list(await asyncio.gather(*(update(eid, e) for eid, e in stale)))
+
+    async def _update_one(self, engine_id: str, engine: InferenceEngine, path: Path, version: int) -> EngineUpdate:
+        started = time.time()
+        self._event("engine.update.start", engine_id=engine_id, version=version, ts=started)
+        error: str | None = None
+        try:
+            await engine.update_weights(path, version)
+        except EngineError as exc:
+            error = str(exc)
+            log.error("engine %s could not load version %d: %s", engine_id, version, exc)
+        record = EngineUpdate(engine_id, version, started, time.time(), error is None, error)
+        self.updates.append(record)
+        self._event(
+            "engine.update.end",
+            engine_id=engine_id,
+            version=version,
+            ts=record.finished_at,
+            started_at=started,
+            ok=record.ok,
+            error=error or "",
+        )
+        return record
+
+    def _event(self, name: str, **attrs: object) -> None:
+        telemetry = self._telemetry or current_telemetry()
+        if telemetry is not None:
+            telemetry.event(name, **attrs)
+
+    async def _watch(self, state: KeyValueStore) -> None:
+        async for entry in state.watch(ModelVersion, LATEST_MODEL_KEY):
+            if entry.value is not None:
+                self.announce(entry.value)
+
+    async def _apply_forever(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            version = self._latest
+            if version is None:
+                continue
+            try:
+                await self.apply(version)
+            except WeightFetchError as exc:
+                log.error("%s", exc)

@@ -1,0 +1,206 @@
+"""The trajectory runner against a real env service (sim backend) and real or scripted engines.
+
+``ScriptedEngine`` is a legitimate deterministic engine (see :mod:`dart.rollout.service.scripted`):
+it drives the runner's status logic with oracle-like outputs; bus and env service are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dart.env.service import EnvService, EnvServiceConfig, register_backend, unregister_backend
+from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import Action, Observation, Trajectory, TrajectoryStatus, Wait, WorkItem
+from dart.protocol.messages.codec import decode, encode
+from dart.protocol.messages.observation import MetadataValue
+from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.rollout.engine.base import EngineError
+from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.model.tiny import write_tiny_checkpoint
+from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.router import EngineRouter
+from dart.rollout.service.runner import TrajectoryRunner
+from dart.rollout.service.scripted import ScriptedEngine
+
+pytestmark = pytest.mark.integration
+
+FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
+
+
+class CrashOnWait(SimEnv):
+    """A sim env whose step crashes on ``wait``, like a dying browser."""
+
+    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
+        if isinstance(action, Wait):
+            raise RuntimeError("simulated browser crash")
+        return await super().step(action)
+
+
+@pytest.fixture(autouse=True)
+def _crash_backend() -> Iterator[None]:
+    register_backend("rollout-crash-on-wait", lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
+    yield
+    unregister_backend("rollout-crash-on-wait")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = tmp_path_factory.mktemp("tiny")
+    write_tiny_checkpoint(path, seed=0)
+    return path
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    config = BusConfig(url=nats_url, run=f"r{uuid.uuid4().hex[:8]}", connect_timeout_s=2.0, request_timeout_s=5.0)
+    async with await Bus.connect(config) as connected:
+        yield connected
+
+
+@pytest.fixture
+async def env_pool(bus: Bus) -> AsyncIterator[Callable[..., Any]]:
+    """Starts env services on pools unique to the test; returns the pool name."""
+    services: list[EnvService] = []
+
+    async def start(**overrides: Any) -> str:
+        fields: dict[str, Any] = {"pool": f"p{uuid.uuid4().hex[:8]}", "instances": 1, "sim": FAST_SIM}
+        fields.update(overrides)
+        service = EnvService(EnvServiceConfig(**fields), bus)
+        await service.start()
+        services.append(service)
+        return str(fields["pool"])
+
+    yield start
+    for service in services:
+        await service.stop()
+
+
+def work_item(max_steps: int = 3, *, min_policy_version: int = 0) -> WorkItem:
+    return WorkItem(
+        work_id=f"w-{uuid.uuid4().hex[:8]}",
+        task=sim_task("click-button", "easy", 1),
+        group_id="g-1",
+        rollout_index=0,
+        group_size=1,
+        max_steps=max_steps,
+        min_policy_version=min_policy_version,
+        temperature=1.0,
+        created_at=time.time(),
+    )
+
+
+def runner_for(bus: Bus, pool: str, *engines: Any, **config: Any) -> TrajectoryRunner:
+    return TrajectoryRunner("runner-t", bus, EngineRouter(list(engines)), RunnerConfig(pool=pool, **config))
+
+
+async def test_hf_engine_trajectory_has_aligned_versioned_steps(
+    bus: Bus, env_pool: Callable[..., Any], checkpoint: Path, tmp_path: Path
+) -> None:
+    pool = await env_pool()
+    telemetry = setup_telemetry("dart-rollout", version="t", run_id="t", config=TelemetryConfig(run_dir=tmp_path))
+    engine = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), num_threads=2, batch_wait_s=0.0))
+    try:
+        runner = runner_for(bus, pool, engine, max_new_tokens=24, max_images=2)
+        item = work_item(max_steps=3)
+        with telemetry.activate():
+            trajectory = await runner.run(item)
+    finally:
+        await engine.close()
+    # A random tiny model rarely emits a valid action: most steps are parse errors, and the run
+    # ends either by a terminal action (OK) or at max_steps (TRUNCATED); both are evaluated.
+    assert trajectory.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED), trajectory.error
+    assert trajectory.work_id == item.work_id and trajectory.runner_id == "runner-t"
+    assert 1 <= len(trajectory.steps) <= 3
+    for i, step in enumerate(trajectory.steps):
+        assert step.index == i and step.policy_version == 0
+        assert len(step.prompt_token_ids) > 0 and len(step.response_token_ids) >= 1
+        assert len(step.response_token_ids) == len(step.response_logprobs) == len(step.response_entropy) <= 24
+        assert (step.action is None) != (step.parse_error is None)
+        assert step.observation.screenshot is not None
+        assert step.timings.generate_s > 0 and step.timings.total_s >= step.timings.generate_s
+    assert trajectory.min_policy_version == trajectory.max_policy_version == 0
+    assert trajectory.env_instance_id is not None
+    # The published shape round-trips through the wire codec.
+    assert decode(encode(trajectory), Trajectory) == trajectory
+    # One trace: the trajectory span is the parent of env and engine spans (and the bus's requests).
+    telemetry.flush()
+    spans = [r for r in read_jsonl(telemetry.jsonl_path) if r.get("type") == "span"]
+    telemetry.shutdown()
+    (root,) = [s for s in spans if s["name"] == "trajectory"]
+    children = {s["name"] for s in spans if s["parent_span_id"] == root["span_id"]}
+    assert {"env.lease", "env.reset", "engine.generate", "env.evaluate"} <= children
+    assert all(s["trace_id"] == root["trace_id"] for s in spans if s["name"].startswith(("env.", "engine.")))
+
+
+async def test_parse_error_is_a_step_without_env_step_then_finished_is_ok(
+    bus: Bus, env_pool: Callable[..., Any]
+) -> None:
+    pool = await env_pool()
+    engine = ScriptedEngine(["Thought: hmm\nAction: dance()", "Action: finished(content='done')"], version=2)
+    trajectory = await runner_for(bus, pool, engine).run(work_item(max_steps=5))
+    assert trajectory.status is TrajectoryStatus.OK
+    first, second = trajectory.steps
+    assert first.action is None and first.parse_error and first.timings.env_s == 0.0
+    # The observation stays the same after a parse error.
+    assert second.observation == first.observation
+    assert second.action is not None and second.action.kind == "finished"
+    assert trajectory.min_policy_version == trajectory.max_policy_version == 2
+
+
+async def test_max_steps_truncates_and_env_failure_ends_as_env_failed(bus: Bus, env_pool: Callable[..., Any]) -> None:
+    pool = await env_pool()
+    waiting = ScriptedEngine(["Action: wait()"])
+    truncated = await runner_for(bus, pool, waiting).run(work_item(max_steps=2))
+    assert truncated.status is TrajectoryStatus.TRUNCATED and len(truncated.steps) == 2
+    assert [s.action.kind for s in truncated.steps if s.action] == ["wait", "wait"]
+
+    crash_pool = await env_pool(backend="rollout-crash-on-wait")
+    failed = await runner_for(bus, crash_pool, ScriptedEngine(["Action: wait()"])).run(work_item(max_steps=3))
+    assert failed.status is TrajectoryStatus.ENV_FAILED and failed.reward == 0.0
+    assert failed.error and "env_failed" in failed.error and failed.steps == []
+
+
+async def test_engine_failure_is_failed_and_cancel_is_aborted_with_env_released(
+    bus: Bus, env_pool: Callable[..., Any]
+) -> None:
+    pool = await env_pool()  # one instance: the abort below must give it back for the next run
+    broken = ScriptedEngine(["x"], fail_with=EngineError("CUDA error: device lost"))
+    failed = await runner_for(bus, pool, broken).run(work_item())
+    assert failed.status is TrajectoryStatus.FAILED and "device lost" in (failed.error or "")
+
+    slow = ScriptedEngine(["Action: wait()"], generate_s=30.0)
+    task = asyncio.create_task(runner_for(bus, pool, slow).run(work_item()))
+    while slow.load == 0:  # noqa: ASYNC110  (the engine has no event for "request arrived")
+        await asyncio.sleep(0.01)
+    task.cancel()
+    aborted = await task
+    assert aborted.status is TrajectoryStatus.ABORTED and not aborted.trainable
+
+    after = await runner_for(bus, pool, ScriptedEngine(["Action: finished(content='ok')"]), lease_timeout_s=2.0).run(
+        work_item()
+    )
+    assert after.status is TrajectoryStatus.OK
+
+
+async def test_waits_briefly_for_min_policy_version(bus: Bus, env_pool: Callable[..., Any]) -> None:
+    pool = await env_pool()
+    old = ScriptedEngine(["Action: finished(content='a')"])
+    new = ScriptedEngine(["Action: finished(content='b')"], update_s=0.2)
+    router = EngineRouter({"old": old, "new": new})
+    runner = TrajectoryRunner("runner-v", bus, router, RunnerConfig(pool=pool, min_version_wait_s=5.0))
+    update = asyncio.create_task(new.update_weights("w", 1))
+    new._update_s = 0.0
+    trajectory = await runner.run(work_item(min_policy_version=1))
+    await update
+    # The idle old engine was available all along; the runner waited for the updating one instead.
+    assert trajectory.steps[0].policy_version == 1 and old.calls == []

@@ -1,0 +1,151 @@
+"""Weight sync: engines update one at a time while the others keep serving; weights are verified."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import ModelVersion
+from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
+from dart.rollout.engine.base import GenerationRequest
+from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.errors import WeightFetchError
+from dart.rollout.model.prompt import ChatPrompt
+from dart.rollout.model.tiny import write_tiny_checkpoint
+from dart.rollout.service.config import SyncConfig
+from dart.rollout.service.router import EngineRouter
+from dart.rollout.service.scripted import ScriptedEngine
+from dart.rollout.service.sync import EngineUpdate, WeightSyncController, max_concurrent_updates
+
+REQUEST = GenerationRequest(ChatPrompt("hi"), max_new_tokens=4)
+
+
+def _model_version(path: Path, version: int, sha256: str | None = None) -> ModelVersion:
+    digest = sha256 or hashlib.sha256(path.read_bytes()).hexdigest()
+    return ModelVersion(version=version, uri=path.as_uri(), sha256=digest, created_at=time.time())
+
+
+def _assert_disjoint(updates: list[EngineUpdate]) -> None:
+    ordered = sorted(updates, key=lambda u: u.started_at)
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        assert before.finished_at <= after.started_at, f"{before} overlaps {after}"
+
+
+@pytest.mark.unit
+def test_max_concurrent_updates_never_takes_all_engines_down_when_decoupled() -> None:
+    decoupled = SyncConfig()
+    assert [max_concurrent_updates(n, decoupled) for n in (1, 2, 3, 4, 8)] == [1, 1, 1, 2, 4]
+    assert max_concurrent_updates(4, SyncConfig(max_updating_fraction=1.0)) == 3
+    assert max_concurrent_updates(4, SyncConfig(mode="coupled")) == 4
+
+
+@pytest.mark.unit
+async def test_one_engine_updates_while_the_other_serves(tmp_path: Path) -> None:
+    weights = tmp_path / "v1.safetensors"
+    save_file({"w": torch.zeros(2)}, str(weights))
+    a = ScriptedEngine(["Action: wait()"], generate_s=0.01, update_s=0.3)
+    b = ScriptedEngine(["Action: wait()"], generate_s=0.01, update_s=0.3)
+    router = EngineRouter({"a": a, "b": b}, poll_interval_s=0.002)
+    telemetry = setup_telemetry("dart-rollout", version="t", run_id="t", config=TelemetryConfig(run_dir=tmp_path))
+    sync = WeightSyncController({"a": a, "b": b}, SyncConfig(), telemetry=telemetry)
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        while not stop.is_set():
+            engine = await router.pick()
+            await engine.generate(REQUEST)
+
+    clients = [asyncio.create_task(client()) for _ in range(4)]
+    try:
+        updates = await sync.apply(_model_version(weights, 1))
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+    assert {u.engine_id for u in updates} == {"a", "b"} and all(u.ok for u in updates)
+    assert a.version == b.version == 1 and a.loaded == [weights] == b.loaded
+    _assert_disjoint(updates)
+    # While each engine updated, the other answered requests.
+    loop_offset = time.time() - asyncio.get_running_loop().time()
+    for update in updates:
+        other = b if update.engine_id == "a" else a
+        served = [c for c in other.calls if update.started_at <= c.finished + loop_offset <= update.finished_at]
+        assert len(served) >= 5, f"{other} served {len(served)} requests during {update}"
+    # The update intervals are in the telemetry events a run report reads.
+    telemetry.flush()
+    records = read_jsonl(telemetry.jsonl_path)
+    events = [r for r in records if r.get("type") == "event" and r["name"].startswith("engine.update")]
+    telemetry.shutdown()
+    names = [(e["name"], e["attributes"]["engine_id"], e["attributes"]["version"]) for e in events]
+    assert sorted(names) == sorted(
+        [(n, e, 1) for n in ("engine.update.start", "engine.update.end") for e in ("a", "b")]
+    )
+    # Already at version 1: nothing to do.
+    assert await sync.apply(_model_version(weights, 1)) == []
+
+
+@pytest.mark.unit
+async def test_bad_sha256_or_missing_file_changes_no_engine(tmp_path: Path) -> None:
+    weights = tmp_path / "v1.safetensors"
+    save_file({"w": torch.zeros(2)}, str(weights))
+    engine = ScriptedEngine(["x"])
+    sync = WeightSyncController({"e": engine}, SyncConfig())
+    with pytest.raises(WeightFetchError, match="sha256"):
+        await sync.apply(_model_version(weights, 1, sha256="0" * 64))
+    with pytest.raises(WeightFetchError, match="not a file"):
+        await sync.apply(_model_version(tmp_path / "gone.safetensors", 2, sha256="0" * 64))
+    assert engine.version == 0 and sync.failed_fetches == 2 and sync.updates == []
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = tmp_path_factory.mktemp("tiny")
+    write_tiny_checkpoint(path, seed=0)
+    return path
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    config = BusConfig(url=nats_url, run=f"s{uuid.uuid4().hex[:8]}", connect_timeout_s=2.0, request_timeout_s=5.0)
+    async with await Bus.connect(config) as connected:
+        yield connected
+
+
+@pytest.mark.integration
+async def test_hf_engines_follow_the_state_bucket(bus: Bus, checkpoint: Path, tmp_path: Path) -> None:
+    state = await ensure_topology(bus)
+    config = HFEngineConfig(model_path=str(checkpoint), num_threads=1, batch_wait_s=0.0)
+    engines = {"e0": await HFEngine.start(config), "e1": await HFEngine.start(config)}
+    # New weights: the model's own, shifted, saved as the trainer would publish them.
+    shifted = {k: (v + 0.01).contiguous() for k, v in engines["e0"].model.state_dict().items()}
+    weights = tmp_path / "v1.safetensors"
+    await asyncio.to_thread(save_file, shifted, str(weights))
+    sync = WeightSyncController(engines, SyncConfig())  # type: ignore[arg-type]
+    try:
+        await sync.start(state)
+        await state.put(LATEST_MODEL_KEY, await asyncio.to_thread(_model_version, weights, 1))
+        async with asyncio.timeout(30):
+            while len(sync.updates) < 2:  # noqa: ASYNC110  (the controller's record is the signal)
+                await asyncio.sleep(0.02)
+        assert all(u.ok for u in sync.updates) and {e.version for e in engines.values()} == {1}
+        _assert_disjoint(sync.updates)
+        for engine in engines.values():
+            name, loaded = next(iter(engine.model.state_dict().items()))
+            assert torch.equal(loaded, shifted[name])
+        result = await engines["e1"].generate(REQUEST)
+        assert result.policy_version == 1
+    finally:
+        await sync.stop()
+        for engine in engines.values():
+            await engine.close()
