@@ -1,0 +1,156 @@
+"""Turn recorded samples back into the exact model inputs the rollout engine consumed.
+
+The trainer never re-renders prompts: it feeds ``prompt_token_ids + response_token_ids`` as recorded,
+and rebuilds only what the token ids do not carry: the image patches (from the screenshots in the
+artifact store, resized like the rollout prompt builder resizes them) and ``mm_token_type_ids``
+(1 on image-pad tokens), from which transformers derives Qwen2.5-VL's multimodal rotary positions.
+Without it the forward pass uses text positions for image tokens and log-probs drift by ~1e-2.
+
+Each sample is one unpadded row: Qwen2.5-VL's rope positions depend on where images sit in the row,
+and padding-free rows reproduce the engine's log-probs to float32 precision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image
+
+from dart.protocol.errors import ConfigError, StoreError
+from dart.protocol.messages import ImageRef
+from dart.protocol.store import StoreConfig, get_by_uri
+from dart.train.errors import ImageFetchError, SampleError
+
+ImageSource = Callable[[ImageRef], bytes]
+"""Returns the PNG bytes of a screenshot reference (verified against its sha256)."""
+
+
+class StoreImageSource:
+    """Reads screenshot references by URI from the artifact store, checking each against its sha256.
+
+    ``file://`` URIs are read from the local file system; ``s3://`` URIs with ``config``'s endpoint and
+    credentials (see :func:`dart.protocol.store.get_by_uri`).
+
+    Args:
+        config: The run's store config, for ``s3://`` references; None reads ``file://`` (and
+            environment-configured S3) only.
+    """
+
+    def __init__(self, config: StoreConfig | None = None) -> None:
+        self._config = config
+
+    def __call__(self, ref: ImageRef) -> bytes:
+        try:
+            data = get_by_uri(ref.uri, config=self._config)
+        except (StoreError, ConfigError) as exc:
+            raise ImageFetchError(ref.uri, str(exc)) from exc
+        # The store verifies its own recorded digest; this checks it is the image the sample names.
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != ref.sha256:
+            raise ImageFetchError(ref.uri, f"sha256 is {digest}, the sample recorded {ref.sha256}")
+        return data
+
+
+def decode_screenshot(png: bytes, size: int | None) -> Image.Image:
+    """Decode PNG bytes to RGB and resize to ``size`` x ``size`` with bicubic, as the rollout prompt builder does."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    if size is not None and image.size != (size, size):
+        image = image.resize((size, size), Image.Resampling.BICUBIC)
+    return image
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """One sample's teacher-forced forward inputs.
+
+    Attributes:
+        input_ids: ``(1, P + R)`` prompt then response token ids.
+        mm_token_type_ids: ``(1, P + R)``, 1 on image-pad tokens, 0 elsewhere.
+        pixel_values: ``(num_patches, C * T * 14 * 14)`` image patches, or None without images.
+        image_grid_thw: ``(num_images, 3)`` patch grid per image, or None.
+        prompt_len: P, prompt tokens.
+        response_len: R, response tokens.
+    """
+
+    input_ids: torch.Tensor
+    mm_token_type_ids: torch.Tensor
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
+    prompt_len: int
+    response_len: int
+
+    def kwargs(self, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
+        """Keyword arguments of the model's forward pass, on ``device`` (pixels in ``dtype``)."""
+        out: dict[str, Any] = {
+            "input_ids": self.input_ids.to(device),
+            "attention_mask": torch.ones_like(self.input_ids, device=device),
+            "mm_token_type_ids": self.mm_token_type_ids.to(device),
+        }
+        if self.pixel_values is not None:
+            out["pixel_values"] = self.pixel_values.to(device=device, dtype=dtype)
+            out["image_grid_thw"] = self.image_grid_thw.to(device) if self.image_grid_thw is not None else None
+        return out
+
+
+class InputBuilder:
+    """Builds :class:`ModelInputs` from token ids and screenshots with a Qwen2.5-VL processor.
+
+    Args:
+        processor: The policy's processor (its image processor patches the screenshots).
+        image_token_id: Id of ``<|image_pad|>`` (``model.config.image_token_id``).
+        image_size: Side screenshots are resized to; None keeps their size.
+        merge_size: Spatial merge of the vision tower (patches per visual token = merge_size**2).
+    """
+
+    def __init__(self, processor: Any, image_token_id: int, image_size: int | None = 224, merge_size: int = 2) -> None:
+        self.processor = processor
+        self.image_token_id = image_token_id
+        self.image_size = image_size
+        self.merge_size = merge_size
+
+    def build(
+        self,
+        prompt_token_ids: Sequence[int],
+        response_token_ids: Sequence[int],
+        images: Sequence[Image.Image],
+        *,
+        sample_id: tuple[str, int] = ("?", 0),
+    ) -> ModelInputs:
+        """Inputs for one row; images must already be decoded (see :func:`decode_screenshot`).
+
+        Raises:
+            SampleError: The prompt's image-pad tokens do not match the images' visual token count.
+        """
+        ids = torch.tensor([list(prompt_token_ids) + list(response_token_ids)], dtype=torch.long)
+        mm = (ids == self.image_token_id).to(torch.long)
+        n_pad = int(mm[0, : len(prompt_token_ids)].sum())
+        if int(mm[0, len(prompt_token_ids) :].sum()):
+            raise SampleError(*sample_id, "the response contains image-pad tokens")
+        pixel_values = grid = None
+        if images:
+            patches = self.processor.image_processor(images=list(images), return_tensors="pt")
+            pixel_values, grid = patches["pixel_values"], patches["image_grid_thw"]
+            expected = int(grid.prod(-1).sum()) // (self.merge_size**2)
+            if expected != n_pad:
+                raise SampleError(
+                    *sample_id, f"{n_pad} image-pad tokens in the prompt but the images make {expected} visual tokens"
+                )
+        elif n_pad:
+            raise SampleError(*sample_id, f"{n_pad} image-pad tokens in the prompt but the sample has no images")
+        return ModelInputs(ids, mm, pixel_values, grid, len(prompt_token_ids), len(response_token_ids))
+
+
+def pad_rows(rows: Sequence[torch.Tensor], value: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad 1-D tensors into ``(B, T_max)``; returns ``(padded, mask)`` with mask 1 on real entries."""
+    width = max(int(r.shape[0]) for r in rows)
+    out = rows[0].new_full((len(rows), width), value)
+    mask = torch.zeros((len(rows), width), dtype=torch.float32, device=rows[0].device)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+        mask[i, : r.shape[0]] = 1.0
+    return out, mask

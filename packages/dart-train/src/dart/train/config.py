@@ -1,0 +1,73 @@
+"""Configuration of the trainer: optimizer, loss, publishing cadence, device.
+
+A run's YAML composes it under ``train:``; every field can be overridden with ``DART_TRAIN__<FIELD>``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dart.protocol.config import ConfigModel
+from dart.train.loss import LossConfig
+
+
+class LossSettings(ConfigModel):
+    """The GRPO + TIS objective's knobs (validated again by :class:`~dart.train.loss.LossConfig`)."""
+
+    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """Lower clip range of the ratio (ratio >= 1 - clip_low)."""
+    clip_high: float = Field(default=0.28, ge=0.0)
+    """Upper clip range of the ratio (ratio <= 1 + clip_high), DAPO's clip-higher."""
+    tis_cap: float | None = Field(default=2.0, gt=0.0)
+    """Truncation of the rollout-to-trainer importance weight; None disables TIS."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the k3 KL to the reference policy; 0 disables it (no reference model is kept)."""
+
+    def to_loss_config(self) -> LossConfig:
+        """The frozen dataclass :func:`~dart.train.loss.grpo_loss` takes."""
+        return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, tis_cap=self.tis_cap, kl_coef=self.kl_coef)
+
+
+class TrainerConfig(ConfigModel):
+    """Configuration of the ``torch`` trainer backend and the trainer service."""
+
+    model_path: str
+    """Local checkpoint directory of the initial policy (``save_pretrained`` layout; never a hub id)."""
+    lr: float = Field(default=1e-6, gt=0.0)
+    """AdamW learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    """Clip the global gradient L2 norm to this; None disables clipping (the norm is still reported)."""
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Samples per forward/backward pass; gradients accumulate over a batch's micro-batches."""
+    loss: LossSettings = Field(default_factory=LossSettings)
+    """The policy-gradient objective."""
+    publish_every: int = Field(default=1, ge=1)
+    """Publish new weights every this many optimizer steps (K)."""
+    checkpoint_every: int | None = Field(default=None, ge=1)
+    """Write a resumable checkpoint every this many optimizer steps; None never does."""
+    checkpoint_dir: str | None = None
+    """Directory of resumable checkpoints (``step-<n>/`` under it); needed when ``checkpoint_every`` is set."""
+    device: str = "cpu"
+    """Torch device, ``cpu`` or ``cuda[:n]``."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weight dtype. float32 keeps recomputed log-probs within ~1e-5 of the hf engine's on CPU."""
+    seed: int = 0
+    """Seed of torch's RNG (dropout-free models are deterministic anyway)."""
+    image_size: int | None = Field(default=224, ge=28)
+    """Screenshots are resized to this square side before patching, as the rollout prompt builder does."""
+    num_threads: int | None = Field(default=None, ge=1)
+    """Torch intra-op CPU threads; None keeps torch's default."""
+    weights_prefix: str = "weights"
+    """Artifact-store key prefix of published weights (``<prefix>/v<version>/model.safetensors``)."""
+
+    @model_validator(mode="after")
+    def _checkpoint_dir_given(self) -> TrainerConfig:
+        if self.checkpoint_every is not None and self.checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs checkpoint_dir: set the directory checkpoints go to")
+        return self

@@ -1,0 +1,86 @@
+"""TrainerService against a real nats-server: batches in, trained, acked; versions out in the KV and the store."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
+from dart.protocol.store import LocalStore
+from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, durable_name, ensure_topology
+from dart.train.config import TrainerConfig
+from dart.train.service import TrainerService
+
+pytestmark = pytest.mark.integration
+
+
+def _batch(batch_id: str, samples: list[TrainingSample]) -> TrainingBatch:
+    return TrainingBatch(
+        batch_id=batch_id, samples=samples, group_ids=["g"], min_policy_version=0, max_policy_version=0, created_at=1.0
+    )
+
+
+async def test_trains_acks_and_publishes_each_batch(
+    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    run = f"train-{uuid.uuid4().hex[:8]}"
+    telemetry = setup_telemetry(
+        "dart-train", version="0.1.0", run_id=run, config=TelemetryConfig(jsonl_path=tmp_path / "train.jsonl")
+    )
+    config = TrainerConfig(
+        model_path=str(tiny_checkpoint),
+        lr=1e-3,
+        num_threads=2,
+        publish_every=1,
+        checkpoint_every=2,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
+        await ensure_topology(bus)
+        for i in range(2):
+            await bus.js_publish(bus.subjects.stream_subject("batch"), _batch(f"b{i}", rollout_samples), f"b{i}")
+        service = await TrainerService.start(config, bus, store, telemetry=telemetry)
+        await asyncio.wait_for(service.run(max_batches=2), timeout=60)
+
+        assert service.stats.batches == 2 and service.stats.published == 2 and service.stats.checkpoints == 1
+        assert service.version == 2 and service.backend.step == 2
+        state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET), history=8)
+        latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        assert latest is not None and latest.version == 2 and latest.trainer_step == 2
+        assert [e.value.version for e in await state.history(LATEST_MODEL_KEY, ModelVersion) if e.value] == [1, 2]
+        assert (await bus.stream_state("model")).messages == 2
+        assert store.exists("weights/v1/model.safetensors") and store.exists("weights/v2/manifest.json")
+        assert (tmp_path / "ckpt" / "step-2" / "trainer_state.json").is_file()
+        backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
+        assert backlog.num_pending == 0 and backlog.num_ack_pending == 0
+
+        # A restarted trainer resumes from the checkpoint and keeps numbering versions upward.
+        again = await TrainerService.start(config, bus, store)
+        assert again.version == 2 and again.backend.step == 2
+        # A batch whose screenshot fails its digest is terminated, not retried, and changes nothing.
+        bad_image = rollout_samples[0].images[0].model_copy(update={"sha256": "0" * 64})
+        bad = rollout_samples[0].model_copy(update={"images": [bad_image, rollout_samples[0].images[1]]})
+        await bus.js_publish(bus.subjects.stream_subject("batch"), _batch("b-bad", [bad]), "b-bad")
+        task = asyncio.create_task(again.run(fetch_timeout_s=0.2))
+        for _ in range(100):
+            if again.stats.rejected:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(again.stop(), timeout=10)
+        assert task.done() and again.stats.rejected == 1 and again.stats.batches == 0
+        assert again.version == 2 and again.backend.step == 2
+        backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
+        assert backlog.num_pending == 0 and backlog.num_ack_pending == 0
+    telemetry.shutdown()
+    records = list(read_jsonl(tmp_path / "train.jsonl"))
+    busy = [r for r in records if r["type"] == "busy" and r["resource_kind"] == "trainer"]
+    assert {r["activity"] for r in busy} >= {"train_step", "publish"}
+    steps = [r for r in records if r["type"] == "event" and r["name"] == "trainer.step"]
+    assert [r["attributes"]["step"] for r in steps] == [1, 2]
+    assert steps[0]["attributes"]["rollout_mismatch"] < 1e-4
