@@ -260,3 +260,35 @@ class PayloadTooLargeError(BusError):
             f"message of {size} bytes on '{subject}' exceeds the server's max_payload of {limit} bytes: "
             "send large data by reference through the artifact store"
         )
+
+
+class StoreAuthError(StoreError):
+    """The artifact store rejected the credentials (wrong key, wrong secret, or no permission).
+
+    Attributes:
+        endpoint: The store endpoint (``host:port``) that refused the request.
+        code: The server's error code, e.g. ``SignatureDoesNotMatch`` or ``AccessDenied``.
+    """
+
+    def __init__(self, endpoint: str, code: str, detail: str) -> None:
+        self.endpoint = endpoint
+        self.code = code
+        super().__init__(
+            f"artifact store at {endpoint} refused the credentials ({code}: {detail}). Check the access/secret "
+            "key (store.access_key_env / store.secret_key_env or the *_file settings) and the bucket policy."
+        )
+
+
+class StoreUnavailableError(StoreError):
+    """The artifact store could not be reached (connection refused, timeout, TLS failure).
+
+    Attributes:
+        endpoint: The store endpoint that was tried.
+    """
+
+    def __init__(self, endpoint: str, detail: str) -> None:
+        self.endpoint = endpoint
+        super().__init__(
+            f"cannot reach the artifact store at {endpoint}: {detail}. Is the S3 server running, and are "
+            "store.endpoint and store.secure right?"
+        )
