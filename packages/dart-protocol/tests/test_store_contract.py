@@ -124,6 +124,13 @@ def test_expected_digest_is_checked_and_recorded(store: ArtifactStore) -> None:
     assert not store.exists("bad")
 
 
+def test_a_wrong_expected_digest_keeps_the_previous_artifact(store: ArtifactStore) -> None:
+    store.put("k", b"good")
+    with pytest.raises(IntegrityError):
+        store.put("k", b"evil", sha256=_sha(b"what the caller expected"))
+    assert store.get("k") == b"good"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -247,6 +254,13 @@ def test_put_stream_size_mismatch_stores_nothing(store: ArtifactStore) -> None:
     with pytest.raises(StoreError, match="size=3"):
         store.put_stream("long", io.BytesIO(b"12345"), size=3)
     assert not store.exists("short") and not store.exists("long")
+
+
+@pytest.mark.parametrize("part_size", [0, 4 * MiB, 6 * 1024 * MiB])
+def test_put_stream_rejects_part_sizes_outside_the_s3_limits(store: ArtifactStore, part_size: int) -> None:
+    with pytest.raises(ValueError, match="part_size"):
+        store.put_stream("k", [b"x"], part_size=part_size)
+    assert not store.exists("k")
 
 
 def test_put_stream_rejects_text_and_bytes_sources(store: ArtifactStore) -> None:

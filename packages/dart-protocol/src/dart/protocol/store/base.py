@@ -199,7 +199,9 @@ class ArtifactStore(ABC):
             size: Number of bytes the reader yields, when known (a mismatch raises
                 :class:`~dart.protocol.errors.StoreError` and stores nothing).
             content_type: As in :meth:`put`.
-            sha256: As in :meth:`put`; a given digest is checked when the stream ends.
+            sha256: As in :meth:`put`; a given digest is checked when the stream ends. On a
+                mismatch nothing is left under ``key``: the local store keeps the previous
+                artifact, S3 loses it (the upload replaced it before the end was reached).
             metadata: As in :meth:`put`.
             part_size: Bytes per uploaded part (S3 multipart; 5 MiB to 5 GiB) or per write.
 

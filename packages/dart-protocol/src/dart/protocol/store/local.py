@@ -45,6 +45,7 @@ from dart.protocol.store.base import (
     BinaryReader,
     HashingReader,
     check_chunk_size,
+    check_part_size,
     check_prefix,
     check_put_args,
 )
@@ -127,7 +128,7 @@ class LocalStore(ArtifactStore):
         """Stream ``reader`` into ``key`` (see :meth:`ArtifactStore.put_stream`)."""
         path = self.path(key)
         expected, record, meta, ctype = check_put_args(sha256, metadata, content_type)
-        chunk = part_size or DEFAULT_PART_SIZE
+        chunk = check_part_size(part_size, DEFAULT_PART_SIZE)
         source = HashingReader(reader)
         uri = file_uri(path)
         tmp = path.with_name(f"{_TMP_PREFIX}{uuid.uuid4().hex}")
@@ -171,7 +172,7 @@ class LocalStore(ArtifactStore):
                 if leftover is not None:
                     with contextlib.suppress(OSError):
                         leftover.unlink()
-        return self._info(key, path, path.stat(), record_doc)
+        return self._info(key, path, written, record_doc)
 
     def _create(self, key: str, directory: Path, file: Path, mode: str) -> IO[Any]:
         """Create ``file`` exclusively in ``directory``, making the directory as needed."""

@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import certifi
 import urllib3
 from minio import Minio
 from minio.commonconfig import ComposeSource
@@ -119,8 +118,9 @@ class S3Store(ArtifactStore):
         self._http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=connect_timeout_s, read=read_timeout_s),
             maxsize=16,
+            # The system's CA store (and $SSL_CERT_FILE / $SSL_CERT_DIR), where a private MinIO's
+            # CA gets installed, rather than the SDK's default certifi bundle.
             cert_reqs="CERT_REQUIRED",
-            ca_certs=certifi.where(),
             retries=urllib3.Retry(total=max_retries, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
         )
         try:
