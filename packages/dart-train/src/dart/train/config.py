@@ -33,8 +33,9 @@ class LossSettings(ConfigModel):
 class TrainerConfig(ConfigModel):
     """Configuration of the ``torch`` trainer backend and the trainer service."""
 
-    model_path: str
-    """Local checkpoint directory of the initial policy (``save_pretrained`` layout; never a hub id)."""
+    model_path: str = ""
+    """Local checkpoint directory of the initial policy (``save_pretrained`` layout; never a hub id).
+    Empty in a run config: ``dart run`` fills in the warm-started checkpoint."""
     lr: float = Field(default=1e-6, gt=0.0)
     """AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
+
+# transformers resolves its lazy attributes on first import; two engines loading in two threads at
+# once can see a half-initialized module ("cannot import name 'AutoProcessor'"), so loads take turns.
+_LOAD_LOCK = threading.Lock()
 
 
 def load_policy(path: str | Path, *, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
@@ -18,10 +23,14 @@ def load_policy(path: str | Path, *, dtype: Any = None, device: str = "cpu") -> 
     Raises:
         FileNotFoundError: ``path`` is not a directory holding ``config.json``.
     """
+    with _LOAD_LOCK:
+        return _load(Path(path), dtype, device)
+
+
+def _load(local: Path, dtype: Any, device: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    local = Path(path)
     if not (local / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {local}: expected {local / 'config.json'}; write one first")
     # A local path never needs the hub; make sure nothing tries to reach it.

@@ -1,0 +1,1 @@
+"""Running DART: one config file composing the four services, `dart run` and `dart serve`."""

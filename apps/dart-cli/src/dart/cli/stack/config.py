@@ -1,0 +1,112 @@
+"""The run config: one YAML file composing every service's config.
+
+``dart run FILE`` resolves it (embedded servers, run directory, model path) and hands the resolved
+file to each ``dart serve <service> --config`` process, so the services of a local run read exactly
+what a distributed deployment reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from dart.data.config import DataConfig
+from dart.env.service.config import EnvServiceConfig
+from dart.protocol.bus import BusConfig
+from dart.protocol.config import ConfigModel, load_config
+from dart.protocol.store import StoreConfig
+from dart.protocol.telemetry import TelemetryConfig
+from dart.rollout.service.config import RolloutConfig
+from dart.train.config import TrainerConfig
+
+ServiceName = Literal["env", "rollout", "data", "train"]
+SERVICES: tuple[ServiceName, ...] = ("env", "data", "train", "rollout")
+"""Start order: envs and data first (they own state), the trainer, then rollout (it pulls work)."""
+
+
+class RunSection(ConfigModel):
+    """What the run is and how long it lasts."""
+
+    name: str = Field(default="run", pattern=r"^[A-Za-z0-9_-]+$")
+    """Run name; also the NATS run token (streams are scoped to it)."""
+    runs_root: Path = Path("runs")
+    """Where run directories are created."""
+    run_dir: Path | None = None
+    """The run directory; set by ``dart run`` when it resolves the config."""
+    rl_duration_s: float = Field(default=600.0, gt=0)
+    """Wall time of the RL phase, seconds (after warm start)."""
+    embedded_nats: bool = True
+    """Start an embedded nats-server (``bus.url`` is then replaced by its URL)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """Intra-op threads for each torch process (engines, trainer, warm start)."""
+    stop_timeout_s: float = Field(default=60.0, gt=0)
+    """How long services get to stop gracefully before they are killed."""
+    seed: int = 0
+
+
+class ModelSection(ConfigModel):
+    """Where the initial policy comes from."""
+
+    path: Path | None = None
+    """An existing local Qwen2.5-VL checkpoint; None writes a tiny random one into the run directory."""
+    tiny_seed: int = 0
+    """Seed of the tiny checkpoint when ``path`` is None."""
+
+
+class WarmStartSection(ConfigModel):
+    """Supervised warm start on oracle demonstrations, so RL starts from non-zero success."""
+
+    enabled: bool = True
+    episodes_per_task: int = Field(default=1, ge=1)
+    """Oracle episodes recorded per task of the suite."""
+    steps: int = Field(default=60, ge=1)
+    """SFT optimizer steps."""
+    batch_size: int = Field(default=16, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    max_seconds: float = Field(default=300.0, gt=0)
+    """Stop SFT early past this wall time."""
+
+
+class RunConfig(ConfigModel):
+    """Everything a run needs; each service reads its own section plus bus/store/telemetry."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    bus: BusConfig = Field(default_factory=BusConfig)
+    store: StoreConfig | None = None
+    """Artifact store; None uses ``file://<run_dir>/artifacts``."""
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+    suite: str = "builtin:smoke"
+    """Task suite: ``builtin:<name>`` for a shipped sim suite, or a suite file path."""
+    env: EnvServiceConfig = Field(default_factory=EnvServiceConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Trainer settings; ``model_path`` is filled in by ``dart run``."""
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Load a run config file (environment overrides ``DART_<SECTION>__<FIELD>`` apply)."""
+    return load_config(RunConfig, path)
+
+
+def store_config(config: RunConfig) -> StoreConfig:
+    """The artifact store of the run (the run directory's local store by default)."""
+    if config.store is not None:
+        return config.store
+    if config.run.run_dir is None:
+        raise ValueError("run.run_dir is not set: resolve the config with `dart run` first")
+    return StoreConfig(uri=(config.run.run_dir.resolve() / "artifacts").as_uri())
+
+
+def load_tasks(config: RunConfig) -> list:  # type: ignore[type-arg]
+    """The suite's tasks."""
+    from dart.env.sim import load_builtin_suite
+    from dart.env.suite import load_suite
+
+    if config.suite.startswith("builtin:"):
+        return list(load_builtin_suite(config.suite.removeprefix("builtin:")).tasks)
+    return list(load_suite(config.suite).tasks)

@@ -1,0 +1,297 @@
+"""``dart run CONFIG``: the whole pipeline on one machine, with the code paths of a distributed run.
+
+Phases: resolve the run directory -> start an embedded nats-server -> write (or take) the initial
+policy -> warm start on oracle demonstrations -> start the four services as ``dart serve``
+processes -> decoupled RL for ``run.rl_duration_s`` with live progress -> stop rollout first, let
+dart-data ingest every published trajectory, stop the rest -> write ``summary.json`` and print it
+as the last line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks
+from dart.cli.stack.progress import RunProgress
+from dart.cli.stack.summary import build_summary
+from dart.protocol.bus import Bus
+from dart.protocol.config import dump_config
+from dart.protocol.messages import ModelVersion
+from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+
+console = Console(stderr=True)
+
+
+def resolve(config: RunConfig, config_path: Path) -> RunConfig:
+    """Give the run its directory (``<runs_root>/<name>-<UTC time>``)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run_dir = (config.run.runs_root / f"{config.run.name}-{stamp}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "source-config.yaml").write_text(config_path.read_text())
+    return config.model_copy(update={"run": config.run.model_copy(update={"run_dir": run_dir})})
+
+
+def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
+    """Write the tiny checkpoint if needed, then warm-start it; returns the version-0 policy path."""
+    import torch
+
+    from dart.cli.stack.warmstart import record_demos, run_sft, save_policy
+
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    info: dict[str, Any] = {}
+    tasks = load_tasks(config)
+    if config.model.path is None:
+        from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, write_tiny_checkpoint
+
+        base = run_dir / "model" / "base"
+        t0 = time.monotonic()
+        texts = list(DEFAULT_INSTRUCTIONS) + [t.instruction for t in tasks if t.instruction]
+        write_tiny_checkpoint(base, seed=config.model.tiny_seed, vocab_texts=texts)
+        info["model_init_s"] = round(time.monotonic() - t0, 1)
+        console.log(f"wrote tiny Qwen2.5-VL checkpoint to {base}")
+    else:
+        base = config.model.path.resolve()
+    ws = config.warm_start
+    if not ws.enabled:
+        return base, info
+    from dart.train.backend import TorchBackend
+
+    t0 = time.monotonic()
+    train_cfg = config.train.model_copy(update={"model_path": str(base), "lr": ws.lr})
+    backend = TorchBackend.load(train_cfg)
+    demos, episodes = asyncio.run(
+        record_demos(
+            tasks,
+            backend.processor,
+            episodes_per_task=ws.episodes_per_task,
+            max_images=config.rollout.runner.max_images,
+            image_size=config.rollout.runner.image_size,
+            seed=config.run.seed,
+        )
+    )
+    console.log(f"warm start: {len(demos)} oracle steps from {episodes} episodes")
+
+    def on_step(step: int, loss: float) -> None:
+        if step == 1 or step % 10 == 0:
+            console.log(f"warm start step {step}: loss {loss:.3f}")
+
+    steps, first, last = run_sft(
+        backend,
+        demos,
+        steps=ws.steps,
+        batch_size=ws.batch_size,
+        max_seconds=ws.max_seconds,
+        seed=config.run.seed,
+        on_step=on_step,
+    )
+    out = run_dir / "model" / "sft"
+    save_policy(backend, base, out)
+    info.update(
+        warm_start_demos=len(demos),
+        warm_start_steps=steps,
+        warm_start_first_loss=round(first, 4),
+        warm_start_last_loss=round(last, 4),
+        warm_start_s=round(time.monotonic() - t0, 1),
+    )
+    return out, info
+
+
+def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig:
+    """Fill in what the services need: bus URL, policy path, database, engine config."""
+    from dart.rollout.engine.hf import HFEngineConfig
+
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    threads = config.run.torch_threads
+    engine = config.rollout.engine or HFEngineConfig(model_path=str(policy))
+    engine = engine.model_copy(update={"model_path": str(policy), "num_threads": engine.num_threads or threads})
+    train = config.train.model_copy(
+        update={
+            "model_path": str(policy),
+            "num_threads": config.train.num_threads or threads,
+            "checkpoint_dir": config.train.checkpoint_dir or str(run_dir / "checkpoints"),
+        }
+    )
+    bus = config.bus.model_copy(update={"url": nats_url}) if nats_url else config.bus
+    data = config.data.model_copy(update={"database_url": f"sqlite:///{run_dir / 'data.sqlite3'}"})
+    return config.model_copy(
+        update={
+            "bus": bus,
+            "train": train,
+            "data": data,
+            "rollout": config.rollout.model_copy(update={"engine": engine}),
+        }
+    )
+
+
+def spawn(service: str, config_file: Path, run_dir: Path) -> subprocess.Popen[bytes]:
+    """Start ``dart serve <service>`` as a child process logging to ``logs/<service>.log``."""
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    log = open(log_dir / f"{service}.log", "ab")  # noqa: SIM115 - the child owns it
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dart.cli", "serve", service, "--config", str(config_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """SIGTERM, wait, then SIGKILL; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return int(proc.returncode)
+
+
+def _table(progress: RunProgress, elapsed: float, produced: int, version: int, now_ns: int) -> Table:
+    table = Table(title=f"DART run: {elapsed:.0f}s of RL", show_header=False)
+    stats = progress.last_events.get("data.stats", {})
+    batch = progress.last_events.get("data.batch", {})
+    step = progress.last_events.get("trainer.step", {})
+
+    def pct(kind: str) -> str:
+        u = progress.utilization(kind, now_ns)
+        return "-" if u is None else f"{u:.0%}"
+
+    rows = [
+        ("trajectories", f"{produced} ({produced / max(elapsed, 1e-9):.2f}/s)"),
+        ("stored", str(stats.get("stored", "-"))),
+        ("success rate (per-task EMA)", _fmt(_mean(stats.get("task_success")))),
+        ("policy version", str(version)),
+        ("staleness (last batch)", str(batch.get("max_staleness", batch.get("staleness", "-")))),
+        ("trainer step / loss", f"{step.get('step', '-')} / {_fmt(step.get('loss'))}"),
+        ("engine weight updates", str(progress.updates)),
+        ("utilization env / engine / trainer", f"{pct('env')} / {pct('engine')} / {pct('trainer')}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _mean(values: Any) -> float | None:
+    if isinstance(values, dict) and values:
+        return sum(float(v) for v in values.values()) / len(values)
+    return None
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else str(value))
+
+
+async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """Show progress for the RL phase, then stop the services in order; returns the summary figures."""
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
+    try:
+        state = await ensure_topology(bus)
+        start_ns = time.time_ns()
+        progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
+        deadline = time.monotonic() + config.run.rl_duration_s
+        failed: str | None = None
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(1.0)
+                progress.poll()
+                produced = (await bus.stream_state("traj")).messages
+                latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+                version = latest.version if latest else 0
+                now = time.time_ns()
+                live.update(_table(progress, (now - start_ns) / 1e9, produced, version, now))
+                dead = [name for name, p in procs.items() if p.poll() is not None]
+                if dead:
+                    failed = f"service(s) exited early: {', '.join(dead)} (see {run_dir / 'logs'})"
+                    break
+        end_ns = time.time_ns()
+        # Stop producing first, then let dart-data ingest everything that was published.
+        stop_process(procs["rollout"], config.run.stop_timeout_s)
+        drain_deadline = time.monotonic() + config.run.stop_timeout_s
+        while time.monotonic() < drain_deadline:
+            consumer = await bus.consumer_state("traj", durable_name(bus, "traj"))
+            if consumer.num_pending == 0 and consumer.num_ack_pending == 0:
+                break
+            await asyncio.sleep(0.5)
+        codes = {name: stop_process(procs[name], config.run.stop_timeout_s) for name in ("data", "train", "env")}
+        produced = (await bus.stream_state("traj")).messages
+        latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        return {
+            "produced": produced,
+            "versions": latest.version if latest else 0,
+            "rl_start_ns": start_ns,
+            "rl_end_ns": end_ns,
+            "failed": failed,
+            "exit_codes": {"rollout": procs["rollout"].returncode, **codes},
+            "engine_updates": progress.updates,
+        }
+    finally:
+        await bus.close()
+
+
+def run(config_path: Path) -> dict[str, Any]:
+    """Run the pipeline described by ``config_path``; returns the summary."""
+    from dart.embedded.nats import EmbeddedNats
+
+    config = resolve(load_run_config(config_path), config_path)
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    console.log(f"run directory: {run_dir}")
+    started = time.monotonic()
+    nats = EmbeddedNats(store_dir=run_dir / "nats") if config.run.embedded_nats else None
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        if nats is not None:
+            nats.start()
+            console.log(f"embedded nats-server at {nats.url}")
+        policy, info = prepare_policy(config)
+        config = finalize(config, policy, nats.url if nats else None)
+        config_file = run_dir / "config.yaml"
+        config_file.write_text(dump_config(config))
+        for service in SERVICES:
+            procs[service] = spawn(service, config_file, run_dir)
+        console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
+        figures = asyncio.run(monitor(config, procs))
+    finally:
+        for proc in procs.values():
+            stop_process(proc, 10.0)
+        if nats is not None:
+            nats.stop()
+    summary = build_summary(
+        run_dir,
+        produced=figures["produced"],
+        versions=figures["versions"],
+        rl_start_ns=figures["rl_start_ns"],
+        rl_end_ns=figures["rl_end_ns"],
+        extra={
+            **info,
+            "engine_weight_updates": figures["engine_updates"],
+            "service_exit_codes": figures["exit_codes"],
+            "error": figures["failed"],
+            "total_seconds": round(time.monotonic() - started, 1),
+        },
+    )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,98 @@
+"""Start and stop one DART service from a run config: the code behind ``dart serve``.
+
+Lifecycle of a served service: ``telemetry set up -> bus connected -> service started -> running``
+until SIGINT/SIGTERM ``-> service stopped gracefully -> bus drained -> telemetry flushed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from dart.cli.stack.config import RunConfig, ServiceName, load_tasks, store_config
+from dart.protocol.bus import Bus
+from dart.protocol.store import open_store
+from dart.protocol.telemetry import Telemetry, TelemetryConfig, setup_telemetry
+
+log = logging.getLogger(__name__)
+
+
+def service_telemetry(config: RunConfig, service: ServiceName) -> Telemetry:
+    """Telemetry of one service, writing ``<run_dir>/telemetry/<service>.jsonl``."""
+    from dart.cli import __version__
+
+    tel_config: TelemetryConfig = config.telemetry
+    if config.run.run_dir is not None and tel_config.jsonl_path is None:
+        tel_config = tel_config.model_copy(update={"jsonl_path": config.run.run_dir / "telemetry" / f"{service}.jsonl"})
+    return setup_telemetry(f"dart-{service}", version=__version__, run_id=config.run.name, config=tel_config)
+
+
+async def serve(config: RunConfig, service: ServiceName, stop: asyncio.Event | None = None) -> None:
+    """Run one service until ``stop`` is set or the process gets SIGINT/SIGTERM."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if config.run.torch_threads:
+        with contextlib.suppress(ImportError):
+            import torch
+
+            torch.set_num_threads(config.run.torch_threads)
+    telemetry = service_telemetry(config, service)
+    bus_config = config.bus.model_copy(update={"run": config.run.name, "name": f"dart-{service}"})
+    try:
+        with telemetry.activate():
+            telemetry.event("service.start", service=service)
+            bus = await Bus.connect(bus_config, tracer_provider=telemetry.tracer_provider)
+            try:
+                await _run_service(config, service, bus, telemetry, stop)
+            finally:
+                await bus.drain()
+            telemetry.event("service.stop", service=service)
+    finally:
+        telemetry.shutdown()
+
+
+async def _run_service(
+    config: RunConfig, service: ServiceName, bus: Bus, telemetry: Telemetry, stop: asyncio.Event
+) -> None:
+    handle: Any
+    if service == "env":
+        from dart.env.service import EnvService
+
+        handle = EnvService(config.env, bus, telemetry=telemetry)
+        await handle.start()
+        await stop.wait()
+        await handle.stop()
+    elif service == "data":
+        from dart.data import DataService
+
+        store = open_store(store_config(config))
+        handle = DataService(config.data, bus, store, load_tasks(config), telemetry)
+        await handle.start()
+        await stop.wait()
+        await handle.stop()
+    elif service == "train":
+        from dart.train.service import TrainerService
+
+        scfg = store_config(config)
+        handle = await TrainerService.start(config.train, bus, open_store(scfg), store_config=scfg, telemetry=telemetry)
+        runner = asyncio.create_task(handle.run())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        await handle.stop()
+        stopper.cancel()
+        await runner  # surfaces a training crash instead of hiding it
+    elif service == "rollout":
+        from dart.rollout.service import RolloutService
+
+        handle = RolloutService(config.rollout, bus, telemetry=telemetry)
+        await handle.start()
+        await stop.wait()
+        await handle.stop()
+    else:  # pragma: no cover - typer restricts the choice
+        raise ValueError(f"unknown service {service!r}")

@@ -1,0 +1,97 @@
+"""The end-of-run summary: figures computed from the run's own records, never assumed.
+
+- versions published: the newest ModelVersion in the state bucket;
+- trajectories produced: messages on the trajectory stream; stored: rows in dart-data's index;
+  lost: produced minus stored;
+- success rates: trainable RL trajectories (ok/truncated, experience-pool replays excluded) in
+  order of finish, first and last quarter;
+- utilization: busy records of each resource kind over the RL window (telemetry JSONL).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from dart.protocol.telemetry import resource_utilization
+
+
+def trajectory_outcomes(db_path: Path) -> list[tuple[float, bool, int]]:
+    """(finished_at, success, max_policy_version) of trainable, non-pooled trajectories, by finish time."""
+    if not db_path.is_file():
+        return []
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "SELECT finished_at, success, max_policy_version FROM trajectories "
+            "WHERE status IN ('ok', 'truncated') AND NOT pooled ORDER BY finished_at"
+        ).fetchall()
+    finally:
+        con.close()
+    return [(float(a), bool(b), int(c)) for a, b, c in rows]
+
+
+def stored_count(db_path: Path) -> int:
+    """Trajectories in the index (all statuses)."""
+    if not db_path.is_file():
+        return 0
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        return int(con.execute("SELECT COUNT(*) FROM trajectories").fetchone()[0])
+    finally:
+        con.close()
+
+
+def quarter_success(outcomes: list[tuple[float, bool, int]]) -> tuple[float | None, float | None]:
+    """Success rate of the first and the last quarter of the outcomes (None when too few)."""
+    n = len(outcomes) // 4
+    if n == 0:
+        return None, None
+    first = sum(s for _, s, _ in outcomes[:n]) / n
+    last = sum(s for _, s, _ in outcomes[-n:]) / n
+    return first, last
+
+
+def utilization_by_kind(telemetry_dir: Path, start_ns: int, end_ns: int) -> dict[str, float]:
+    """Mean utilization per resource kind over a window."""
+    per = resource_utilization(telemetry_dir, start_ns=start_ns, end_ns=end_ns)
+    out: dict[str, list[float]] = {}
+    for (kind, _), u in per.items():
+        out.setdefault(kind, []).append(u.utilization)
+    return {kind: sum(v) / len(v) for kind, v in out.items()}
+
+
+def build_summary(
+    run_dir: Path,
+    *,
+    produced: int,
+    versions: int,
+    rl_start_ns: int,
+    rl_end_ns: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The summary dict printed as the run's last line and written to ``summary.json``."""
+    db = run_dir / "data.sqlite3"
+    stored = stored_count(db)
+    outcomes = trajectory_outcomes(db)
+    first, last = quarter_success(outcomes)
+    util = utilization_by_kind(run_dir / "telemetry", rl_start_ns, rl_end_ns)
+    rl_seconds = (rl_end_ns - rl_start_ns) / 1e9
+    return {
+        "run_dir": str(run_dir),
+        "versions_published": versions,
+        "trajectories_produced": produced,
+        "trajectories_stored": stored,
+        "trajectories_lost": produced - stored,
+        "trainable_trajectories": len(outcomes),
+        "success_rate_first_quarter": first,
+        "success_rate_last_quarter": last,
+        "success_rate_overall": (sum(s for _, s, _ in outcomes) / len(outcomes)) if outcomes else None,
+        "env_utilization": util.get("env"),
+        "engine_utilization": util.get("engine"),
+        "trainer_utilization": util.get("trainer"),
+        "rl_seconds": round(rl_seconds, 1),
+        "trajectories_per_minute": round(produced / rl_seconds * 60, 2) if rl_seconds > 0 else None,
+        **extra,
+    }

@@ -1,0 +1,126 @@
+"""Warm start: supervised training on oracle demonstrations from the sim env.
+
+The paper starts RL from a capable base model (UI-TARS-1.5-7B). A random tiny model has no such
+start, so before RL the policy imitates the sim env's oracle: demonstrations are recorded with the
+exact prompt builder and tokenization the rollout engines use, then the trainer's SFT step
+minimizes their response NLL. The result is saved as a checkpoint that engines and trainer load as
+policy version 0.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dart.protocol.messages import TaskSpec
+
+
+@dataclass(frozen=True)
+class WarmStartResult:
+    """What the warm start did.
+
+    Attributes:
+        demos: Demonstration steps recorded.
+        episodes: Oracle episodes recorded.
+        steps: SFT optimizer steps taken.
+        first_loss: Response NLL at the first step, nats per token.
+        last_loss: Response NLL at the last step.
+        seconds: Wall time.
+    """
+
+    demos: int
+    episodes: int
+    steps: int
+    first_loss: float
+    last_loss: float
+    seconds: float
+
+
+async def record_demos(
+    tasks: Sequence[TaskSpec],
+    processor: Any,
+    *,
+    episodes_per_task: int,
+    max_images: int,
+    image_size: int | None,
+    seed: int,
+) -> tuple[list[Any], int]:
+    """Roll out the sim oracle on every task and tokenize each step as the rollout engine would."""
+    from dart.env.sim import LatencyConfig, SimConfig, SimEnv
+    from dart.rollout.action_grammar import format_output
+    from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
+    from dart.train.sft import SftSample
+
+    env = SimEnv(SimConfig(latency=LatencyConfig(scale=0.0)))
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    demos: list[SftSample] = []
+    episodes = 0
+    try:
+        await env.start()
+        for rep in range(episodes_per_task):
+            for task in tasks:
+                observation, instruction = await env.reset(task, seed=seed + rep)
+                history: list[HistoryStep] = []
+                for _ in range(task.max_steps):
+                    step = env.oracle_action()
+                    if step is None:
+                        break
+                    thought, action = step
+                    prompt = build_prompt(
+                        instruction, observation.screenshot, history, max_images=max_images, image_size=image_size
+                    )
+                    encoded = encode_prompt(processor, prompt)
+                    text = format_output(thought, action)
+                    response = processor.tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
+                    demos.append(SftSample(list(encoded.input_ids), list(response), list(prompt.images)))
+                    history.append(HistoryStep(text, observation.screenshot))
+                    observation, done, _ = await env.step(action)
+                    if done:
+                        break
+                episodes += 1
+    finally:
+        await env.close()
+    return demos, episodes
+
+
+def run_sft(
+    backend: Any,
+    demos: Sequence[Any],
+    *,
+    steps: int,
+    batch_size: int,
+    max_seconds: float,
+    seed: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> tuple[int, float, float]:
+    """SFT steps on random mini-batches of demos; returns (steps, first loss, last loss)."""
+    from dart.train.sft import sft_step
+
+    rng = random.Random(seed)
+    started = time.monotonic()
+    first = last = float("nan")
+    done = 0
+    for done in range(1, steps + 1):
+        batch = rng.sample(list(demos), min(batch_size, len(demos)))
+        metrics = sft_step(backend, batch)
+        last = metrics.loss
+        if done == 1:
+            first = metrics.loss
+        if on_step is not None:
+            on_step(done, metrics.loss)
+        if time.monotonic() - started > max_seconds:
+            break
+    return done, first, last
+
+
+def save_policy(backend: Any, source: Path, out: Path) -> None:
+    """Save the trained weights as a complete checkpoint (config, tokenizer, processor, weights)."""
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(source, out)
+    backend.model.save_pretrained(out)
