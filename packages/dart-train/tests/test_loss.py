@@ -80,6 +80,17 @@ def test_mask_excludes_tokens_and_token_mean() -> None:
     assert logp.grad is not None and logp.grad[:, 2].abs().sum() == 0.0
 
 
+def test_fractional_mask_is_a_weighted_mean_and_empty_mask_is_zero() -> None:
+    logp = torch.zeros(2, 1, requires_grad=True)
+    adv = torch.tensor([1.0, -1.0])
+    weights = torch.tensor([[0.3], [0.1]])
+    loss, m = grpo_loss(logp, logp.detach(), logp.detach(), adv, weights, LossConfig())
+    assert loss.item() == pytest.approx(-(0.3 - 0.1) / 0.4)
+    assert m["ratio_mean"] == pytest.approx(1.0)
+    empty, _ = grpo_loss(logp, logp.detach(), logp.detach(), adv, torch.zeros(2, 1), LossConfig())
+    assert empty.item() == 0.0
+
+
 def test_kl_penalty_is_zero_at_reference_and_positive_away() -> None:
     logp = torch.full((1, 2), -1.0, requires_grad=True)
     cfg = LossConfig(kl_coef=0.1)

@@ -220,6 +220,7 @@ class TorchBackend:
             logp_old = [self.forward_logprobs(x)[0] for x in inputs]
         rollout = [torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=self.device) for s in samples]
         total_tokens = sum(x.response_len for x in inputs)
+        token_weight = self._token_weights(samples, [x.response_len for x in inputs])
         mismatch = float(sum((o - r).abs().sum() for o, r in zip(logp_old, rollout, strict=True))) / total_tokens
 
         sums = dict.fromkeys(("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction"), 0.0)
@@ -233,9 +234,11 @@ class TorchBackend:
             old, _ = pad_rows([logp_old[i] for i in idx])
             roll, _ = pad_rows([rollout[i] for i in idx])
             adv = torch.tensor([samples[i].advantage for i in idx], dtype=torch.float32, device=self.device)
-            loss, metrics = grpo_loss(logp, old, roll, adv, mask.to(self.device), self.loss_config)
-            # grpo_loss is a token mean over this micro-batch; weight it so the batch loss is a token mean too.
-            share = sum(inputs[i].response_len for i in idx) / total_tokens
+            # Per-token weights ride in the mask: grpo_loss normalizes by the mask's sum, so it returns the
+            # weighted mean over this micro-batch, and ``share`` scales it to its part of the batch total.
+            weights = mask.to(self.device) * torch.tensor([token_weight[i] for i in idx], device=self.device)[:, None]
+            loss, metrics = grpo_loss(logp, old, roll, adv, weights, self.loss_config)
+            share = sum(token_weight[i] * inputs[i].response_len for i in idx)
             (loss * share).backward()
             for key in sums:
                 sums[key] += metrics[key] * share
@@ -256,6 +259,16 @@ class TorchBackend:
             advantage_mean=sum(s.advantage for s in samples) / len(samples),
             duration_s=time.perf_counter() - started,
         )
+
+    def _token_weights(self, samples: Sequence[TrainingSample], lengths: Sequence[int]) -> list[float]:
+        """Weight of each token of each sample; the weights of all tokens of the batch sum to 1."""
+        if self.config.loss_aggregation == "token_mean":
+            total = sum(lengths)
+            return [1.0 / total] * len(samples)
+        per_traj: dict[str, int] = {}
+        for s, n in zip(samples, lengths, strict=True):
+            per_traj[s.trajectory_id] = per_traj.get(s.trajectory_id, 0) + n
+        return [1.0 / (len(per_traj) * per_traj[s.trajectory_id]) for s in samples]
 
     # --- weights ------------------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:

@@ -48,6 +48,11 @@ class TrainerConfig(ConfigModel):
     """Samples per forward/backward pass; gradients accumulate over a batch's micro-batches."""
     loss: LossSettings = Field(default_factory=LossSettings)
     """The policy-gradient objective."""
+    loss_aggregation: Literal["trajectory_mean", "token_mean"] = "trajectory_mean"
+    """How token losses are averaged over a batch. ``token_mean`` weights every token equally, so long
+    trajectories (failures that ran to max_steps have the most steps) dominate the gradient with their
+    negative advantages; ``trajectory_mean`` gives every trajectory the same total weight, spread over
+    its steps' tokens, so successes and failures of a group count alike."""
     publish_every: int = Field(default=1, ge=1)
     """Publish new weights every this many optimizer steps (K)."""
     checkpoint_every: int | None = Field(default=None, ge=1)

@@ -87,7 +87,8 @@ def grpo_loss(
         logp_old: ``[B, T]`` log-probs under the training policy when the batch was taken.
         logp_rollout: ``[B, T]`` log-probs recorded by the rollout engine.
         advantages: ``[B]`` per-sample (per-step) advantages, broadcast over tokens.
-        mask: ``[B, T]`` 1 for response tokens that count, 0 for padding / unselected tokens.
+        mask: ``[B, T]`` 1 for response tokens that count, 0 for padding / unselected tokens; fractional
+            values weight tokens (the loss is the mask-weighted mean).
         config: Clip, TIS and KL settings.
         logp_ref: ``[B, T]`` reference-policy log-probs, required when ``config.kl_coef > 0``.
 
@@ -101,7 +102,8 @@ def grpo_loss(
             f"logp_rollout {tuple(logp_rollout.shape)}, mask {tuple(mask.shape)}"
         )
     mask = mask.to(logp.dtype)
-    n_tokens = mask.sum().clamp(min=1.0)
+    # The mask may carry fractional per-token weights; an all-zero mask gives a zero loss, not NaN.
+    n_tokens = mask.sum().clamp(min=torch.finfo(mask.dtype).tiny)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - logp_old.detach())
     unclipped = ratio * adv

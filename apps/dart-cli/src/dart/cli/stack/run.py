@@ -142,7 +142,7 @@ def spawn(service: str, config_file: Path, run_dir: Path) -> subprocess.Popen[by
     """Start ``dart serve <service>`` as a child process logging to ``logs/<service>.log``."""
     log_dir = run_dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    log = open(log_dir / f"{service}.log", "ab")  # noqa: SIM115 - the child owns it
+    log = open(log_dir / f"{service}.log", "ab")  # the child owns it; closed here after Popen
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "dart.cli", "serve", service, "--config", str(config_file)],
