@@ -90,7 +90,7 @@ async def _run_service(
     elif service == "rollout":
         from dart.rollout.service import RolloutService
 
-        handle = RolloutService(config.rollout, bus, telemetry=telemetry)
+        handle = RolloutService(config.rollout, bus, telemetry=telemetry, store_config=store_config(config))
         await handle.start()
         await stop.wait()
         await handle.stop()

@@ -26,6 +26,7 @@ from types import TracebackType
 from dart.protocol.bus import Bus, Delivery, PullConsumer
 from dart.protocol.errors import DartError
 from dart.protocol.messages import Trajectory, WorkItem
+from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.base import InferenceEngine
@@ -70,6 +71,7 @@ class RolloutService:
         engines: Engines to use instead of starting ``config.num_engines`` hf engines from
             ``config.engine``; the caller keeps ownership (they are not closed on stop).
         telemetry: Where busy intervals and engine update events go.
+        store_config: Endpoint and credentials for weights announced with ``s3://`` URIs.
     """
 
     def __init__(
@@ -79,12 +81,14 @@ class RolloutService:
         *,
         engines: dict[str, InferenceEngine] | None = None,
         telemetry: Telemetry | None = None,
+        store_config: StoreConfig | None = None,
     ) -> None:
         if engines is None and config.engine is None:
             raise ValueError("RolloutConfig.engine is required unless engines are passed in")
         self.config = config
         self._bus = bus
         self._telemetry = telemetry
+        self._store_config = store_config
         self._given_engines = engines
         self._owned: list[InferenceEngine] = []
         self._router: EngineRouter | None = None
@@ -128,7 +132,9 @@ class RolloutService:
             self._owned = list(started)
             engines = {f"engine-{i}": e for i, e in enumerate(started)}
         self._router = EngineRouter(engines, telemetry=self._telemetry)
-        self._sync = WeightSyncController(engines, self.config.sync, telemetry=self._telemetry)
+        self._sync = WeightSyncController(
+            engines, self.config.sync, telemetry=self._telemetry, store_config=self._store_config
+        )
         await self._sync.start(state)
         durable = durable_name(self._bus, "work")
         for i in range(self.config.runners):

@@ -20,13 +20,16 @@ import contextlib
 import hashlib
 import logging
 import math
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from dart.protocol.bus import KeyValueStore
+from dart.protocol.errors import ConfigError, StoreError
 from dart.protocol.messages import ModelVersion
+from dart.protocol.store import StoreConfig, resolve_uri
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.rollout.engine.base import EngineError, InferenceEngine
@@ -49,19 +52,31 @@ def _sha256_file(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-async def fetch_weights(version: ModelVersion) -> Path:
+async def fetch_weights(
+    version: ModelVersion, *, store_config: StoreConfig | None = None, cache_dir: str | Path | None = None
+) -> Path:
     """A local, sha256-verified path of ``version``'s safetensors weights.
 
-    Supports ``file://`` URIs (read in place). This is the one place that resolves weight URIs,
-    so switching to the artifact store client (``s3://`` and store-relative URIs) changes only it.
+    ``file://`` URIs are read in place; ``s3://`` URIs are downloaded through the artifact store
+    (``store_config`` gives the endpoint and credentials) into ``cache_dir`` (a temporary directory
+    by default), once per version. This is the one place that resolves weight URIs.
 
     Raises:
-        WeightFetchError: Unsupported scheme, missing file, or a sha256 mismatch.
+        WeightFetchError: Unsupported scheme, missing object, or a sha256 mismatch.
     """
     parsed = urlparse(version.uri)
-    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        raise WeightFetchError(version.uri, version.version, "only file:// weight URIs are supported here so far")
-    path = Path(unquote(parsed.path))
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        path = Path(unquote(parsed.path))
+    elif parsed.scheme == "s3":
+        directory = Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "dart-weights"
+        path = directory / f"v{version.version}-{version.sha256[:16]}.safetensors"
+        if not path.is_file():
+            try:
+                await asyncio.to_thread(_download, version.uri, path, store_config)
+            except (StoreError, ConfigError) as exc:
+                raise WeightFetchError(version.uri, version.version, str(exc)) from exc
+    else:
+        raise WeightFetchError(version.uri, version.version, "weight URIs must be file:// or s3://")
     # Hashing a multi-GB file takes seconds: keep it off the event loop.
     actual = await asyncio.to_thread(_sha256_file, path)
     if actual is None:
@@ -69,6 +84,13 @@ async def fetch_weights(version: ModelVersion) -> Path:
     if actual != version.sha256:
         raise WeightFetchError(version.uri, version.version, f"sha256 is {actual}, announced {version.sha256}")
     return path
+
+
+def _download(uri: str, path: Path, store_config: StoreConfig | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store, key = resolve_uri(uri, store_config)
+    with store:
+        store.get_to_file(key, path)
 
 
 @dataclass(frozen=True)
@@ -117,12 +139,19 @@ class WeightSyncController:
         engines: Engines by id.
         config: Mode and how many engines may update at once.
         telemetry: Where ``engine.update.*`` events go; None uses the active telemetry, if any.
+        store_config: Endpoint and credentials for ``s3://`` weight URIs.
     """
 
     def __init__(
-        self, engines: dict[str, InferenceEngine], config: SyncConfig, *, telemetry: Telemetry | None = None
+        self,
+        engines: dict[str, InferenceEngine],
+        config: SyncConfig,
+        *,
+        telemetry: Telemetry | None = None,
+        store_config: StoreConfig | None = None,
     ) -> None:
         self._engines = dict(engines)
+        self._store_config = store_config
         self._config = config
         self._telemetry = telemetry
         self._limit = max_concurrent_updates(len(self._engines), config)
@@ -176,7 +205,7 @@ class WeightSyncController:
             if not stale:
                 return []
             try:
-                path = await fetch_weights(version)
+                path = await fetch_weights(version, store_config=self._store_config, cache_dir=self._config.cache_dir)
             except WeightFetchError:
                 self.failed_fetches += 1
                 raise
