@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO), kept here so dart-data does not depend on the trainer.
+"""Group-relative advantages (GRPO): dart-data computes them when it forms batches; the trainer only reads them.
 
 Each trajectory's advantage is its reward normalized within its group:
 ``(r - mean(r)) / (std(r) + eps)``; step-wise GRPO gives every step its trajectory's advantage.
@@ -31,3 +31,8 @@ def group_advantages(rewards: Sequence[float], *, eps: float = 1e-6, scale_by_st
         return centred
     std = math.sqrt(sum(c * c for c in centred) / len(rewards))
     return [c / (std + eps) for c in centred]
+
+
+def has_variance(rewards: Sequence[float], tol: float = 1e-9) -> bool:
+    """Whether a group's rewards differ (otherwise every advantage is zero)."""
+    return bool(rewards) and max(rewards) - min(rewards) > tol

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dart.data.advantages import has_variance
 from dart.protocol.messages import Trajectory
 
 
@@ -149,7 +150,7 @@ class GroupAssembler:
             self._dropped(gid, group.task_id, "too_small")
             return []
         rewards = [t.reward for t in members]
-        if self.policy.drop_zero_variance and max(rewards) - min(rewards) <= 1e-9:
+        if self.policy.drop_zero_variance and not has_variance(rewards):
             self.drops["zero_variance"] += len(members)
             self._dropped(gid, group.task_id, "zero_variance")
             return []

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dart.train.advantages import group_advantages, has_variance
+from dart.data.advantages import group_advantages, has_variance
 
 pytestmark = pytest.mark.unit
 
