@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,20 +14,11 @@ from safetensors.torch import save_file
 from dart.rollout.engine.base import EngineState, GenerationRequest, WeightUpdateError
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
-from dart.rollout.model.tiny import write_tiny_checkpoint
 
 pytestmark = pytest.mark.unit
 
 # float32 on CPU: batched, left-padded, KV-cached decoding vs one unpadded forward pass agree to ~1e-6.
 LOGPROB_TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = tmp_path_factory.mktemp("tiny")
-    write_tiny_checkpoint(path, seed=0)
-    return path
 
 
 @pytest.fixture

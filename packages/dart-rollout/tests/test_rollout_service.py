@@ -3,54 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 
-from dart.env.service import EnvService, EnvServiceConfig, register_backend, unregister_backend
-from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
+from dart.env.service import EnvService, EnvServiceConfig
+from dart.env.sim import LatencyConfig, SimConfig, sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import Action, Observation, Trajectory, TrajectoryStatus, Wait, WorkItem
-from dart.protocol.messages.observation import MetadataValue
+from dart.protocol.messages import Trajectory, TrajectoryStatus, WorkItem
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.hf import HFEngineConfig
-from dart.rollout.model.tiny import write_tiny_checkpoint
 from dart.rollout.service import RolloutConfig, RolloutService, RunnerConfig
 from dart.rollout.service.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration
 
 FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
-
-
-class CrashOnWait(SimEnv):
-    """A sim env whose step crashes on ``wait``, like a dying browser."""
-
-    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
-        if isinstance(action, Wait):
-            raise RuntimeError("simulated browser crash")
-        return await super().step(action)
-
-
-@pytest.fixture(autouse=True)
-def _crash_backend() -> Iterator[None]:
-    register_backend("svc-crash-on-wait", lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
-    yield
-    unregister_backend("svc-crash-on-wait")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = tmp_path_factory.mktemp("tiny")
-    write_tiny_checkpoint(path, seed=0)
-    return path
 
 
 @pytest.fixture
@@ -133,7 +106,7 @@ async def test_two_hf_engines_four_runners_turn_eight_items_into_eight_trajector
 
 
 async def test_env_failure_publishes_env_failed_and_acks(bus: Bus) -> None:
-    env = await start_env(bus, backend="svc-crash-on-wait", instances=1)
+    env = await start_env(bus, backend="rollout-crash-on-wait", instances=1)
     engine = ScriptedEngine(["Action: wait()"])
     config = RolloutConfig(runners=2, runner=RunnerConfig(pool=env.config.pool), fetch_timeout_s=0.2)
     try:

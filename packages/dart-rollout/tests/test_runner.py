@@ -7,25 +7,22 @@ it drives the runner's status logic with oracle-like outputs; bus and env servic
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dart.env.service import EnvService, EnvServiceConfig, register_backend, unregister_backend
-from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
-from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import Action, Observation, Trajectory, TrajectoryStatus, Wait, WorkItem
+from dart.env.service import EnvService, EnvServiceConfig
+from dart.env.sim import LatencyConfig, SimConfig, sim_task
+from dart.protocol.bus import Bus
+from dart.protocol.messages import Trajectory, TrajectoryStatus, WorkItem
 from dart.protocol.messages.codec import decode, encode
-from dart.protocol.messages.observation import MetadataValue
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.rollout.engine.base import EngineError
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.model.tiny import write_tiny_checkpoint
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
@@ -34,37 +31,6 @@ from dart.rollout.service.scripted import ScriptedEngine
 pytestmark = pytest.mark.integration
 
 FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
-
-
-class CrashOnWait(SimEnv):
-    """A sim env whose step crashes on ``wait``, like a dying browser."""
-
-    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
-        if isinstance(action, Wait):
-            raise RuntimeError("simulated browser crash")
-        return await super().step(action)
-
-
-@pytest.fixture(autouse=True)
-def _crash_backend() -> Iterator[None]:
-    register_backend("rollout-crash-on-wait", lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
-    yield
-    unregister_backend("rollout-crash-on-wait")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = tmp_path_factory.mktemp("tiny")
-    write_tiny_checkpoint(path, seed=0)
-    return path
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    config = BusConfig(url=nats_url, run=f"r{uuid.uuid4().hex[:8]}", connect_timeout_s=2.0, request_timeout_s=5.0)
-    async with await Bus.connect(config) as connected:
-        yield connected
 
 
 @pytest.fixture

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import time
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
@@ -22,7 +19,6 @@ from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.errors import WeightFetchError
 from dart.rollout.model.prompt import ChatPrompt
-from dart.rollout.model.tiny import write_tiny_checkpoint
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
@@ -105,21 +101,6 @@ async def test_bad_sha256_or_missing_file_changes_no_engine(tmp_path: Path) -> N
     with pytest.raises(WeightFetchError, match="not a file"):
         await sync.apply(_model_version(tmp_path / "gone.safetensors", 2, sha256="0" * 64))
     assert engine.version == 0 and sync.failed_fetches == 2 and sync.updates == []
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = tmp_path_factory.mktemp("tiny")
-    write_tiny_checkpoint(path, seed=0)
-    return path
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    config = BusConfig(url=nats_url, run=f"s{uuid.uuid4().hex[:8]}", connect_timeout_s=2.0, request_timeout_s=5.0)
-    async with await Bus.connect(config) as connected:
-        yield connected
 
 
 @pytest.mark.integration

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,6 @@ from dart.rollout.model.prompt import IMAGE_PLACEHOLDER, HistoryStep, build_prom
 from dart.rollout.model.tiny import MANIFEST_NAME, write_tiny_checkpoint
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = tmp_path_factory.mktemp("tiny")
-    write_tiny_checkpoint(path, seed=0)
-    return path
 
 
 def test_checkpoint_loads_offline_with_manifest(checkpoint: Path) -> None:

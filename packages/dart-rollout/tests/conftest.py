@@ -1,0 +1,53 @@
+"""Shared fixtures of dart-rollout's tests: one tiny checkpoint per session, a bus per test, a crashing env."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from dart.env.service import register_backend, unregister_backend
+from dart.env.sim import SimEnv
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import Action, Observation, Wait
+from dart.protocol.messages.observation import MetadataValue
+from dart.rollout.model.tiny import write_tiny_checkpoint
+
+CRASH_BACKEND = "rollout-crash-on-wait"
+"""Env backend name of :class:`CrashOnWait`, registered for every test."""
+
+
+class CrashOnWait(SimEnv):
+    """A sim env whose step crashes on ``wait``, like a dying browser."""
+
+    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
+        if isinstance(action, Wait):
+            raise RuntimeError("simulated browser crash")
+        return await super().step(action)
+
+
+@pytest.fixture(autouse=True)
+def _crash_backend() -> Iterator[None]:
+    register_backend(CRASH_BACKEND, lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
+    yield
+    unregister_backend(CRASH_BACKEND)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2.5-VL checkpoint, written once per session (tests must not modify it)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = tmp_path_factory.mktemp("tiny")
+    write_tiny_checkpoint(path, seed=0)
+    return path
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    """A bus with its own run id, so each test has its own streams."""
+    config = BusConfig(url=nats_url, run=f"r{uuid.uuid4().hex[:8]}", connect_timeout_s=2.0, request_timeout_s=5.0)
+    async with await Bus.connect(config) as connected:
+        yield connected
