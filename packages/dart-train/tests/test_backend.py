@@ -93,6 +93,19 @@ def test_trajectory_mean_gives_each_trajectory_equal_weight(
     assert token[0] == pytest.approx(1.0 / sum(lengths))
 
 
+def test_kl_to_the_initial_policy_grows_as_training_moves_away(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    backend = _backend(tiny_checkpoint, lr=1e-3, loss={"kl_coef": 0.1})
+    assert backend.ref_model is not None
+    first = backend.train_step(_batch(rollout_samples))
+    assert first.kl == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    for _ in range(2):
+        last = backend.train_step(_batch(rollout_samples))
+    assert last.kl is not None and last.kl > 1e-6
+    assert _backend(tiny_checkpoint).ref_model is None  # no copy kept without a KL term
+
+
 def test_checkpoint_resume_restores_weights_optimizer_and_step(
     tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
 ) -> None:

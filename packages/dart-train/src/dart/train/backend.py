@@ -11,6 +11,7 @@ Everything here is blocking (CPU/GPU work); asyncio callers run it in a worker t
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -48,6 +49,7 @@ class TrainStepMetrics:
         entropy: Token-mean entropy of the current policy on the response tokens, nats.
         advantage_mean: Mean sample advantage.
         duration_s: Wall time of the step, seconds.
+        kl: k3 estimate of KL(policy || reference) before the step, when ``loss.kl_coef > 0``.
     """
 
     step: int
@@ -63,6 +65,7 @@ class TrainStepMetrics:
     entropy: float
     advantage_mean: float
     duration_s: float
+    kl: float | None = None
 
     def as_dict(self) -> dict[str, float | int]:
         """Plain dict, for telemetry events."""
@@ -93,11 +96,12 @@ class TorchBackend:
     def __init__(
         self, config: TrainerConfig, model: Any, processor: Any, image_source: ImageSource | None = None
     ) -> None:
-        if config.loss.kl_coef > 0.0:
-            # A KL term needs a frozen reference model in memory; not implemented by this backend yet.
-            raise TrainerError("loss.kl_coef > 0 is not supported by the torch backend; set it to 0")
         self.config = config
         self.model = model
+        # The KL term compares against the initial policy: a frozen copy, kept only when it is used.
+        self.ref_model: Any = None
+        if config.loss.kl_coef > 0.0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.processor = processor
         self.image_source: ImageSource = image_source or StoreImageSource()
         self.loss_config: LossConfig = config.loss.to_loss_config()
@@ -172,13 +176,14 @@ class TorchBackend:
         ]
         return self.inputs.build(prompt_token_ids, response_token_ids, resized)
 
-    def forward_logprobs(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_logprobs(self, inputs: ModelInputs, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(logp, entropy)`` of the response tokens, each ``(R,)`` float32.
 
         Runs with gradient when autograd is enabled; wrap in ``torch.no_grad()`` for evaluation.
+        ``model`` defaults to the policy being trained (the reference model is the other use).
         """
         kwargs = inputs.kwargs(self.device, self.dtype)
-        logits = self.model(**kwargs, use_cache=False).logits[0]
+        logits = (model or self.model)(**kwargs, use_cache=False).logits[0]
         # Position t predicts token t + 1: the response's R tokens are predicted by positions P-1 .. P+R-2.
         start = inputs.prompt_len - 1
         pred = logits[start : start + inputs.response_len]
@@ -218,12 +223,14 @@ class TorchBackend:
         inputs = [self.sample_inputs(s) for s in samples]
         with torch.no_grad():
             logp_old = [self.forward_logprobs(x)[0] for x in inputs]
+            logp_ref = [self.forward_logprobs(x, self.ref_model)[0] for x in inputs] if self.ref_model else None
         rollout = [torch.tensor(s.rollout_logprobs, dtype=torch.float32, device=self.device) for s in samples]
         total_tokens = sum(x.response_len for x in inputs)
         token_weight = self._token_weights(samples, [x.response_len for x in inputs])
         mismatch = float(sum((o - r).abs().sum() for o, r in zip(logp_old, rollout, strict=True))) / total_tokens
 
-        sums = dict.fromkeys(("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction"), 0.0)
+        keys = ("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction")
+        sums = dict.fromkeys(keys + (("kl",) if logp_ref is not None else ()), 0.0)
         entropy_sum = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         mbs = self.config.micro_batch_size
@@ -237,7 +244,8 @@ class TorchBackend:
             # Per-token weights ride in the mask: grpo_loss normalizes by the mask's sum, so it returns the
             # weighted mean over this micro-batch, and ``share`` scales it to its part of the batch total.
             weights = mask.to(self.device) * torch.tensor([token_weight[i] for i in idx], device=self.device)[:, None]
-            loss, metrics = grpo_loss(logp, old, roll, adv, weights, self.loss_config)
+            ref = pad_rows([logp_ref[i] for i in idx])[0] if logp_ref is not None else None
+            loss, metrics = grpo_loss(logp, old, roll, adv, weights, self.loss_config, logp_ref=ref)
             share = sum(token_weight[i] * inputs[i].response_len for i in idx)
             (loss * share).backward()
             for key in sums:
@@ -258,6 +266,7 @@ class TorchBackend:
             entropy=entropy_sum / total_tokens,
             advantage_mean=sum(s.advantage for s in samples) / len(samples),
             duration_s=time.perf_counter() - started,
+            kl=sums.get("kl"),
         )
 
     def _token_weights(self, samples: Sequence[TrainingSample], lengths: Sequence[int]) -> list[float]:
