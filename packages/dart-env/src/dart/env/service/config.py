@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pydantic import Field, field_validator, model_validator
 
 from dart.env.backend import EnvBackend
+from dart.env.miniwob import MiniWoBConfig
 from dart.env.sim import SimConfig, SimEnv
 from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
@@ -55,6 +56,8 @@ class EnvServiceConfig(ConfigModel):
     restart_backoff_s: float = Field(default=1.0, ge=0.0, le=600.0)
     """Pause before retrying a failed restart, seconds (doubles with each further failure)."""
     sim: SimConfig = Field(default_factory=SimConfig)
+    miniwob: MiniWoBConfig = Field(default_factory=MiniWoBConfig)
+    """Settings of the ``miniwob`` backend (Chromium paths, scale, episode time limit)."""
     """Settings of the ``sim`` backend."""
 
     @field_validator("pool", "instance_prefix")
@@ -126,3 +129,12 @@ def _sim_factory(config: EnvServiceConfig, stream: int) -> EnvBackend:
 
 
 register_backend("sim", _sim_factory)
+
+
+def _miniwob_factory(config: EnvServiceConfig, stream: int) -> EnvBackend:
+    from dart.env.miniwob import MiniWoBEnv
+
+    return MiniWoBEnv(config.miniwob, stream=stream)
+
+
+register_backend("miniwob", _miniwob_factory)
