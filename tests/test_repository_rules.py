@@ -58,13 +58,15 @@ def test_no_subject_literals_outside_subjects_module() -> None:
 
 
 def test_no_machine_paths_secrets_or_ips_in_tracked_files() -> None:
+    # Assembled from parts so this file does not match its own patterns.
+    home, root, key = "/" + "home/[a-z]", "/" + "root/", "AKIA" + "[0-9A-Z]{12}"
     bad = re.compile(
-        r"(/home/[a-z]|/root/|AKIA[0-9A-Z]{12}|BEGIN (RSA|OPENSSH) PRIVATE KEY"
+        rf"({home}|{root}|{key}|BEGIN (RSA|OPENSSH) PRIVATE" + " KEY"
         r"|\b(10\.\d+\.\d+\.\d+|192\.168\.\d+\.\d+|172\.(1[6-9]|2\d|3[01])\.\d+\.\d+)\b)"
     )
     offenders = []
     for path in _tracked_files():
-        if path.suffix in {".lock", ".png"} or path.name == Path(__file__).name:
+        if path.suffix in {".lock", ".png"}:
             continue
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if bad.search(line):
