@@ -193,5 +193,3 @@ async def test_start_refuses_unusable_emission_settings(bus: Bus, tmp_path: Path
     store = LocalStore(tmp_path / "store")
     with pytest.raises(ConfigError, match="emission.enabled"):
         await DataService(config(tmp_path, emission=EmissionConfig()), bus, store, []).start()
-    with pytest.raises(ConfigError, match="emission.mode"):
-        await DataService(config(tmp_path, emission=EmissionConfig(mode="coupled")), bus, store, [TASK]).start()

@@ -93,8 +93,13 @@ class BatchAssembler:
         """Groups waiting in the unfinished batch."""
         return len(self._groups)
 
-    def add(self, group: ReadyGroup) -> tuple[bool, FormedBatch | None]:
+    def add(self, group: ReadyGroup, *, flush_when_full: bool = True) -> tuple[bool, FormedBatch | None]:
         """Add a group's samples.
+
+        Args:
+            group: A ready group.
+            flush_when_full: False holds the group whatever the batch size (coupled mode: the
+                batch is the whole round, formed by :meth:`flush`).
 
         Returns:
             Whether the group had samples (one without is ignored; the caller records it as
@@ -104,6 +109,8 @@ class BatchAssembler:
         if samples:
             self._samples.extend(samples)
             self._groups.append(group)
+        if not flush_when_full:
+            return bool(samples), None
         if len(self._samples) >= self.batching.min_samples or len(self._groups) >= self.batching.max_groups:
             return bool(samples), self.flush()
         return bool(samples), None

@@ -83,7 +83,12 @@ class EmissionConfig(ConfigModel):
     enabled: bool = True
     """Emit work items (off: some other component feeds the rollout service)."""
     mode: Literal["decoupled", "coupled"] = "decoupled"
-    """``decoupled`` keeps the rollout service saturated; ``coupled`` (batch barrier) is reserved."""
+    """``decoupled`` keeps the rollout service saturated; ``coupled`` is the synchronous batch-RL
+    baseline: rounds of ``coupled_tasks_per_round`` groups, a barrier until every trajectory of the
+    round arrived, one training batch per round, and the next round only after the trainer
+    published a new version (see :mod:`dart.data.coupled`). Coupled mode ignores
+    ``max_outstanding`` and ``grouping.max_staleness`` for emission (work items require the current
+    version) and needs the trainer to publish after every batch (``train.publish_every: 1``)."""
     max_outstanding: int = Field(default=64, ge=1)
     """Most trajectories requested but not yet received; a whole group is emitted at once, so a
     group larger than this is emitted only when nothing is outstanding."""
@@ -96,6 +101,12 @@ class EmissionConfig(ConfigModel):
     """Sampling temperature put on work items."""
     max_groups: int | None = Field(default=None, ge=0)
     """Stop after emitting this many groups; None cycles the task list forever."""
+    coupled_tasks_per_round: int = Field(default=8, ge=1)
+    """Coupled mode: groups (tasks) per round, B; a round requests B x the rollout count of each
+    group (``curation.default_rollouts`` unless ``dynamic_rollouts`` varies it)."""
+    coupled_sync_timeout_s: float = Field(default=600.0, gt=0)
+    """Coupled mode: how long to wait for the model version trained on a round before emitting the
+    next round at the old version anyway (logged and counted as ``sync_timeouts``), seconds."""
 
 
 class BatchingConfig(ConfigModel):

@@ -130,6 +130,17 @@ class GroupAssembler:
                 ready.extend(self._close(gid, complete=False))
         return ready
 
+    def close(self, gid: str) -> list[ReadyGroup]:
+        """Close one group now with the members it has (coupled mode's round timeout).
+
+        Returns:
+            The group when it passes the filters; nothing when it is not open (never seen, or
+            already closed) or is dropped.
+        """
+        if gid not in self._open:
+            return []
+        return self._close(gid, complete=False)
+
     @property
     def open_groups(self) -> int:
         """Number of groups still waiting for members."""

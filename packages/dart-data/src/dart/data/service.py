@@ -6,6 +6,10 @@ a redelivery finds the row and changes nothing) -> task statistics and experienc
 ``updated`` (first delivery only) -> ``grouped`` (the assembler ignores a member it already has)
 -> ``acked``. A storage failure naks the delivery, and the server redelivers it later.
 
+Emission runs in one of two modes: ``decoupled`` (keep ``max_outstanding`` trajectories requested,
+batches formed as groups complete) or ``coupled``, the synchronous baseline of rounds with a batch
+barrier (round lifecycle in :mod:`dart.data.coupled`).
+
 Service lifecycle: ``created`` -> :meth:`DataService.start` (migrate the database, reload task
 statistics and the pool, ensure the bus topology, start the loops) -> ``running`` ->
 :meth:`DataService.stop` (cancel the loops, release the consumer and the database) -> ``stopped``.
@@ -28,6 +32,7 @@ from typing import Any, TypeVar
 from dart.data.batches import BatchAssembler
 from dart.data.blobs import StoredTrajectory, TrajectoryBlobs
 from dart.data.config import DataConfig
+from dart.data.coupled import CoupledRound
 from dart.data.curation import ExperiencePool
 from dart.data.groups import GroupAssembler, GroupPolicy, ReadyGroup
 from dart.data.index import TrajectoryIndex, trajectory_row
@@ -35,7 +40,7 @@ from dart.data.stats import TaskStats
 from dart.data.work import OutstandingWork, WorkPlanner, min_policy_version
 from dart.protocol.bus import Bus, Delivery, KeyValueStore, PullConsumer
 from dart.protocol.errors import ConfigError
-from dart.protocol.messages import ModelVersion, TaskSpec, TrainingBatch, Trajectory
+from dart.protocol.messages import ModelVersion, TaskSpec, TrainingBatch, Trajectory, WorkItem
 from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import Telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
@@ -69,6 +74,9 @@ class DataStats:
         pool_served: Times the pool filled a group.
         policy_version: Newest model version seen.
         task_success: Recent success rate per task.
+        rounds: Coupled rounds closed.
+        round_lost: Coupled-round trajectories still missing when their round timed out.
+        sync_timeouts: Coupled rounds whose new model version did not come in time.
     """
 
     received: int = 0
@@ -87,6 +95,9 @@ class DataStats:
     pool_served: int = 0
     policy_version: int = 0
     task_success: dict[str, float] = field(default_factory=dict)
+    rounds: int = 0
+    round_lost: int = 0
+    sync_timeouts: int = 0
 
 
 class DataService:
@@ -122,6 +133,7 @@ class DataService:
         """
         self.config = config
         self.bus = bus
+        self._clock = clock
         self.telemetry = telemetry
         self.index = TrajectoryIndex(config.database_url)
         self.blobs = TrajectoryBlobs(store, config.blob_prefix)
@@ -149,20 +161,22 @@ class DataService:
         self._capacity = asyncio.Event()
         self._ready_lock = asyncio.Lock()
         self._stopped = False
+        self._coupled = config.emission.mode == "coupled"
+        self._round: CoupledRound | None = None
+        self._round_progress = asyncio.Event()
+        self._new_version = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         """Migrate the database, reload state, bind to the bus and start the loops.
 
         Raises:
-            ConfigError: Emission is on without tasks, or asks for the not yet built coupled mode.
+            ConfigError: Emission is on without tasks.
             SchemaVersionError: The database is newer than this code.
         """
         emission = self.config.emission
         if emission.enabled and self.planner is None:
             raise ConfigError("DataService", "emission.enabled", "work emission needs tasks: pass a task list")
-        if emission.enabled and emission.mode == "coupled":
-            raise ConfigError("DataConfig", "emission.mode", "'coupled' is not implemented yet; use 'decoupled'")
         before, after = await self._db(self.index.migrate)
         if before != after:
             log.info("migrated the data index from schema %d to %d", before, after)
@@ -176,7 +190,7 @@ class DataService:
         self._consumer = await self.bus.pull_consumer("traj", durable_name(self.bus, "traj"), Trajectory)
         loops: list[Callable[[], Any]] = [self._ingest_loop, self._poll_loop, self._watch_model, self._stats_loop]
         if emission.enabled:
-            loops.append(self._emit_loop)
+            loops.append(self._coupled_loop if self._coupled else self._emit_loop)
         self._tasks = [asyncio.create_task(loop(), name=f"dart-data{loop.__name__}") for loop in loops]
 
     async def stop(self) -> None:
@@ -239,6 +253,9 @@ class DataService:
             pool_served=self.pool.served,
             policy_version=self._version,
             task_success={tid: s.success_rate for tid, s in self.task_stats.items()},
+            rounds=c["rounds"],
+            round_lost=c["round_lost"],
+            sync_timeouts=c["sync_timeouts"],
         )
 
     # --- ingestion ------------------------------------------------------------------------------
@@ -288,6 +305,9 @@ class DataService:
         # true repeats). A group already batched or dropped must not be formed a second time.
         if not group_closed:
             await self._handle_ready(self.assembler.add(stored.trajectory, self._version))
+        # Counted only after its group was handled: the round's batch must see the group it closed.
+        if inserted and self._round is not None and self._round.record(traj.group_id):
+            self._round_progress.set()
         await delivery.ack()
 
     def _store(self, traj: Trajectory) -> tuple[StoredTrajectory, bool, TaskStats | None, bool]:
@@ -335,7 +355,8 @@ class DataService:
                 await self._db(self.index.record_group, gid, task_id, 0, "dropped", reason=reason)
             self._pending_writes.clear()
             for group in ready:
-                accepted, batch = self.batcher.add(group)
+                # Coupled: the batch is the whole round, formed when the round closes.
+                accepted, batch = self.batcher.add(group, flush_when_full=not self._coupled)
                 if not accepted:
                     self._groups_dropped["no_samples"] += 1
                     await self._db(
@@ -422,6 +443,118 @@ class DataService:
                 log.exception("emitting work failed; retrying")
                 await asyncio.sleep(1.0)
 
+    async def _publish_work(self, items: list[WorkItem]) -> None:
+        """Record and publish one group's work items, retrying until the bus takes them."""
+        subject = self.bus.subjects.stream_subject("work")
+        head = items[0]
+        while True:
+            try:
+                await self._db(self.index.record_group, head.group_id, head.task.task_id, len(items), "open")
+                for item in items:
+                    await self.bus.js_publish(subject, item, msg_id=item.work_id)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Publishing the same items again is harmless: work ids are dedupe ids.
+                log.exception("emitting work failed; retrying")
+                await asyncio.sleep(1.0)
+        self._counters["work_groups"] += 1
+        self._counters["work_items"] += len(items)
+
+    # --- coupled rounds -------------------------------------------------------------------------
+    async def _coupled_loop(self) -> None:
+        assert self.planner is not None
+        emission = self.config.emission
+        index = 0
+        while emission.max_groups is None or self.planner.groups_planned < emission.max_groups:
+            index += 1
+            started = self._clock()
+            rnd = await self._emit_round(index)
+            await self._await_round(rnd)
+            collected = self._clock()
+            samples, groups = await self._close_round(rnd)
+            timed_out = False
+            if samples:
+                timed_out = not await self._await_version(rnd.version)
+            if self.telemetry is not None:
+                self.telemetry.event(
+                    "data.round",
+                    round=index,
+                    version=rnd.version,
+                    requested=rnd.requested,
+                    lost=rnd.missing,
+                    groups=groups,
+                    samples=samples,
+                    collect_s=round(collected - started, 3),
+                    sync_s=round(self._clock() - collected, 3),
+                    sync_timed_out=timed_out,
+                )
+
+    async def _emit_round(self, index: int) -> CoupledRound:
+        """Plan and publish B groups at the current version (staleness 0)."""
+        assert self.planner is not None
+        emission = self.config.emission
+        count = emission.coupled_tasks_per_round
+        if emission.max_groups is not None:
+            count = min(count, emission.max_groups - self.planner.groups_planned)
+        rnd = CoupledRound(index, self._version, self._clock())
+        groups = [self.planner.next_group(rnd.version, 0) for _ in range(count)]
+        for items in groups:
+            rnd.add_group(items[0].group_id, len(items))
+        # Set before publishing: a fast runner's trajectory may arrive mid-round.
+        self._round = rnd
+        for items in groups:
+            self.outstanding.emitted(items[0].group_id, len(items))
+            await self._publish_work(items)
+        log.info("coupled round %d: %d work items at version %d", index, rnd.requested, rnd.version)
+        return rnd
+
+    async def _await_round(self, rnd: CoupledRound) -> None:
+        """The barrier: until every trajectory of the round arrived, or ``work_timeout_s``."""
+        timeout_s = self.config.emission.work_timeout_s
+        while not rnd.done():
+            remaining = timeout_s - (self._clock() - rnd.started_at)
+            if remaining <= 0:
+                log.warning("coupled round %d timed out with %d trajectories missing", rnd.index, rnd.missing)
+                break
+            self._round_progress.clear()
+            try:
+                await asyncio.wait_for(self._round_progress.wait(), min(remaining, 1.0))
+            except TimeoutError:
+                pass
+
+    async def _close_round(self, rnd: CoupledRound) -> tuple[int, int]:
+        """Close the round's open groups and publish its one batch; returns (samples, groups)."""
+        self._round = None
+        self._counters["rounds"] += 1
+        self._counters["round_lost"] += rnd.missing
+        closed = [g for gid in rnd.expected for g in self.assembler.close(gid)]
+        await self._handle_ready(closed)
+        async with self._ready_lock:
+            formed = self.batcher.flush()
+            if formed is None:
+                log.info("coupled round %d: no group to train on, skipping training", rnd.index)
+                return 0, 0
+            await self._publish_batch(formed.batch, formed.groups)
+        return len(formed.batch.samples), len(formed.groups)
+
+    async def _await_version(self, version: int) -> bool:
+        """Wait for a model version newer than ``version``; False when it did not come in time."""
+        deadline = self._clock() + self.config.emission.coupled_sync_timeout_s
+        while self._version <= version:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                log.warning("no model version after %d came in time; emitting at the old one", version)
+                self._counters["sync_timeouts"] += 1
+                return False
+            self._new_version.clear()
+            try:
+                await asyncio.wait_for(self._new_version.wait(), min(remaining, 1.0))
+            except TimeoutError:
+                pass
+        return True
+
     # --- model version and telemetry ------------------------------------------------------------
     async def _watch_model(self) -> None:
         assert self._state is not None
@@ -430,6 +563,7 @@ class DataService:
                 async for entry in self._state.watch(ModelVersion, LATEST_MODEL_KEY):
                     if isinstance(entry.value, ModelVersion) and entry.value.version > self._version:
                         self._version = entry.value.version
+                        self._new_version.set()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -463,6 +597,9 @@ class DataService:
             pool_served=s.pool_served,
             policy_version=s.policy_version,
             task_success=s.task_success,
+            rounds=s.rounds,
+            round_lost=s.round_lost,
+            sync_timeouts=s.sync_timeouts,
         )
 
     async def _db(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:

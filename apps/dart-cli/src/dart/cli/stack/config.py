@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dart.data.config import DataConfig
 from dart.env.service.config import EnvServiceConfig
@@ -86,6 +86,16 @@ class RunConfig(ConfigModel):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainerConfig = Field(default_factory=TrainerConfig)
     """Trainer settings; ``model_path`` is filled in by ``dart run``."""
+
+    @model_validator(mode="after")
+    def _coupled_needs_a_version_per_batch(self) -> RunConfig:
+        # The coupled emitter waits for the version trained on each round's one batch.
+        if self.data.emission.enabled and self.data.emission.mode == "coupled" and self.train.publish_every != 1:
+            raise ValueError(
+                f"data.emission.mode 'coupled' needs train.publish_every: 1 (got {self.train.publish_every}): "
+                "each round waits for the model version trained on its batch"
+            )
+        return self
 
 
 def load_run_config(path: str | Path) -> RunConfig:

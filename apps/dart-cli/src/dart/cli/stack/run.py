@@ -2,9 +2,9 @@
 
 Phases: resolve the run directory -> start an embedded nats-server -> write (or take) the initial
 policy -> warm start on oracle demonstrations -> start the four services as ``dart serve``
-processes -> decoupled RL for ``run.rl_duration_s`` with live progress -> stop rollout first, let
-dart-data ingest every published trajectory, stop the rest -> write ``summary.json`` and print it
-as the last line.
+processes -> RL (decoupled, or the coupled baseline with ``data.emission.mode: coupled``) for
+``run.rl_duration_s`` with live progress -> stop rollout first, let dart-data ingest every
+published trajectory, stop the rest -> write ``summary.json`` and print it as the last line.
 """
 
 from __future__ import annotations
@@ -288,6 +288,8 @@ def run(config_path: Path) -> dict[str, Any]:
         extra={
             **info,
             "engine_weight_updates": figures["engine_updates"],
+            "rl_start_unix_ns": figures["rl_start_ns"],
+            "rl_end_unix_ns": figures["rl_end_ns"],
             "service_exit_codes": figures["exit_codes"],
             "error": figures["failed"],
             "total_seconds": round(time.monotonic() - started, 1),
