@@ -16,6 +16,7 @@ from dart.data.config import DataConfig
 from dart.env.service.config import EnvServiceConfig
 from dart.protocol.bus import BusConfig
 from dart.protocol.config import ConfigModel, load_config
+from dart.protocol.messages import TaskSpec
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
 from dart.rollout.service.config import RolloutConfig
@@ -112,7 +113,7 @@ def store_config(config: RunConfig) -> StoreConfig:
     return StoreConfig(uri=(config.run.run_dir.resolve() / "artifacts").as_uri())
 
 
-def load_tasks(config: RunConfig) -> list:  # type: ignore[type-arg]
+def load_tasks(config: RunConfig) -> list[TaskSpec]:
     """The suite's tasks."""
     from dart.env.sim import load_builtin_suite
     from dart.env.suite import load_suite
