@@ -43,6 +43,7 @@ from dart.protocol.messages.tasks import TaskSpec, WorkItem
 from dart.protocol.messages.training import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.messages.trajectory import (
     TRAINABLE_STATUSES,
+    SamplingParams,
     StepRecord,
     StepTimings,
     Trajectory,
@@ -78,6 +79,7 @@ __all__ = [
     "ACTION_ADAPTER",
     "ANY_MESSAGE",
     "SCHEMA_VERSION",
+    "SamplingParams",
     "TERMINAL_ACTION_KINDS",
     "TRAINABLE_STATUSES",
     "Action",

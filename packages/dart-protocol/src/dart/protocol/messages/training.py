@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
 from dart.protocol.messages.observation import ImageRef, Sha256Hex
+from dart.protocol.messages.trajectory import SamplingParams
 
 
 class TrainingSample(Value):
@@ -29,7 +30,10 @@ class TrainingSample(Value):
     prompt_token_ids: list[int] = Field(min_length=1)
     response_token_ids: list[int] = Field(min_length=1)
     rollout_logprobs: list[FiniteFloat]
-    """Behaviour-policy log-probs of the response tokens, aligned with ``response_token_ids``."""
+    """Behaviour-policy log-probs of the response tokens, aligned with ``response_token_ids``, under the
+    distribution ``sampling`` describes."""
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    """How the response was sampled (the trainer recomputes log-probs of the same distribution)."""
     images: list[ImageRef] = Field(default_factory=list)
     """Screenshots in the prompt, oldest first."""
     from_experience_pool: bool = False

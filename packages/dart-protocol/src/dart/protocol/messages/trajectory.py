@@ -47,12 +47,30 @@ class StepTimings(Value):
     total_s: NonNegFloat = 0.0
 
 
+class SamplingParams(Value):
+    """How a response's tokens were drawn: the behaviour distribution the recorded log-probs belong to.
+
+    The behaviour distribution at each position is ``softmax(logits / temperature)`` with
+    ``excluded_token_ids`` removed, then restricted to the smallest set of most likely tokens whose
+    mass reaches ``top_p`` and renormalized. The trainer recomputes log-probs of the same
+    distribution (same temperature, exclusions and nucleus rule) so importance weights compare like
+    with like.
+    """
+
+    temperature: NonNegFloat = 1.0
+    """Sampling temperature; 0 is greedy (then the recorded log-probs are those at temperature 1)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus mass; 1 keeps the whole distribution."""
+    excluded_token_ids: list[int] = Field(default_factory=list, max_length=1024)
+    """Token ids that could never be sampled (vision placeholders, a new turn), masked before sampling."""
+
+
 class StepRecord(Value):
     """One agent step: what the policy saw, what it produced, and what it did.
 
-    Token arrays are aligned: ``response_logprobs[i]`` and ``response_entropy[i]`` belong to
-    ``response_token_ids[i]``. ``prompt_token_ids`` is the exact tokenization the engine used, so
-    the trainer recomputes log-probs on the same tokens.
+    Token arrays are aligned: ``response_logprobs[i]`` (and ``response_entropy[i]`` when recorded)
+    belong to ``response_token_ids[i]``. ``prompt_token_ids`` is the exact tokenization the engine
+    used, so the trainer recomputes log-probs on the same tokens.
     """
 
     index: int = Field(ge=0)
@@ -63,9 +81,14 @@ class StepRecord(Value):
     prompt_token_ids: list[int] = Field(default_factory=list)
     response_token_ids: list[int] = Field(default_factory=list)
     response_logprobs: list[FiniteFloat] = Field(default_factory=list)
-    """Log-probability of each response token under the rollout policy (natural log)."""
+    """Behaviour log-probability of each response token: under the distribution it was sampled from,
+    as ``sampling`` describes it (natural log)."""
     response_entropy: list[NonNegFloat] = Field(default_factory=list)
-    """Entropy of the rollout policy's next-token distribution at each response token, nats."""
+    """Entropy of the raw (temperature 1) next-token distribution at each response token, nats; empty
+    when the engine does not report it (vLLM gives top-k log-probs only; the trainer computes exact
+    entropies from full logits)."""
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    """The behaviour distribution ``response_logprobs`` belong to."""
     response_text: str = ""
     """Decoded model output (``Thought: ... Action: ...``)."""
     action: Action | None = None
@@ -77,7 +100,7 @@ class StepRecord(Value):
     @model_validator(mode="after")
     def _aligned(self) -> StepRecord:
         n = len(self.response_token_ids)
-        if len(self.response_logprobs) != n or len(self.response_entropy) != n:
+        if len(self.response_logprobs) != n or len(self.response_entropy) not in (0, n):
             raise ValueError(
                 f"response arrays differ in length: {n} tokens, {len(self.response_logprobs)} logprobs, "
                 f"{len(self.response_entropy)} entropies"
