@@ -4,7 +4,8 @@ Lifecycle: ``created -> running`` on :meth:`ManagedProcess.start` (returns once 
 check passes or raises :class:`EmbeddedServerError` with the tail of the server's log), and
 ``running -> stopped`` on :meth:`ManagedProcess.stop` (SIGTERM to the process group, SIGKILL
 after a grace period). An ``atexit`` hook stops anything still running, so a crashed test run
-leaves no server behind.
+leaves no server behind; a parent killed outright (SIGKILL) takes its servers along through
+:func:`dart.protocol.lifetime.die_with_parent`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+
+from dart.protocol.lifetime import die_with_parent
 
 _LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
 
@@ -104,6 +107,7 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 cwd=self.cwd,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         finally:
             log.close()

@@ -28,6 +28,7 @@ from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.summary import build_summary
 from dart.protocol.bus import Bus
 from dart.protocol.config import dump_config
+from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
 
@@ -151,6 +152,7 @@ def spawn(service: str, config_file: Path, run_dir: Path) -> subprocess.Popen[by
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
     finally:
         log.close()
