@@ -1,0 +1,80 @@
+"""The event-loop guard of the root conftest: blocking fails a test, waiting for a CPU does not."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+import conftest as root_conftest
+
+pytestmark = pytest.mark.unit
+
+
+def _run_in_fresh_loop(callback: Callable[[], None], setup: Callable[[], None] = lambda: None) -> list[str]:
+    """Runs ``callback`` as one event-loop callback in a new thread; returns what the guard recorded."""
+    recorded: list[str] = []
+
+    def main() -> None:
+        setup()
+        loop = asyncio.new_event_loop()
+        try:
+            loop.call_soon(callback)
+            loop.call_soon(loop.stop)
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=main)
+    thread.start()
+    thread.join()
+    recorded.extend(root_conftest._slow_callbacks)
+    root_conftest._slow_callbacks.clear()  # these were provoked on purpose
+    return recorded
+
+
+def test_a_sleeping_callback_is_caught() -> None:
+    slow = _run_in_fresh_loop(lambda: time.sleep(root_conftest.BLOCKING_LIMIT_S + 0.3))
+    assert len(slow) == 1 and "blocked" in slow[0]
+
+
+def test_a_short_callback_is_not() -> None:
+    assert _run_in_fresh_loop(lambda: time.sleep(0.01)) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_a_starved_callback_is_not_blamed() -> None:
+    """A short CPU burst made to take seconds of wall time by a CPU hog on the same core passes the guard."""
+    cpu = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"],
+    )
+    walls: list[float] = []
+
+    def starve_this_thread() -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only (Linux): share one core with the hog
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # and lose every contest for it
+
+    def burst() -> None:
+        started = time.perf_counter()
+        deadline = time.thread_time() + 0.05  # 50 ms of CPU, however long it takes to get them
+        while time.thread_time() < deadline:
+            pass
+        walls.append(time.perf_counter() - started)
+
+    try:
+        time.sleep(0.2)  # let the hog occupy the core
+        slow = _run_in_fresh_loop(burst, setup=starve_this_thread)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert slow == []
+    # The premise held only if starvation really stretched the burst past the limit.
+    if walls[0] <= root_conftest.BLOCKING_LIMIT_S:
+        pytest.skip(f"the burst was not starved past the limit (wall {walls[0]:.2f}s); premise not met here")
