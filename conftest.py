@@ -50,13 +50,27 @@ def s3_server() -> Iterator[Any]:
 
 _real_connect = socket.socket.connect
 
+E2E_TIMEOUT_S = 1800.0
+"""Limit of one end-to-end run (and of an e2e test, its fixture included). A smoke run takes about 3
+minutes on a quiet 2-core machine and was seen taking over 5 with a CPU load of 5-7 beside it: the limit
+catches a hung run, not a slow one."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests get :data:`E2E_TIMEOUT_S` unless they set their own timeout."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
+
 
 @pytest.fixture(scope="session")
 def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[dict[str, Any], Path]]:
     """Runs ``dart run CONFIG`` in a subprocess (run directory under a temp dir); returns its JSON
     summary (the last stdout line) and run directory. A non-zero exit fails with the output's tail."""
 
-    def run(config: Path, *, env: dict[str, str] | None = None, timeout_s: float = 600) -> tuple[dict[str, Any], Path]:
+    def run(
+        config: Path, *, env: dict[str, str] | None = None, timeout_s: float = E2E_TIMEOUT_S
+    ) -> tuple[dict[str, Any], Path]:
         runs = tmp_path_factory.mktemp("runs")
         proc = subprocess.run(
             [sys.executable, "-m", "dart.cli", "run", str(config)],
