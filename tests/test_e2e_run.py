@@ -95,3 +95,21 @@ def test_report_renders(smoke_run: tuple[dict[str, Any], Path]) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(out["report"]).is_file() and out["plots"] >= 4
+
+
+def test_training_curves_reach_tensorboard(smoke_run: tuple[dict[str, Any], Path]) -> None:
+    """The smoke config's TensorBoard tracker: event files tensorboard's own reader loads, with the trainer's
+    and the data manager's curves, one loss point per optimizer step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    summary, run_dir = smoke_run
+    train = EventAccumulator(str(run_dir / "tensorboard" / "dart-train"))
+    train.Reload()
+    assert {"trainer.step/loss", "trainer.step/clip_fraction", "trainer.published/version"} <= set(
+        train.Tags()["scalars"]
+    )
+    steps = [e.step for e in train.Scalars("trainer.step/loss")]
+    assert steps == sorted(steps) and len(steps) >= summary["versions_published"]
+    data = EventAccumulator(str(run_dir / "tensorboard" / "dart-data"))
+    data.Reload()
+    assert "data.stats/stored" in data.Tags()["scalars"]

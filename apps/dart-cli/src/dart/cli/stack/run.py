@@ -214,10 +214,15 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
         state = await ensure_topology(bus)
         start_ns = time.time_ns()
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
-        deadline = time.monotonic() + config.run.rl_duration_s
+        began = time.monotonic()
+        deadline = began + config.run.rl_duration_s
+        hard_deadline = began + (config.run.max_rl_duration_s or 4 * config.run.rl_duration_s)
         failed: str | None = None
+        version = 0
         with Live(console=console, refresh_per_second=2, transient=False) as live:
-            while time.monotonic() < deadline:
+            while (now_s := time.monotonic()) < deadline or (
+                version < config.run.min_versions and now_s < hard_deadline
+            ):
                 await asyncio.sleep(1.0)
                 progress.poll()
                 produced = (await bus.stream_state("traj")).messages

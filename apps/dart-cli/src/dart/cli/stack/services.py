@@ -27,6 +27,8 @@ def service_telemetry(config: RunConfig, service: ServiceName) -> Telemetry:
     tel_config: TelemetryConfig = config.telemetry
     if config.run.run_dir is not None and tel_config.jsonl_path is None:
         tel_config = tel_config.model_copy(update={"jsonl_path": config.run.run_dir / "telemetry" / f"{service}.jsonl"})
+    if config.run.run_dir is not None and tel_config.run_dir is None:
+        tel_config = tel_config.model_copy(update={"run_dir": config.run.run_dir})  # trackers write under it
     return setup_telemetry(f"dart-{service}", version=__version__, run_id=config.run.name, config=tel_config)
 
 

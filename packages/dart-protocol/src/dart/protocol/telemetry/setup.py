@@ -48,6 +48,7 @@ from pydantic import Field, field_validator
 
 from dart.protocol.config import ConfigModel
 from dart.protocol.telemetry.busy import BusyTracker, Clock
+from dart.protocol.telemetry.event_metrics import RESOURCE_LABELS, EventGauges
 from dart.protocol.telemetry.jsonl import (
     RUN_ID_ATTRIBUTE,
     JsonlMetricExporter,
@@ -57,6 +58,13 @@ from dart.protocol.telemetry.jsonl import (
     release_writer,
 )
 from dart.protocol.telemetry.routing import ROUTER, Route, RoutingMeterProvider, RoutingTracerProvider
+from dart.protocol.telemetry.trackers import (
+    DEFAULT_TRACKED_EVENTS,
+    EventFilter,
+    TrackerConfig,
+    TrackerSet,
+    open_trackers,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -94,6 +102,21 @@ class TelemetryConfig(ConfigModel):
     service_instance_id: str | None = None
     """``service.instance.id`` resource attribute; a random UUID per setup when unset."""
 
+    trackers: list[TrackerConfig] = Field(default_factory=list)
+    """Experiment trackers (TensorBoard, W&B, MLflow) that also receive tracked events' numbers; see
+    :mod:`dart.protocol.telemetry.trackers`."""
+
+    tracked_events: list[str] = Field(default_factory=lambda: list(DEFAULT_TRACKED_EVENTS))
+    """Event names whose numeric attributes go to the trackers and become ``dart.<event>.<attribute>``
+    gauges (an entry ending in ``.`` is a prefix); see :mod:`dart.protocol.telemetry.event_metrics`."""
+
+    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve this service's metrics for Prometheus at ``http://<prometheus_host>:<port>/metrics``; 0 picks a
+    free port (read it from ``Telemetry.prometheus_address``); None serves nothing."""
+
+    prometheus_host: str = "127.0.0.1"
+    """Interface of the Prometheus endpoint (``0.0.0.0`` in a container)."""
+
     @field_validator("otlp_endpoint")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -101,12 +124,15 @@ class TelemetryConfig(ConfigModel):
             raise ValueError("must be an http:// or https:// URL of an OTLP/HTTP collector, e.g. http://localhost:4318")
         return value.rstrip("/") if value else value
 
+    def resolve_run_dir(self, run_id: str) -> Path:
+        """The run directory a service with this config writes under."""
+        return self.run_dir if self.run_dir is not None else Path("runs") / run_id
+
     def resolve_jsonl_path(self, service_name: str, run_id: str) -> Path:
         """The JSONL file a service with this config writes to."""
         if self.jsonl_path is not None:
             return self.jsonl_path
-        run_dir = self.run_dir if self.run_dir is not None else Path("runs") / run_id
-        return run_dir / "telemetry" / f"{service_name}.jsonl"
+        return self.resolve_run_dir(run_id) / "telemetry" / f"{service_name}.jsonl"
 
 
 class Telemetry:
@@ -139,6 +165,9 @@ class Telemetry:
         tracer_provider: TracerProvider,
         meter_provider: MeterProvider,
         otlp_endpoint: str | None,
+        experiment_trackers: TrackerSet | None = None,
+        tracked_events: EventFilter | None = None,
+        prometheus_server: Any = None,
     ) -> None:
         self.service_name = service_name
         self.version = version
@@ -149,6 +178,9 @@ class Telemetry:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.otlp_endpoint = otlp_endpoint
+        self.experiment_trackers = experiment_trackers
+        """TensorBoard / W&B / MLflow trackers fed with tracked events, when configured."""
+        self._prometheus = prometheus_server
         self._writer = acquire_writer(jsonl_path)
         self._identity = identity(resource)
         self._route = Route(service_name, tracer_provider, meter_provider, owner=self)
@@ -161,6 +193,15 @@ class Telemetry:
         """The service's tracer (instrumentation scope = service name)."""
         self.meter = meter_provider.get_meter(service_name, version)
         """The service's meter (instrumentation scope = service name)."""
+        self._event_gauges = EventGauges(self.meter, tracked_events or EventFilter())
+
+    @property
+    def prometheus_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` of this service's Prometheus endpoint, when one is served."""
+        if self._prometheus is None:
+            return None
+        host, port = self._prometheus[0].server_address[:2]
+        return str(host), int(port)
 
     @property
     def closed(self) -> bool:
@@ -208,11 +249,16 @@ class Telemetry:
         """
         span = trace.get_current_span()
         ctx = span.get_span_context()
+        now_ns = time.time_ns()
+        if not self._closed:
+            self._event_gauges.record(name, attrs)
+            if self.experiment_trackers is not None:
+                self.experiment_trackers.record(name, attrs, wall_time=now_ns / 1e9)
         self.write_record(
             "event",
             {
                 "name": name,
-                "ts_unix_ns": time.time_ns(),
+                "ts_unix_ns": now_ns,
                 "trace_id": trace.format_trace_id(ctx.trace_id) if ctx.is_valid else None,
                 "span_id": trace.format_span_id(ctx.span_id) if ctx.is_valid else None,
                 "attributes": attrs,
@@ -267,6 +313,13 @@ class Telemetry:
         ROUTER.unregister(self._route)
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+        if self.experiment_trackers is not None:
+            self.experiment_trackers.close()
+        if self._prometheus is not None:
+            server, thread = self._prometheus
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=timeout_s)
         # Closed only now: the final checkpoints and metric collection above still write.
         self._closed = True
         release_writer(self._writer)
@@ -390,7 +443,29 @@ def setup_telemetry(
                 meter_provider=quiet,
             )
             readers.append(PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval_ms))
+        prometheus = None
+        if config.prometheus_port is not None:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry, start_wsgi_server
+
+            # A registry per service: several services in one process must not mix their series.
+            registry = CollectorRegistry(auto_describe=True)
+            readers.append(
+                PrometheusMetricReader(resource_attribute_filter=RESOURCE_LABELS.__contains__, registry=registry)
+            )
+            prometheus = start_wsgi_server(config.prometheus_port, addr=config.prometheus_host, registry=registry)
         meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+        experiment_trackers = (
+            open_trackers(
+                config.trackers,
+                run_dir=config.resolve_run_dir(run_id),
+                run_id=run_id,
+                service=service_name,
+                tracked_events=config.tracked_events,
+            )
+            if config.trackers
+            else None
+        )
         telemetry = Telemetry(
             service_name=service_name,
             version=version,
@@ -401,6 +476,9 @@ def setup_telemetry(
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
             otlp_endpoint=otlp_label,
+            experiment_trackers=experiment_trackers,
+            tracked_events=EventFilter(config.tracked_events),
+            prometheus_server=prometheus,
         )
     finally:
         # Telemetry holds its own reference; this one only kept the file open while building.
