@@ -166,7 +166,7 @@ class JetStreamMethods:
 
         Raises:
             JetStreamError: No stream stores the subject, or no ack came in time.
-            PayloadTooLargeError: The message exceeds the server's ``max_payload``.
+            PayloadTooLargeError: The message exceeds ``config.max_message_bytes``.
         """
         seconds = self._config.request_timeout_s if timeout is None else timeout
         return await js_publish(
@@ -177,7 +177,7 @@ class JetStreamMethods:
             msg_id,
             timeout=seconds,
             stream=stream,
-            max_payload=self._nc.max_payload,
+            max_payload=self._config.max_message_bytes,
         )
 
     @overload
