@@ -53,7 +53,7 @@ class TrajectoryBlobs:
         refs: dict[str, ImageRef] = {}
         steps = []
 
-        def stored(image: InlineImage) -> ImageRef:
+        def to_ref(image: InlineImage) -> ImageRef:
             digest = hashlib.sha256(image.png).hexdigest()
             if digest not in refs:
                 refs[digest] = self._put_png(f"{directory}/{digest}.png", image, digest)
@@ -63,10 +63,10 @@ class TrajectoryBlobs:
             shot = step.observation.screenshot
             if isinstance(shot, InlineImage):
                 step = step.model_copy(
-                    update={"observation": step.observation.model_copy(update={"screenshot": stored(shot)})}
+                    update={"observation": step.observation.model_copy(update={"screenshot": to_ref(shot)})}
                 )
             if any(isinstance(image, InlineImage) for image in step.prompt_images):
-                fed = [stored(image) if isinstance(image, InlineImage) else image for image in step.prompt_images]
+                fed = [to_ref(image) if isinstance(image, InlineImage) else image for image in step.prompt_images]
                 step = step.model_copy(update={"prompt_images": fed})
             steps.append(step)
         stored = traj.model_copy(update={"steps": steps})

@@ -112,7 +112,6 @@ class TorchBackend:
         self.inputs = InputBuilder(
             processor,
             image_token_id=int(model.config.image_token_id),
-            image_size=config.image_size,
             merge_size=int(getattr(vision, "spatial_merge_size", 2)),
         )
         self.optimizer = torch.optim.AdamW(
@@ -155,7 +154,7 @@ class TorchBackend:
             SampleError: Tokens and images disagree.
             ImageFetchError: A screenshot cannot be read or fails its digest.
         """
-        images = [decode_screenshot(self.image_source(ref), self.config.image_size) for ref in sample.images]
+        images = [decode_screenshot(self.image_source(ref)) for ref in sample.images]
         return self.inputs.build(
             sample.prompt_token_ids,
             sample.response_token_ids,
