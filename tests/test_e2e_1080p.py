@@ -47,5 +47,5 @@ def test_screenshots_went_by_reference_and_steps_record_what_was_fed(run_1080p: 
         shot = step.observation.screenshot
         assert isinstance(shot, ImageRef) and (shot.width, shot.height) == (1920, 1080)
         assert "/screenshots/" in shot.uri  # stored once by the env service, not re-uploaded by dart-data
-        assert 1 <= len(step.prompt_images) <= 2
+        assert len(step.prompt_images) == 1  # max_images: 1
         assert all(isinstance(i, ImageRef) and (i.width, i.height) == (224, 224) for i in step.prompt_images)

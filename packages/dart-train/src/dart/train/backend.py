@@ -165,15 +165,8 @@ class TorchBackend:
     def raw_inputs(
         self, prompt_token_ids: Sequence[int], response_token_ids: Sequence[int], images: Sequence[Image.Image]
     ) -> ModelInputs:
-        """Model inputs from token ids and already decoded screenshots (resized here like rollout's)."""
-        size = self.config.image_size
-        resized = [
-            im.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
-            if size is not None and im.size != (size, size)
-            else im.convert("RGB")
-            for im in images
-        ]
-        return self.inputs.build(prompt_token_ids, response_token_ids, resized)
+        """Model inputs from token ids and the images exactly as the prompt was fed them (``ChatPrompt.images``)."""
+        return self.inputs.build(prompt_token_ids, response_token_ids, [im.convert("RGB") for im in images])
 
     def forward_logprobs(self, inputs: ModelInputs, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(logp, entropy)`` of the response tokens, each ``(R,)`` float32.
