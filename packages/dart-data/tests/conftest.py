@@ -13,13 +13,16 @@ MakeTraj = Callable[..., m.Trajectory]
 
 
 def make_step(index: int, version: int, *, shot: int = 0, entropy: float = 0.5, empty: bool = False) -> m.StepRecord:
-    """A step whose screenshot differs per ``shot`` (a PNG of width ``shot + 2``)."""
+    """A step whose screenshot differs per ``shot`` (a PNG of width ``shot + 2``), fed to its prompt as is
+    (inline, as a runner records it; dart-data stores it at ingestion)."""
     tokens = [] if empty else [4, 5]
+    screenshot = m.InlineImage(png=tiny_png(shot + 2, 2), width=shot + 2, height=2)
     return m.StepRecord(
         index=index,
         policy_version=version,
-        observation=m.Observation(screenshot=m.InlineImage(png=tiny_png(shot + 2, 2), width=shot + 2, height=2)),
+        observation=m.Observation(screenshot=screenshot),
         prompt_token_ids=[1, 2, 3, index],
+        prompt_images=[screenshot],
         response_token_ids=tokens,
         response_logprobs=[-0.1 * (index + 1)] * len(tokens),
         response_entropy=[entropy] * len(tokens),

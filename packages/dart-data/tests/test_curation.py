@@ -6,6 +6,7 @@ import pytest
 
 from dart.data.advantages import group_advantages
 from dart.data.batches import BatchAssembler, group_samples
+from dart.data.blobs import TrajectoryBlobs
 from dart.data.config import BatchingConfig, CurationConfig, EmissionConfig
 from dart.data.curation import ExperiencePool, is_hard, max_steps_for, rollout_count, select_high_entropy
 from dart.data.errors import SuiteError
@@ -14,6 +15,7 @@ from dart.data.stats import TaskStats
 from dart.data.tasks import load_task_suite
 from dart.data.work import OutstandingWork, WorkPlanner
 from dart.protocol import messages as m
+from dart.protocol.store import LocalStore
 from dart.protocol.testing import SHA, TASK
 
 pytestmark = pytest.mark.unit
@@ -93,7 +95,14 @@ def test_high_entropy_selection_per_batch_and_per_trajectory() -> None:
     assert {s.trajectory_id for s in select_high_entropy(skewed, 0.5, "batch")} == {"a"}
 
 
-def test_experience_pool_fills_all_failure_group_of_hard_task(traj_factory) -> None:  # type: ignore[no-untyped-def]
+def stored_factory(traj_factory, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A trajectory factory whose trajectories went through ingestion (inline images stored, referenced)."""
+    blobs = TrajectoryBlobs(LocalStore(tmp_path / "store"))
+    return lambda *args, **kwargs: blobs.put(traj_factory(*args, **kwargs)).trajectory
+
+
+def test_experience_pool_fills_all_failure_group_of_hard_task(traj_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    traj_factory = stored_factory(traj_factory, tmp_path)
     cfg = CurationConfig(hard_task_threshold=0.3, pool_size_per_task=2)
     pool = ExperiencePool(cfg)
     hard = stats_with(1, 10)
@@ -127,7 +136,7 @@ def test_experience_pool_fills_all_failure_group_of_hard_task(traj_factory) -> N
     assert dropped == [("new", TASK.task_id, "zero_variance")]
 
 
-def test_group_advantages_and_step_samples_with_screenshot_history(traj_factory) -> None:  # type: ignore[no-untyped-def]
+def test_group_advantages_and_step_samples_take_the_recorded_prompt_images(traj_factory) -> None:  # type: ignore[no-untyped-def]
     adv = group_advantages([1.0, 0.0, 0.0, 1.0])
     assert adv == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
     assert group_advantages([1.0, 0.0], scale_by_std=False) == [0.5, -0.5]
@@ -138,7 +147,8 @@ def test_group_advantages_and_step_samples_with_screenshot_history(traj_factory)
     win = win.model_copy(
         update={
             "steps": [
-                s.model_copy(update={"observation": m.Observation(screenshot=ref(i + 1))})
+                # As a runner showing two screenshots records them: the previous step's first.
+                s.model_copy(update={"prompt_images": [ref(j + 1) for j in range(max(0, i - 1), i + 1)]})
                 for i, s in enumerate(win.steps)
             ]
         }
@@ -154,7 +164,7 @@ def test_group_advantages_and_step_samples_with_screenshot_history(traj_factory)
         }
     )
     group = ReadyGroup("g", [win, lose], complete=True)
-    samples = group_samples(group, BatchingConfig(screenshots_in_prompt=2))
+    samples = group_samples(group, BatchingConfig())
     assert [(s.trajectory_id, s.step_index) for s in samples] == [
         ("a", 0),
         ("a", 1),
@@ -167,7 +177,9 @@ def test_group_advantages_and_step_samples_with_screenshot_history(traj_factory)
     assert samples[0].entropy == pytest.approx(0.5)
 
 
-def test_batch_assembler_fills_by_samples_or_groups(traj_factory) -> None:  # type: ignore[no-untyped-def]
+def test_batch_assembler_fills_by_samples_or_groups(traj_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    traj_factory = stored_factory(traj_factory, tmp_path)
+
     def group(gid: str) -> ReadyGroup:
         return ReadyGroup(
             gid, [traj_factory(f"{gid}-0", gid=gid, reward=1.0), traj_factory(f"{gid}-1", gid=gid, idx=1)], True

@@ -5,8 +5,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from dart.data.batches import group_samples
 from dart.data.blobs import TrajectoryBlobs
+from dart.data.config import BatchingConfig
 from dart.data.errors import SchemaVersionError
+from dart.data.groups import ReadyGroup
 from dart.data.index import TrajectoryIndex, trajectory_row
 from dart.data.schema import LATEST_VERSION, current_version, migrate
 from dart.data.stats import TaskStats
@@ -59,6 +62,7 @@ def test_ingestion_is_idempotent(tmp_path: Path, traj_factory) -> None:  # type:
     index = TrajectoryIndex(f"sqlite:///{tmp_path / 'data.sqlite3'}")
     index.migrate()
     traj = traj_factory("t-1", reward=1.0, steps=3)
+    assert all(isinstance(s.prompt_images[0], m.InlineImage) for s in traj.steps)
     first = blobs.put(traj)
     second = blobs.put(traj)
     assert first == second  # same keys, same JSON
@@ -68,6 +72,11 @@ def test_ingestion_is_idempotent(tmp_path: Path, traj_factory) -> None:  # type:
     for step in first.trajectory.steps:
         shot = step.observation.screenshot
         assert isinstance(shot, m.ImageRef) and shot.uri.startswith("file://")
+        assert step.prompt_images == [shot]  # the fed image is the screenshot: one blob, one reference
+    samples = group_samples(ReadyGroup("g", [first.trajectory], complete=True), BatchingConfig())
+    assert [s.images for s in samples] == [step.prompt_images for step in first.trajectory.steps]
+    with pytest.raises(ValueError, match="stored references"):
+        group_samples(ReadyGroup("g", [traj], complete=True), BatchingConfig())
     assert blobs.get(first.blob_key) == first.trajectory
 
     stats = TaskStats(traj.task.task_id).recorded(True, 3, window=8)

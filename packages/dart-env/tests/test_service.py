@@ -460,3 +460,39 @@ async def test_failures_replacements_and_instance_counters_reach_telemetry(bus: 
     stats = events["env.instance_stats"]
     assert (stats["instance_id"], stats["resets"], stats["failures"], stats["restarts"]) == (instance_id, 1, 1, 1)
     assert stats["busy_s"]["reset"] > 0 and stats["idle_s"] >= 0
+
+
+async def test_large_screenshots_travel_by_reference_stored_once(bus: Bus, tmp_path: Path) -> None:
+    from dart.protocol.messages import ImageRef, InlineImage
+    from dart.protocol.store import LocalStore, get_by_uri
+
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    sim = SimConfig(width=640, height=360, latency=LatencyConfig(scale=0.0))
+    task = sim_task("click-button", "easy", 1)
+    config = EnvServiceConfig(pool=f"p{uuid.uuid4().hex[:8]}", instances=1, sim=sim, inline_max_bytes=1024)
+    async with EnvService(config, bus, store=store) as service:
+        client = Client(bus, config.pool)
+        lease = await client.lease_eventually()
+        first = (await client.reset(lease, task)).observation.screenshot
+        again = (await client.reset(lease, task)).observation.screenshot  # the same screen
+        await client.release(lease)
+    assert isinstance(first, ImageRef) and (first.width, first.height) == (640, 360)
+    assert again == first
+    png = get_by_uri(first.uri)
+    assert len(png) > 1024 and first.uri.endswith(f"screenshots/{first.sha256}.png")
+    assert service.screenshots.stored == 1 and service.screenshots.referenced == 2
+    assert [info.key for info in store.list("screenshots/")] == [f"screenshots/{first.sha256}.png"]
+
+    # Under the threshold, or without a store, screenshots stay inline.
+    small = EnvServiceConfig(pool=f"p{uuid.uuid4().hex[:8]}", instances=1, sim=FAST_SIM)
+    async with EnvService(small, bus, store=store):
+        client = Client(bus, small.pool)
+        lease = await client.lease_eventually()
+        assert isinstance((await client.reset(lease, task)).observation.screenshot, InlineImage)
+        await client.release(lease)
+    unstored = config.model_copy(update={"pool": f"p{uuid.uuid4().hex[:8]}"})
+    async with EnvService(unstored, bus):
+        client = Client(bus, unstored.pool)
+        lease = await client.lease_eventually()
+        assert isinstance((await client.reset(lease, task)).observation.screenshot, InlineImage)
+        await client.release(lease)

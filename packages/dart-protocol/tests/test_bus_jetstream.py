@@ -296,3 +296,14 @@ async def test_kv_reopen_with_other_history_updates_the_bucket(bus: Bus) -> None
     history = await kv.history("latest", State)
     assert [entry.value.version for entry in history if entry.value] == [2, 3, 4, 5]
     assert await kv.history("never-written", State) == []
+
+
+async def test_largest_message_reads_the_stored_sizes(bus: Bus) -> None:
+    from dart.protocol.messages.codec import encode
+
+    await bus.ensure_stream("work")
+    assert await bus.largest_message("work") == 0
+    small, big = Work(item_id="s"), Work(item_id="b" * 5000)
+    for i, msg in enumerate((small, big, small)):
+        await bus.js_publish(bus.subjects.stream_subject("work"), msg, msg_id=f"m{i}")
+    assert await bus.largest_message("work") == len(encode(big))

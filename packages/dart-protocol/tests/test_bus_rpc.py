@@ -17,6 +17,7 @@ from dart.embedded.process import free_port
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import (
     BusConnectionError,
+    ConfigError,
     MessageValidationError,
     NoRespondersError,
     PayloadTooLargeError,
@@ -212,10 +213,42 @@ async def test_oversized_messages_fail_with_a_typed_error_on_both_sides(bus: Bus
     with pytest.raises(PayloadTooLargeError) as sent:
         await bus.request(subject, Echo(text=too_big), EchoReply)
     assert sent.value.limit == nats_server.max_payload
-    with pytest.raises(RemoteError, match="max_payload") as answered:
+    with pytest.raises(RemoteError, match="bus limit") as answered:
         await bus.request(subject, Echo(text="inflate"), EchoReply)
     assert answered.value.code == ErrorCode.INTERNAL
     assert (await bus.request(subject, Echo(text="small"), EchoReply)).text == "small"
+
+
+async def test_the_configured_message_limit_is_enforced_on_every_send(config: BusConfig) -> None:
+    limited = config.model_copy(update={"max_message_bytes": 4096})
+    async with await Bus.connect(limited) as bus:
+        subject = bus.subjects.bench("limited")
+
+        async def inflate(req: Echo) -> EchoReply:
+            return EchoReply(text="y" * 5000 if req.text == "inflate" else req.text)
+
+        await bus.serve(subject, Echo, inflate)
+        # Far below the server's max_payload: the bus's own limit refuses it, naming subject and size.
+        with pytest.raises(PayloadTooLargeError, match=r"message of \d+ bytes on '.*limited'") as sent:
+            await bus.request(subject, Echo(text="x" * 5000), EchoReply)
+        assert (sent.value.subject, sent.value.limit) == (subject, 4096)
+        assert sent.value.size > 5000
+        with pytest.raises(PayloadTooLargeError):
+            await bus.publish(subject, Echo(text="x" * 5000))
+        await bus.ensure_stream("work")
+        with pytest.raises(PayloadTooLargeError):
+            await bus.js_publish(bus.subjects.stream_subject("work"), Echo(text="x" * 5000), msg_id="big")
+        with pytest.raises(RemoteError, match="bus limit of 4096 bytes") as answered:
+            await bus.request(subject, Echo(text="inflate"), EchoReply)
+        assert answered.value.code == ErrorCode.INTERNAL
+        assert (await bus.request(subject, Echo(text="small"), EchoReply)).text == "small"
+
+
+async def test_a_limit_above_the_servers_max_payload_is_refused_at_connect(
+    config: BusConfig, nats_server: EmbeddedNats
+) -> None:
+    with pytest.raises(ConfigError, match=r"bus.max_message_bytes.*max_payload"):
+        await Bus.connect(config.model_copy(update={"max_message_bytes": nats_server.max_payload + 1}))
 
 
 async def test_bad_subject_and_closed_bus_fail_with_typed_errors(config: BusConfig) -> None:

@@ -51,7 +51,8 @@ async def _rollout(checkpoint: Path, store: LocalStore, n: int) -> list[Training
                 f"Click the OK button {i}.", current, [HistoryStep("Action: wait()", older)], max_images=2
             )
             result = await engine.generate(GenerationRequest(prompt, max_new_tokens=10, temperature=1.0, seed=i))
-            refs = [store_png(store, f"shots/{i}/{j}.png", im) for j, im in enumerate([older, current])]
+            # The images as fed (the prompt resized them), as a runner records them in StepRecord.prompt_images.
+            refs = [store_png(store, f"shots/{i}/{j}.png", im) for j, im in enumerate(prompt.images)]
             samples.append(
                 TrainingSample(
                     trajectory_id=f"t{i}",

@@ -1,8 +1,8 @@
 """From ready GRPO groups to training batches.
 
 Every step of a trajectory carries the trajectory's group-normalized advantage (step-wise GRPO).
-A step's images are the screenshots its rollout prompt showed: its own observation's and, for
-``screenshots_in_prompt = K > 1``, those of the ``K - 1`` previous steps, oldest first.
+A step's images are those its prompt was fed, as the rollout recorded them (``StepRecord.prompt_images``,
+references once stored), in prompt order: nothing about the prompt is re-derived here.
 """
 
 from __future__ import annotations
@@ -29,17 +29,19 @@ def group_samples(group: ReadyGroup, config: BatchingConfig) -> list[TrainingSam
     )
     samples: list[TrainingSample] = []
     for traj, advantage in zip(group.trajectories, advantages, strict=True):
-        samples.extend(_trajectory_samples(traj, group, advantage, config.screenshots_in_prompt))
+        samples.extend(_trajectory_samples(traj, group, advantage))
     return samples
 
 
-def _trajectory_samples(traj: Trajectory, group: ReadyGroup, advantage: float, k: int) -> list[TrainingSample]:
+def _trajectory_samples(traj: Trajectory, group: ReadyGroup, advantage: float) -> list[TrainingSample]:
     out = []
-    for i, step in enumerate(traj.steps):
+    for step in traj.steps:
         if not step.response_token_ids or not step.prompt_token_ids:
             continue
-        window = traj.steps[max(0, i - k + 1) : i + 1]
-        images = [s.observation.screenshot for s in window if isinstance(s.observation.screenshot, ImageRef)]
+        images = [image for image in step.prompt_images if isinstance(image, ImageRef)]
+        if len(images) != len(step.prompt_images):
+            # Ingestion stores every inline image; an inline one here means the trajectory skipped it.
+            raise ValueError(f"{traj.trajectory_id} step {step.index}: prompt images must be stored references")
         entropy = sum(step.response_entropy) / len(step.response_entropy) if step.response_entropy else 0.0
         out.append(
             TrainingSample(

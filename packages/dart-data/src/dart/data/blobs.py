@@ -1,8 +1,10 @@
 """Trajectory blobs in the artifact store (synchronous; call from a thread).
 
-Layout under ``<prefix>/<trajectory>/``: one ``<sha256>.png`` per distinct screenshot and one
-``trajectory-<sha256>.json`` holding the trajectory with every inline screenshot replaced by an
-:class:`~dart.protocol.messages.ImageRef`. Keys are derived from content, so storing the same
+Layout under ``<prefix>/<trajectory>/``: one ``<sha256>.png`` per distinct inline image (observation
+screenshots and the images each step's prompt was fed, ``StepRecord.prompt_images``) and one
+``trajectory-<sha256>.json`` holding the trajectory with every inline image replaced by an
+:class:`~dart.protocol.messages.ImageRef`. Images that arrived by reference (the env service stores
+large screenshots itself) keep their reference. Keys are derived from content, so storing the same
 trajectory again (a redelivery, a retry after a crash) writes the same keys and changes nothing.
 """
 
@@ -50,15 +52,22 @@ class TrajectoryBlobs:
         directory = self.directory(traj.trajectory_id)
         refs: dict[str, ImageRef] = {}
         steps = []
+
+        def to_ref(image: InlineImage) -> ImageRef:
+            digest = hashlib.sha256(image.png).hexdigest()
+            if digest not in refs:
+                refs[digest] = self._put_png(f"{directory}/{digest}.png", image, digest)
+            return refs[digest]
+
         for step in traj.steps:
             shot = step.observation.screenshot
             if isinstance(shot, InlineImage):
-                digest = hashlib.sha256(shot.png).hexdigest()
-                if digest not in refs:
-                    refs[digest] = self._put_png(f"{directory}/{digest}.png", shot, digest)
                 step = step.model_copy(
-                    update={"observation": step.observation.model_copy(update={"screenshot": refs[digest]})}
+                    update={"observation": step.observation.model_copy(update={"screenshot": to_ref(shot)})}
                 )
+            if any(isinstance(image, InlineImage) for image in step.prompt_images):
+                fed = [to_ref(image) if isinstance(image, InlineImage) else image for image in step.prompt_images]
+                step = step.model_copy(update={"prompt_images": fed})
             steps.append(step)
         stored = traj.model_copy(update={"steps": steps})
         body = stored.model_dump_json().encode()

@@ -116,8 +116,6 @@ class BatchingConfig(ConfigModel):
     """Publish a batch once it holds at least this many step samples..."""
     max_groups: int = Field(default=16, ge=1)
     """...or this many groups, whichever comes first. Groups are never split across batches."""
-    screenshots_in_prompt: int = Field(default=1, ge=1)
-    """Screenshots the rollout prompt shows: the step's own, plus previous ones for K > 1."""
     scale_by_std: bool = True
     """Divide advantages by the group's reward std (GRPO); False keeps only the mean baseline."""
     advantage_eps: float = Field(default=1e-6, gt=0)

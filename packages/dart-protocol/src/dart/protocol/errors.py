@@ -241,15 +241,15 @@ class ConfigValidationError(ConfigError):
 
 
 class PayloadTooLargeError(BusError):
-    """A message is larger than the NATS server accepts (its ``max_payload``).
+    """A message is larger than the bus accepts (``bus.max_message_bytes``, at most the server's ``max_payload``).
 
     Send large data by reference (put it in the artifact store and send the URI), or raise the
-    server's ``max_payload``.
+    limit (and the server's ``max_payload`` with it).
 
     Attributes:
         subject: The subject it was sent to.
         size: The encoded message size, in bytes.
-        limit: The server's ``max_payload``, in bytes.
+        limit: The limit it exceeds, in bytes.
     """
 
     def __init__(self, subject: str, size: int, limit: int) -> None:
@@ -257,8 +257,9 @@ class PayloadTooLargeError(BusError):
         self.size = size
         self.limit = limit
         super().__init__(
-            f"message of {size} bytes on '{subject}' exceeds the server's max_payload of {limit} bytes: "
-            "send large data by reference through the artifact store"
+            f"message of {size} bytes on '{subject}' exceeds the bus limit of {limit} bytes "
+            "(bus.max_message_bytes, at most the server's max_payload): send large data by reference "
+            "through the artifact store (env.inline_max_bytes for screenshots)"
         )
 
 

@@ -65,3 +65,23 @@ class WeightFetchError(RolloutError):
             f"cannot fetch weights of version {version} from {uri}: {detail}. "
             "Engines keep serving their current version; republish the version with a correct uri/sha256."
         )
+
+
+class ImageFetchError(RolloutError):
+    """A screenshot sent by reference could not be read from the artifact store, or is not the image it names.
+
+    The episode cannot build its prompt; the trajectory ends as ``env_failed`` (the env service
+    published a reference it did not store, or the store is unreachable).
+
+    Attributes:
+        uri: The image's URI.
+        detail: What went wrong.
+    """
+
+    def __init__(self, uri: str, detail: str) -> None:
+        self.uri = uri
+        self.detail = detail
+        super().__init__(
+            f"cannot read screenshot {uri}: {detail}. "
+            "Give the rollout service the store config the env service writes to."
+        )

@@ -112,7 +112,6 @@ class TorchBackend:
         self.inputs = InputBuilder(
             processor,
             image_token_id=int(model.config.image_token_id),
-            image_size=config.image_size,
             merge_size=int(getattr(vision, "spatial_merge_size", 2)),
         )
         self.optimizer = torch.optim.AdamW(
@@ -155,7 +154,7 @@ class TorchBackend:
             SampleError: Tokens and images disagree.
             ImageFetchError: A screenshot cannot be read or fails its digest.
         """
-        images = [decode_screenshot(self.image_source(ref), self.config.image_size) for ref in sample.images]
+        images = [decode_screenshot(self.image_source(ref)) for ref in sample.images]
         return self.inputs.build(
             sample.prompt_token_ids,
             sample.response_token_ids,
@@ -166,15 +165,8 @@ class TorchBackend:
     def raw_inputs(
         self, prompt_token_ids: Sequence[int], response_token_ids: Sequence[int], images: Sequence[Image.Image]
     ) -> ModelInputs:
-        """Model inputs from token ids and already decoded screenshots (resized here like rollout's)."""
-        size = self.config.image_size
-        resized = [
-            im.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
-            if size is not None and im.size != (size, size)
-            else im.convert("RGB")
-            for im in images
-        ]
-        return self.inputs.build(prompt_token_ids, response_token_ids, resized)
+        """Model inputs from token ids and the images exactly as the prompt was fed them (``ChatPrompt.images``)."""
+        return self.inputs.build(prompt_token_ids, response_token_ids, [im.convert("RGB") for im in images])
 
     def forward_logprobs(self, inputs: ModelInputs, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(logp, entropy)`` of the response tokens, each ``(R,)`` float32.

@@ -1,9 +1,11 @@
 """Turn recorded samples back into the exact model inputs the rollout engine consumed.
 
 The trainer never re-renders prompts: it feeds ``prompt_token_ids + response_token_ids`` as recorded,
-and rebuilds only what the token ids do not carry: the image patches (from the screenshots in the
-artifact store, resized like the rollout prompt builder resizes them) and ``mm_token_type_ids``
-(1 on image-pad tokens), from which transformers derives Qwen2.5-VL's multimodal rotary positions.
+and rebuilds only what the token ids do not carry: the image patches and ``mm_token_type_ids`` (1 on
+image-pad tokens), from which transformers derives Qwen2.5-VL's multimodal rotary positions. The
+images are the ones the step recorded as fed (``StepRecord.prompt_images``): PNGs whose RGB decode is
+the exact pixel array the rollout's processor got, so nothing is resized here and no setting of the
+rollout (image size, screenshots per prompt) is needed.
 Without it the forward pass uses text positions for image tokens and log-probs drift by ~1e-2.
 
 Each sample is one unpadded row: Qwen2.5-VL's rope positions depend on where images sit in the row,
@@ -12,7 +14,6 @@ and padding-free rows reproduce the engine's log-probs to float32 precision.
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from PIL import Image
 
 from dart.protocol.errors import ConfigError, StoreError
 from dart.protocol.messages import ImageRef
-from dart.protocol.store import StoreConfig, get_by_uri
+from dart.protocol.store import StoreConfig
+from dart.protocol.store.cache import ArtifactCache
 from dart.train.errors import ImageFetchError, SampleError
 
 ImageSource = Callable[[ImageRef], bytes]
@@ -34,34 +36,32 @@ class StoreImageSource:
     """Reads screenshot references by URI from the artifact store, checking each against its sha256.
 
     ``file://`` URIs are read from the local file system; ``s3://`` URIs with ``config``'s endpoint and
-    credentials (see :func:`dart.protocol.store.get_by_uri`).
+    credentials. One store client per location is kept open, and recently read images are cached
+    (a sample's images recur across its passes and the next steps' prompts).
 
     Args:
         config: The run's store config, for ``s3://`` references; None reads ``file://`` (and
             environment-configured S3) only.
+        max_bytes: Bound of the image cache, bytes.
     """
 
-    def __init__(self, config: StoreConfig | None = None) -> None:
-        self._config = config
+    def __init__(self, config: StoreConfig | None = None, *, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self._cache = ArtifactCache(config, max_bytes=max_bytes)
 
     def __call__(self, ref: ImageRef) -> bytes:
         try:
-            data = get_by_uri(ref.uri, config=self._config)
+            return self._cache.get(ref.uri, ref.sha256)
         except (StoreError, ConfigError) as exc:
             raise ImageFetchError(ref.uri, str(exc)) from exc
-        # The store verifies its own recorded digest; this checks it is the image the sample names.
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != ref.sha256:
-            raise ImageFetchError(ref.uri, f"sha256 is {digest}, the sample recorded {ref.sha256}")
-        return data
+
+    def close(self) -> None:
+        """Close the store clients."""
+        self._cache.close()
 
 
-def decode_screenshot(png: bytes, size: int | None) -> Image.Image:
-    """Decode PNG bytes to RGB and resize to ``size`` x ``size`` with bicubic, as the rollout prompt builder does."""
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    if size is not None and image.size != (size, size):
-        image = image.resize((size, size), Image.Resampling.BICUBIC)
-    return image
+def decode_screenshot(png: bytes) -> Image.Image:
+    """Decode a recorded prompt image's PNG bytes to the RGB pixels the rollout fed (no resize: it was fed as is)."""
+    return Image.open(io.BytesIO(png)).convert("RGB")
 
 
 @dataclass(frozen=True)
@@ -103,14 +103,12 @@ class InputBuilder:
     Args:
         processor: The policy's processor (its image processor patches the screenshots).
         image_token_id: Id of ``<|image_pad|>`` (``model.config.image_token_id``).
-        image_size: Side screenshots are resized to; None keeps their size.
         merge_size: Spatial merge of the vision tower (patches per visual token = merge_size**2).
     """
 
-    def __init__(self, processor: Any, image_token_id: int, image_size: int | None = 224, merge_size: int = 2) -> None:
+    def __init__(self, processor: Any, image_token_id: int, merge_size: int = 2) -> None:
         self.processor = processor
         self.image_token_id = image_token_id
-        self.image_size = image_size
         self.merge_size = merge_size
 
     def build(

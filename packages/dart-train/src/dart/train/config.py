@@ -65,8 +65,6 @@ class TrainerConfig(ConfigModel):
     """Weight dtype. float32 keeps recomputed log-probs within ~1e-5 of the hf engine's on CPU."""
     seed: int = 0
     """Seed of torch's RNG (dropout-free models are deterministic anyway)."""
-    image_size: int | None = Field(default=224, ge=28)
-    """Screenshots are resized to this square side before patching, as the rollout prompt builder does."""
     num_threads: int | None = Field(default=None, ge=1)
     """Torch intra-op CPU threads; None keeps torch's default."""
     weights_prefix: str = "weights"

@@ -28,7 +28,7 @@ class SftSample:
     Attributes:
         prompt_token_ids: Prompt tokens, image pads expanded (as the rollout engine would consume them).
         response_token_ids: Target response tokens, ending with the end-of-turn token.
-        images: The prompt's screenshots in placeholder order (resized to ``config.image_size`` here).
+        images: The prompt's images in placeholder order, as fed (``ChatPrompt.images``: already resized).
     """
 
     prompt_token_ids: list[int]

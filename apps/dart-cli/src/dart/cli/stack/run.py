@@ -244,10 +244,14 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
                 break
             await asyncio.sleep(0.5)
         codes = {name: stop_process(procs[name], config.run.stop_timeout_s) for name in ("data", "train", "env")}
-        produced = (await bus.stream_state("traj")).messages
+        traj_stream = await bus.stream_state("traj")
+        produced = traj_stream.messages
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
         return {
             "produced": produced,
+            # What a trajectory costs the bus (screenshots above env.inline_max_bytes go by reference).
+            "bus_bytes_per_trajectory": round(traj_stream.bytes / produced) if produced else None,
+            "largest_trajectory_message_bytes": await bus.largest_message("traj"),
             "versions": latest.version if latest else 0,
             "rl_start_ns": start_ns,
             "rl_end_ns": end_ns,
@@ -296,6 +300,8 @@ def run(config_path: Path) -> dict[str, Any]:
         extra={
             **info,
             "engine_weight_updates": figures["engine_updates"],
+            "bus_bytes_per_trajectory": figures["bus_bytes_per_trajectory"],
+            "largest_trajectory_message_bytes": figures["largest_trajectory_message_bytes"],
             "rl_start_unix_ns": figures["rl_start_ns"],
             "rl_end_unix_ns": figures["rl_end_ns"],
             "service_exit_codes": figures["exit_codes"],

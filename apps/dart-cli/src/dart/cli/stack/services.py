@@ -66,7 +66,7 @@ async def _run_service(
     if service == "env":
         from dart.env.service import EnvService
 
-        handle = EnvService(config.env, bus, telemetry=telemetry)
+        handle = EnvService(config.env, bus, telemetry=telemetry, store=open_store(store_config(config)))
         await handle.start()
         await stop.wait()
         await handle.stop()

@@ -61,6 +61,13 @@ class EnvServiceConfig(ConfigModel):
     """Backends kept started but unleased, to swap in for a crashed instance without a start wait
     (a Chromium or desktop start takes seconds). They are not counted as instances (their idle
     time is not in env utilization) and cost their memory while they wait."""
+    inline_max_bytes: int | None = Field(default=16 * 1024, ge=0)
+    """Largest screenshot PNG sent inside a reply, bytes. Larger ones are written to the artifact
+    store (``<screenshot_prefix>/<sha256>.png``, once per distinct image) and sent as an ``ImageRef``,
+    which keeps replies and trajectories far below ``bus.max_message_bytes``. Needs the service to
+    have a store (``dart run`` / ``dart serve`` give it the run's); None sends every screenshot inline."""
+    screenshot_prefix: str = "screenshots"
+    """Key prefix of screenshots stored by reference."""
     sim: SimConfig = Field(default_factory=SimConfig)
     """Settings of the ``sim`` backend."""
     miniwob: MiniWoBConfig = Field(default_factory=MiniWoBConfig)

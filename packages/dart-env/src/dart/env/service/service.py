@@ -16,6 +16,7 @@ from dart.env.errors import EpisodeStateError, InstanceIdTakenError, LayoutError
 from dart.env.service.config import EnvServiceConfig, backend_factory
 from dart.env.service.instance import InstanceSlot, InstanceStats, SlotState
 from dart.env.service.lease import EndReason, Lease, LeaseBook
+from dart.env.service.screenshots import ScreenshotOffload
 from dart.protocol.bus import Bus, Service
 from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError, ServiceError
 from dart.protocol.messages import (
@@ -33,6 +34,7 @@ from dart.protocol.messages import (
     StepReply,
     StepRequest,
 )
+from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import BusyTracker, Telemetry
 
 log = logging.getLogger("dart.env.service")
@@ -98,10 +100,21 @@ class EnvService:
         config: What to host.
         bus: A connected bus.
         telemetry: Where busy/idle intervals go; None keeps them in memory (see :meth:`stats`).
+        store: Where screenshots above ``config.inline_max_bytes`` are written, to be sent by
+            reference (see :mod:`dart.env.service.screenshots`); None sends them inline.
     """
 
-    def __init__(self, config: EnvServiceConfig, bus: Bus, *, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        config: EnvServiceConfig,
+        bus: Bus,
+        *,
+        telemetry: Telemetry | None = None,
+        store: ArtifactStore | None = None,
+    ) -> None:
         self.config = config
+        self.screenshots = ScreenshotOffload(store, config.inline_max_bytes, config.screenshot_prefix)
+        """Sends large screenshots by reference; its counters say how many."""
         self._bus = bus
         self._telemetry = telemetry
         self._factory = backend_factory(config.backend)
@@ -300,6 +313,7 @@ class EnvService:
             self._leases.authorize(slot, request.lease_id)
             started = time.monotonic()
             observation, instruction = await self._call(slot, "reset", lambda b: b.reset(request.task, request.seed))
+            observation = await self.screenshots.observation(observation)
             slot.resets += 1
             slot.last_task_id = request.task.task_id
             slot.next_step_index = 0
@@ -323,6 +337,7 @@ class EnvService:
                 )
             started = time.monotonic()
             observation, done, info = await self._call(slot, "step", lambda b: b.step(request.action))
+            observation = await self.screenshots.observation(observation)
             slot.steps += 1
             slot.next_step_index += 1
             slot.last_step = StepReply(

@@ -152,6 +152,14 @@ class Bus(JetStreamMethods):
             cause = last_error[0] if last_error else exc
             detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
             raise BusConnectionError(servers, f"{detail} (gave up after {config.connect_timeout_s:g}s)") from exc
+        if nc.max_payload < config.max_message_bytes:
+            await _abandon(nc)
+            raise ConfigError(
+                "bus",
+                "bus.max_message_bytes",
+                f"{config.max_message_bytes} exceeds the NATS server's max_payload of {nc.max_payload} bytes: "
+                "lower bus.max_message_bytes or raise max_payload in the server's config",
+            )
         connected.set()
         log.debug("connected to NATS at %s", nc.connected_url.geturl() if nc.connected_url else servers)
         return cls(nc, config, stats, tracer_provider)
@@ -205,12 +213,12 @@ class Bus(JetStreamMethods):
             RequestTimeoutError: No reply within ``timeout``.
             NoRespondersError: Nobody serves ``subject``.
             MessageValidationError: The reply does not match ``reply_type``.
-            PayloadTooLargeError: The request exceeds the server's ``max_payload``.
+            PayloadTooLargeError: The request exceeds ``config.max_message_bytes``.
             SubjectError: ``subject`` is not a valid subject.
             BusConnectionError: The bus is closed.
         """
         timeout = self._config.request_timeout_s if timeout is None else timeout
-        data = encode(msg)
+        data = self._encode(subject, msg)
         with self._tracer.send("request", subject, SpanKind.CLIENT) as (_, headers):
             try:
                 reply = await self._nc.request(subject, data, timeout=timeout, headers=headers)
@@ -226,10 +234,10 @@ class Bus(JetStreamMethods):
         """Publish a message on core NATS (fire and forget: not stored, lost if nobody listens).
 
         Raises:
-            PayloadTooLargeError: The message exceeds the server's ``max_payload``.
+            PayloadTooLargeError: The message exceeds ``config.max_message_bytes``.
             BusConnectionError: The bus is closed.
         """
-        data = encode(msg)
+        data = self._encode(subject, msg)
         with self._tracer.send("publish", subject, SpanKind.PRODUCER) as (_, headers):
             try:
                 await self._nc.publish(subject, data, headers=headers)
@@ -353,6 +361,7 @@ class Bus(JetStreamMethods):
             queue=queue,
             max_concurrency=max_concurrency or self._config.serve_concurrency,
             reply=reply,
+            max_message_bytes=self._config.max_message_bytes,
         )
         try:
             await service.start()
@@ -370,10 +379,21 @@ class Bus(JetStreamMethods):
     def _connection_error(self, exc: BaseException) -> BusConnectionError:
         return BusConnectionError(self._config.servers, f"{type(exc).__name__}: {exc}")
 
+    @property
+    def max_message_bytes(self) -> int:
+        """Largest encoded message this client sends or replies with, bytes."""
+        return self._config.max_message_bytes
+
+    def _encode(self, subject: str, msg: Message) -> bytes:
+        data = encode(msg)
+        if len(data) > self._config.max_message_bytes:
+            raise PayloadTooLargeError(subject, len(data), self._config.max_message_bytes)
+        return data
+
     def _send_error(self, exc: nats.errors.Error, subject: str, size: int) -> DartError:
         """The DART error for a failed send: an oversized message, a bad subject, or the connection."""
         if isinstance(exc, nats.errors.MaxPayloadError):
-            return PayloadTooLargeError(subject, size, self._nc.max_payload)
+            return PayloadTooLargeError(subject, size, self._config.max_message_bytes)
         if isinstance(exc, nats.errors.BadSubjectError):
             return SubjectError(f"{subject!r} is not a valid NATS subject: build subjects with Subjects")
         return self._connection_error(exc)

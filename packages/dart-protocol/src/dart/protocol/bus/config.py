@@ -55,6 +55,11 @@ class BusConfig(ConfigModel):
     """Default bound on concurrently running handlers of one served subject."""
     drain_timeout_s: float = Field(default=10.0, gt=0)
     """How long :meth:`Bus.drain` waits for in-flight messages before closing, in seconds."""
+    max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest encoded message this client sends, bytes; a larger one raises
+    :class:`~dart.protocol.errors.PayloadTooLargeError` naming its subject and size. It must not exceed
+    the server's ``max_payload`` (checked at connect; the embedded server's default is 8 MiB, a stock
+    nats-server's 1 MiB). Screenshots above ``env.inline_max_bytes`` travel by reference to stay under it."""
 
     @field_validator("url")
     @classmethod

@@ -296,11 +296,13 @@ async def js_publish(
 ) -> PublishAck:
     """Persist one message with a dedupe id; see :meth:`Bus.js_publish <dart.protocol.bus.Bus.js_publish>`.
 
-    ``max_payload`` is the connection's message size limit, only used to report an oversized message.
+    ``max_payload`` is the bus's message size limit (``bus.max_message_bytes``); 0 leaves it to the server.
     """
     if not msg_id:
         raise ValueError("msg_id must be a non-empty id that is the same when the same message is retried")
     data = encode(msg)
+    if max_payload and len(data) > max_payload:
+        raise PayloadTooLargeError(subject, len(data), max_payload)
     with tracer.send("publish", subject, SpanKind.PRODUCER) as (span, headers):
         headers[Header.MSG_ID] = msg_id
         span.set_attribute("messaging.message.id", msg_id)

@@ -65,8 +65,10 @@ class Service:
         queue: str | None,
         max_concurrency: int,
         reply: bool,
+        max_message_bytes: int | None = None,
     ) -> None:
         self.subject = subject
+        self._max_message_bytes = max_message_bytes or nc.max_payload
         self.queue = queue
         self.stats: EndpointStats = bus_stats.endpoints.setdefault(subject, EndpointStats())
         self._nc = nc
@@ -164,9 +166,9 @@ class Service:
             if not isinstance(result, Message):
                 raise TypeError(f"handler returned {type(result).__name__}, expected a Message")
             data = encode(result)
-            if len(data) > self._nc.max_payload:
+            if len(data) > self._max_message_bytes:
                 # Checked here so the requester gets an error reply now instead of a timeout.
-                raise PayloadTooLargeError(msg.reply or msg.subject, len(data), self._nc.max_payload)
+                raise PayloadTooLargeError(msg.subject, len(data), self._max_message_bytes)
         except ServiceError as exc:
             self._count("error_replies")
             span.set_status(Status(StatusCode.ERROR, exc.code))

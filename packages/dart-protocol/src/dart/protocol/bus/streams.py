@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar, cast, get_args, overload
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 from pydantic import BaseModel, TypeAdapter
@@ -166,7 +167,7 @@ class JetStreamMethods:
 
         Raises:
             JetStreamError: No stream stores the subject, or no ack came in time.
-            PayloadTooLargeError: The message exceeds the server's ``max_payload``.
+            PayloadTooLargeError: The message exceeds ``config.max_message_bytes``.
         """
         seconds = self._config.request_timeout_s if timeout is None else timeout
         return await js_publish(
@@ -177,7 +178,7 @@ class JetStreamMethods:
             msg_id,
             timeout=seconds,
             stream=stream,
-            max_payload=self._nc.max_payload,
+            max_payload=self._config.max_message_bytes,
         )
 
     @overload
@@ -207,6 +208,25 @@ class JetStreamMethods:
     async def stream_state(self, stream: StreamKind | str) -> StreamState:
         """Messages stored in a stream (a stream kind or a full name) right now."""
         return await stream_state(self._js, self._stream_name(stream))
+
+    async def largest_message(self, stream: StreamKind | str) -> int:
+        """Size of the largest message stored in a stream, bytes (0 when empty); reads every message.
+
+        Raises:
+            JetStreamError: The stream does not exist or a read failed.
+        """
+        name = self._stream_name(stream)
+        state = await stream_state(self._js, name)
+        largest = 0
+        for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
+            try:
+                msg = await self._js.get_msg(name, seq)
+            except nats.js.errors.NotFoundError:
+                continue  # deleted or expired since the state was read
+            except (nats.errors.Error, TimeoutError) as exc:
+                raise JetStreamError("largest_message", name, f"{exc!r}") from exc
+            largest = max(largest, len(msg.data or b""))
+        return largest
 
     async def consumer_state(self, stream: StreamKind | str, durable: str) -> ConsumerState:
         """Backlog of a durable consumer right now: pending, unacked, redelivered, waiting."""

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from dart.protocol.messages.actions import Action
 from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
-from dart.protocol.messages.observation import Observation
+from dart.protocol.messages.observation import Image, Observation
 from dart.protocol.messages.tasks import TaskSpec
 
 
@@ -68,6 +68,9 @@ class SamplingParams(Value):
 class StepRecord(Value):
     """One agent step: what the policy saw, what it produced, and what it did.
 
+    The step is the single record of the policy's inputs: ``prompt_token_ids`` and ``prompt_images``
+    are everything the trainer needs to rebuild the exact forward pass of the rollout engine.
+
     Token arrays are aligned: ``response_logprobs[i]`` (and ``response_entropy[i]`` when recorded)
     belong to ``response_token_ids[i]``. ``prompt_token_ids`` is the exact tokenization the engine
     used, so the trainer recomputes log-probs on the same tokens.
@@ -79,6 +82,13 @@ class StepRecord(Value):
     observation: Observation
     """The observation the policy acted on (its screenshot is the newest image of the prompt)."""
     prompt_token_ids: list[int] = Field(default_factory=list)
+    prompt_images: list[Image] = Field(default_factory=list, max_length=64)
+    """The images the policy consumed, in prompt order (one per image placeholder of
+    ``prompt_token_ids``). Each is a PNG whose RGB decode is exactly the pixel array the processor was
+    given: the rollout records the image as fed (already resized, when it resizes), so rebuilding the
+    model inputs needs no rule or setting of the rollout. Small ones travel inline; dart-data stores
+    every inline image at ingestion and keeps a reference (sha256-named), so a stored trajectory
+    holds references only. Empty when the prompt had no images."""
     response_token_ids: list[int] = Field(default_factory=list)
     response_logprobs: list[FiniteFloat] = Field(default_factory=list)
     """Behaviour log-probability of each response token: under the distribution it was sampled from,

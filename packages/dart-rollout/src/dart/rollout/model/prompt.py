@@ -51,7 +51,41 @@ fail(reason='xxx')
 Coordinates are on a 0..1000 grid of the screen. End typed content with \\n to press Enter."""
 """The action call forms of :mod:`dart.rollout.action_grammar`, as the policy is told them."""
 
-ScreenshotLike = Image.Image | InlineImage | ImageRef
+
+@dataclass(frozen=True)
+class PromptImage:
+    """A screenshot as the model is fed it, and the record of exactly those pixels.
+
+    Attributes:
+        pixels: The RGB image handed to the processor (resized already, when the runner resizes).
+        record: A PNG whose RGB decode is ``pixels``: the screenshot itself (inline or by reference)
+            when it was not resized, else the resized image encoded as a (lossless) PNG. The step
+            stores it (``StepRecord.prompt_images``), so the trainer rebuilds the same pixels with no
+            rule of its own.
+    """
+
+    pixels: Image.Image
+    record: InlineImage | ImageRef
+
+
+def prompt_image(png: bytes, size: int | None, screenshot: InlineImage | ImageRef) -> PromptImage:
+    """Decode a screenshot's PNG to RGB, resize it to ``size`` x ``size`` when it differs, and record the result.
+
+    Args:
+        png: The screenshot's PNG bytes.
+        size: Side to resize to (bicubic; stretching is fine: actions are normalized); None keeps the size.
+        screenshot: The screenshot ``png`` belongs to: the record when no resize happens.
+    """
+    pixels = Image.open(io.BytesIO(png)).convert("RGB")
+    if size is None or pixels.size == (size, size):
+        return PromptImage(pixels, screenshot)
+    pixels = pixels.resize((size, size), Image.Resampling.BICUBIC)
+    out = io.BytesIO()
+    pixels.save(out, format="PNG")
+    return PromptImage(pixels, InlineImage(png=out.getvalue(), width=size, height=size))
+
+
+ScreenshotLike = Image.Image | InlineImage | ImageRef | PromptImage
 
 
 @dataclass(frozen=True)
@@ -74,10 +108,13 @@ class ChatPrompt:
     Attributes:
         text: The chat text; each image is one ``IMAGE_PLACEHOLDER``.
         images: RGB images, already resized to the model's input size, in placeholder order.
+        records: The records of ``images`` (see :class:`PromptImage`), in the same order, when every
+            image was given as a :class:`PromptImage`; empty otherwise.
     """
 
     text: str
     images: tuple[Image.Image, ...] = field(default_factory=tuple)
+    records: tuple[InlineImage | ImageRef, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -122,9 +159,13 @@ def to_pil(image: ScreenshotLike, size: int | None) -> Image.Image:
 
     Stretching is fine because actions are in normalized coordinates.
 
+    A :class:`PromptImage` is returned as fed (it was resized when it was made).
+
     Raises:
         ValueError: The screenshot is an :class:`ImageRef` (resolve it from the artifact store first).
     """
+    if isinstance(image, PromptImage):
+        return image.pixels
     if isinstance(image, ImageRef):
         raise ValueError(f"screenshot {image.uri} is a reference; fetch its bytes into an InlineImage first")
     pil = Image.open(io.BytesIO(image.png)) if isinstance(image, InlineImage) else image
@@ -162,18 +203,23 @@ def build_prompt(
     if max_images < 1:
         raise ValueError(f"max_images must be at least 1, got {max_images}")
     parts = [_turn("system", system_prompt), _turn("user", f"{action_space}\n\n## User Instruction\n{instruction}")]
-    images: list[Image.Image] = []
+    shown: list[ScreenshotLike] = []
     first_with_image = len(history) - (max_images - 1)
     for i, step in enumerate(history):
         if i >= first_with_image and step.screenshot is not None:
             parts.append(_turn("user", IMAGE_PLACEHOLDER))
-            images.append(to_pil(step.screenshot, image_size))
+            shown.append(step.screenshot)
         parts.append(_turn("assistant", step.text))
     if screenshot is not None:
         parts.append(_turn("user", IMAGE_PLACEHOLDER))
-        images.append(to_pil(screenshot, image_size))
+        shown.append(screenshot)
     parts.append("<|im_start|>assistant\n")
-    return ChatPrompt(text="".join(parts), images=tuple(images))
+    records = tuple(s.record for s in shown if isinstance(s, PromptImage))
+    return ChatPrompt(
+        text="".join(parts),
+        images=tuple(to_pil(s, image_size) for s in shown),
+        records=records if len(records) == len(shown) else (),
+    )
 
 
 def encode_prompt(processor: Any, prompt: ChatPrompt) -> EncodedPrompt:

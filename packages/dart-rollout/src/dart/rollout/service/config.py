@@ -74,6 +74,8 @@ class RolloutConfig(ConfigModel):
     runners: int = Field(default=4, ge=1, le=4096)
     """Concurrent trajectory runners (each runs one trajectory at a time)."""
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    image_cache_mb: int = Field(default=256, ge=1, le=65536)
+    """Bound of the cache of screenshots read by reference (shared by the runners), MiB."""
     sync: SyncConfig = Field(default_factory=SyncConfig)
     fetch_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
     """Long-poll of one work fetch, seconds; also bounds how fast a stop is noticed."""

@@ -19,7 +19,11 @@ the release is done), refined by ``pick`` (waiting for a serving engine), ``gene
 call) and ``env_call`` (reset/step/evaluate round trips).
 
 Every step records the policy version of the engine result that produced it, so a trajectory that
-spans a weight update carries both versions (``min_policy_version`` .. ``max_policy_version``).
+spans a weight update carries both versions (``min_policy_version`` .. ``max_policy_version``), and
+the exact inputs of its prompt: token ids and the images fed (``prompt_images``, see
+:class:`~dart.rollout.model.prompt.PromptImage`). Screenshots the env sends by reference are read
+through the service's :class:`~dart.rollout.service.images.ImageCache`; one that cannot be read
+ends the episode as ENV_FAILED.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from dart.protocol.messages.trajectory import TrajectoryStatus
 from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.base import EngineError, GenerationRequest, GenerationResult
-from dart.rollout.errors import EnvFailed, NoEngineError
-from dart.rollout.model.prompt import HistoryStep, build_prompt
+from dart.rollout.errors import EnvFailed, ImageFetchError, NoEngineError
+from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient
+from dart.rollout.service.images import ImageCache, PromptImages
 from dart.rollout.service.router import EngineRouter
 
 log = logging.getLogger("dart.rollout.runner")
@@ -88,6 +93,8 @@ class TrajectoryRunner:
         router: Where engines are picked.
         config: Prompt, sampling and env settings.
         telemetry: Where the runner's busy records go; None keeps them in memory.
+        images: Where screenshots sent by reference are read (the service shares one among its
+            runners); None reads ``file://`` references through a cache of its own.
     """
 
     def __init__(
@@ -98,11 +105,13 @@ class TrajectoryRunner:
         config: RunnerConfig,
         *,
         telemetry: Telemetry | None = None,
+        images: ImageCache | None = None,
     ) -> None:
         self.runner_id = runner_id
         self._bus = bus
         self._router = router
         self._config = config
+        self._images = PromptImages(images or ImageCache(), config.image_size)
         self.tracker = BusyTracker("runner", runner_id, telemetry)
         """Where this runner's time went (see the module docstring)."""
 
@@ -121,7 +130,7 @@ class TrajectoryRunner:
             try:
                 status, reward, success = await self._episode(env, episode)
                 trajectory = self._close(episode, status, reward=reward, success=success)
-            except EnvFailed as exc:
+            except (EnvFailed, ImageFetchError) as exc:
                 trajectory = self._close(episode, TrajectoryStatus.ENV_FAILED, error=str(exc))
             except (EngineError, NoEngineError) as exc:
                 trajectory = self._close(episode, TrajectoryStatus.FAILED, error=f"engine: {exc}")
@@ -156,11 +165,12 @@ class TrajectoryRunner:
             first = await env.reset(work.task)
         instruction = first.instruction or work.task.instruction
         observation: Observation = first.observation
+        shown = await self._images.prepare(observation.screenshot)
         history: list[HistoryStep] = []
         ended = False
         while len(episode.steps) < work.max_steps:
             step_started = time.monotonic()
-            result = await self._generate(work, instruction, observation, history, len(episode.steps))
+            prompt, result = await self._generate(work, instruction, shown, history, len(episode.steps))
             generate_s = time.monotonic() - step_started
             parsed = parse_action(result.text)
             env_s = 0.0
@@ -179,6 +189,7 @@ class TrajectoryRunner:
                     policy_version=result.policy_version,
                     observation=observation,
                     prompt_token_ids=result.prompt_token_ids,
+                    prompt_images=list(prompt.records),
                     response_token_ids=result.response_token_ids,
                     response_logprobs=result.response_logprobs,
                     response_entropy=result.response_entropy,
@@ -189,7 +200,13 @@ class TrajectoryRunner:
                 )
             )
             # The model sees its own earlier outputs (bad ones too), and the screens they acted on.
-            history.append(HistoryStep(result.text, observation.screenshot))
+            history.append(HistoryStep(result.text, shown))
+            out_of_window = len(history) - self._config.max_images
+            if out_of_window >= 0:
+                # No later prompt shows it (history only grows): let its pixels go.
+                history[out_of_window] = HistoryStep(history[out_of_window].text)
+            if next_observation is not observation:
+                shown = await self._images.prepare(next_observation.screenshot)
             observation = next_observation
             if ended:
                 break
@@ -199,11 +216,11 @@ class TrajectoryRunner:
         return status, score.reward, score.success
 
     async def _generate(
-        self, work: WorkItem, instruction: str, observation: Observation, history: list[HistoryStep], index: int
-    ) -> GenerationResult:
+        self, work: WorkItem, instruction: str, shown: PromptImage | None, history: list[HistoryStep], index: int
+    ) -> tuple[ChatPrompt, GenerationResult]:
         prompt = build_prompt(
             instruction,
-            observation.screenshot,
+            shown,
             history,
             max_images=self._config.max_images,
             image_size=self._config.image_size,
@@ -227,7 +244,7 @@ class TrajectoryRunner:
                 result = await engine.generate(request)
             span.set_attribute("dart.policy_version", result.policy_version)
             span.set_attribute("dart.response_tokens", len(result.response_token_ids))
-        return result
+        return prompt, result
 
     def _start_version(self) -> int:
         return max((e.version for e in self._router.engines.values()), default=0)

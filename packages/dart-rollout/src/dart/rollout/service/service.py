@@ -32,6 +32,7 @@ from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.base import InferenceEngine
 from dart.rollout.engine.hf import HFEngine
 from dart.rollout.service.config import RolloutConfig
+from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.sync import WeightSyncController
@@ -71,7 +72,7 @@ class RolloutService:
         engines: Engines to use instead of starting ``config.num_engines`` hf engines from
             ``config.engine``; the caller keeps ownership (they are not closed on stop).
         telemetry: Where busy intervals and engine update events go.
-        store_config: Endpoint and credentials for weights announced with ``s3://`` URIs.
+        store_config: Endpoint and credentials for ``s3://`` weights and screenshot references.
     """
 
     def __init__(
@@ -89,6 +90,8 @@ class RolloutService:
         self._bus = bus
         self._telemetry = telemetry
         self._store_config = store_config
+        self.images = ImageCache(store_config, max_bytes=config.image_cache_mb * 1024 * 1024)
+        """Screenshots read by reference, shared by the runners."""
         self._given_engines = engines
         self._owned: list[InferenceEngine] = []
         self._router: EngineRouter | None = None
@@ -148,7 +151,12 @@ class RolloutService:
             consumer = await self._bus.pull_consumer("work", durable, WorkItem)
             self._consumers.append(consumer)
             runner = TrajectoryRunner(
-                f"runner-{i}", self._bus, self._router, self.config.runner, telemetry=self._telemetry
+                f"runner-{i}",
+                self._bus,
+                self._router,
+                self.config.runner,
+                telemetry=self._telemetry,
+                images=self.images,
             )
             self._loops.append(asyncio.create_task(self._loop(runner, consumer), name=runner.runner_id))
 
@@ -183,6 +191,7 @@ class RolloutService:
         if self._gpu is not None:
             await self._gpu.stop()
             self._gpu = None
+        await asyncio.to_thread(self.images.close)
 
     async def __aenter__(self) -> RolloutService:
         await self.start()

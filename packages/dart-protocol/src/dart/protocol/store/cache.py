@@ -1,0 +1,104 @@
+"""A bounded, content-addressed read cache over artifact URIs, with one store client per location.
+
+Screenshots travel by reference (``ImageRef``: URI + sha256); a rollout reads each one for several
+prompts and a trainer for several passes. :class:`ArtifactCache` reads them through one store client
+per store location (a bucket, a directory) that stays open and is reused, checks each against the
+digest its reference names, and keeps the most recently used bytes up to a byte bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+from dart.protocol.errors import IntegrityError
+from dart.protocol.store.base import ArtifactStore
+from dart.protocol.store.config import StoreConfig, resolve_uri
+from dart.protocol.store.uri import parse_uri
+
+
+class ArtifactCache:
+    """Artifact bytes by URI and sha256, least recently used dropped first once over ``max_bytes``.
+
+    Thread-safe (reads run in worker threads). Concurrent misses of one artifact may both read it;
+    they get the same bytes. An artifact larger than ``max_bytes`` is returned but not kept.
+
+    Args:
+        store_config: Endpoint and credentials for ``s3://`` URIs (None: ``file://`` URIs and
+            environment-configured S3).
+        max_bytes: Upper bound on the cached bytes.
+    """
+
+    def __init__(self, store_config: StoreConfig | None = None, *, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self._store_config = store_config
+        self.max_bytes = max_bytes
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._stores: dict[tuple[str, str], ArtifactStore] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        """Reads served from the cache."""
+        self.misses = 0
+        """Reads that went to the store."""
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes held now."""
+        return self._bytes
+
+    @property
+    def clients(self) -> int:
+        """Store clients open now (one per location read)."""
+        return len(self._stores)
+
+    def get(self, uri: str, sha256: str) -> bytes:
+        """The bytes at ``uri``, which must hash to ``sha256`` (blocking: call from a thread in async code).
+
+        Raises:
+            ArtifactNotFoundError: Nothing is stored at ``uri``.
+            IntegrityError: The bytes are not those ``sha256`` names.
+            StoreError: The store could not be read.
+            ConfigError: An S3 endpoint or credential is missing.
+        """
+        with self._lock:
+            data = self._cache.get(sha256)
+            if data is not None:
+                self._cache.move_to_end(sha256)
+                self.hits += 1
+                return data
+            self.misses += 1
+        data = self._read(uri)
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256:
+            raise IntegrityError(uri, sha256, actual)
+        with self._lock:
+            if sha256 not in self._cache and len(data) <= self.max_bytes:
+                self._cache[sha256] = data
+                self._bytes += len(data)
+                while self._bytes > self.max_bytes:
+                    _, dropped = self._cache.popitem(last=False)
+                    self._bytes -= len(dropped)
+        return data
+
+    def close(self) -> None:
+        """Close the store clients and drop the cached bytes (the cache stays usable)."""
+        with self._lock:
+            stores, self._stores = list(self._stores.values()), {}
+            self._cache.clear()
+            self._bytes = 0
+        for store in stores:
+            store.close()
+
+    def _read(self, uri: str) -> bytes:
+        parsed = parse_uri(uri)
+        location = (parsed.scheme, parsed.root)
+        with self._lock:
+            store = self._stores.get(location)
+        if store is None:
+            opened, _ = resolve_uri(uri, self._store_config)
+            with self._lock:
+                store = self._stores.setdefault(location, opened)
+            if store is not opened:
+                opened.close()
+        return store.get(parsed.key)

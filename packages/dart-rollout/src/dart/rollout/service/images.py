@@ -1,0 +1,78 @@
+"""Screenshots for prompts: referenced ones fetched through a bounded cache, each turned into what the model is fed.
+
+The env service sends large screenshots as :class:`~dart.protocol.messages.ImageRef` (PNG in the
+artifact store, named by its sha256). A runner needs their pixels to build a prompt, and the same
+screenshot is shown again in the next steps' prompts (``max_images``), so fetched PNGs are kept in
+one LRU cache per rollout service, bounded by bytes, read through one store client per store
+location (a bucket, a directory) that is kept open and reused.
+
+:meth:`PromptImages.prepare` turns a screenshot into a :class:`~dart.rollout.model.prompt.PromptImage`:
+the RGB pixels handed to the processor and the record of exactly those pixels that the step stores
+(``StepRecord.prompt_images``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from dart.protocol.errors import ConfigError, StoreError
+from dart.protocol.messages import Image, ImageRef
+from dart.protocol.store import StoreConfig
+from dart.protocol.store.cache import ArtifactCache
+from dart.rollout.errors import ImageFetchError
+from dart.rollout.model.prompt import PromptImage, prompt_image
+
+
+class ImageCache:
+    """PNG bytes of screenshot references for prompts, through one bounded :class:`ArtifactCache`.
+
+    Args:
+        store_config: Endpoint and credentials for ``s3://`` references.
+        max_bytes: Upper bound on the cached PNG bytes.
+    """
+
+    def __init__(self, store_config: StoreConfig | None = None, *, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.artifacts = ArtifactCache(store_config, max_bytes=max_bytes)
+
+    def get(self, ref: ImageRef) -> bytes:
+        """The PNG bytes of ``ref`` (blocking; see :meth:`fetch`).
+
+        Raises:
+            ImageFetchError: The image is missing, unreadable or not the bytes its sha256 names.
+        """
+        try:
+            return self.artifacts.get(ref.uri, ref.sha256)
+        except (StoreError, ConfigError) as exc:
+            raise ImageFetchError(ref.uri, str(exc)) from exc
+
+    async def fetch(self, ref: ImageRef) -> bytes:
+        """:meth:`get` in a worker thread."""
+        return await asyncio.to_thread(self.get, ref)
+
+    def close(self) -> None:
+        """Close the pooled store clients and drop the cache."""
+        self.artifacts.close()
+
+
+class PromptImages:
+    """Turns observations' screenshots into prompt images (the pixels fed and their record).
+
+    Args:
+        cache: Where referenced screenshots are read.
+        size: Side screenshots are resized to (``runner.image_size``); None feeds them as they are.
+    """
+
+    def __init__(self, cache: ImageCache, size: int | None) -> None:
+        self.cache = cache
+        self.size = size
+
+    async def prepare(self, screenshot: Image | None) -> PromptImage | None:
+        """The prompt image of a screenshot (None for none); decoding and resizing run in a thread.
+
+        Raises:
+            ImageFetchError: A referenced screenshot cannot be read.
+        """
+        if screenshot is None:
+            return None
+        png = await self.cache.fetch(screenshot) if isinstance(screenshot, ImageRef) else screenshot.png
+        return await asyncio.to_thread(prompt_image, png, self.size, screenshot)
