@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from dart.train.errors import ParallelismError
 from dart.train.megatron.convert import HF_HEAD, HF_LM, LMSpec, hf_to_megatron, is_language_model_key, megatron_to_hf
 
 WORKER = Path(__file__).with_name("megatron_worker.py")
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _hf_state(checkpoint: Path) -> tuple[dict[str, torch.Tensor], LMSpec]:
@@ -138,6 +140,20 @@ def test_pipeline_parallelism_is_refused_clearly(tiny_checkpoint: Path) -> None:
 
     with pytest.raises(ParallelismError, match="pipeline parallelism"):
         MegatronBackend.create(MegatronSettings(model_path=str(tiny_checkpoint), pipeline_parallel_size=2))
+
+
+@pytest.mark.unit
+def test_only_dart_train_imports_megatron() -> None:
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    pattern = re.compile(r"^\s*(import|from) megatron\b", re.MULTILINE)
+    offenders = [
+        name
+        for name in files.split()
+        if not name.startswith("packages/dart-train/") and pattern.search((ROOT / name).read_text(errors="replace"))
+    ]
+    assert offenders == []
+    # The pattern does find the imports where they are.
+    assert pattern.search((ROOT / "packages/dart-train/src/dart/train/megatron/model.py").read_text())
 
 
 @pytest.mark.integration

@@ -85,7 +85,7 @@ def _ensure_process_group(device: torch.device) -> None:
     if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend)
         return
-    store = dist.HashStore()
+    store = dist.HashStore()  # type: ignore[attr-defined]  # exported, but not in torch's __all__
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
 
 

@@ -124,7 +124,7 @@ def _qkv_unshard(shards: Sequence[torch.Tensor], spec: LMSpec) -> tuple[torch.Te
     d = spec.head_dim
     tail = shards[0].shape[1:]
     fused = torch.cat(list(shards), dim=0).reshape(groups, (per + 2) * d, *tail)
-    q, k, v = fused.split([per * d, d, d], dim=1)
+    q, k, v = torch.split(fused, [per * d, d, d], dim=1)
     return q.reshape(-1, *tail), k.reshape(-1, *tail), v.reshape(-1, *tail)
 
 
@@ -151,8 +151,8 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], spec: LMSpec, tp_rank: int, t
         src, dst = f"{HF_LM}layers.{i}.", f"decoder.layers.{i}."
         attn = src + "self_attn."
         for kind in ("weight", "bias"):
-            qkv = [hf[f"{attn}{p}_proj.{kind}"] for p in "qkv"]
-            out[f"{dst}self_attention.linear_qkv.{kind}"] = _qkv_shard(*qkv, spec, r, tp)
+            q, k, v = (hf[f"{attn}{p}_proj.{kind}"] for p in "qkv")
+            out[f"{dst}self_attention.linear_qkv.{kind}"] = _qkv_shard(q, k, v, spec, r, tp)
         out[dst + "self_attention.linear_proj.weight"] = _cols(hf[attn + "o_proj.weight"], r, tp)
         out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
         out[dst + "pre_mlp_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]

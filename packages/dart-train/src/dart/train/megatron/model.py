@@ -58,7 +58,7 @@ def cpu_compat(device: torch.device) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.cuda.current_device = original  # type: ignore[method-assign]
+        torch.cuda.current_device = original
 
 
 def install_cpu_memory_buffer() -> None:
@@ -218,9 +218,10 @@ class QwenVLMegatron(torch.nn.Module):
             image_grid_thw=inputs.image_grid_thw.to(device),
             attention_mask=torch.ones_like(ids),
         )
+        assert isinstance(pos, torch.Tensor)
         return pos
 
-    def forward(self, inputs: ModelInputs, start: int, length: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, inputs: ModelInputs, start: int, length: int) -> torch.Tensor:
         """Full-vocabulary logits ``(length, V)`` of positions ``start .. start + length - 1`` (padding dropped)."""
         device = next(self.gpt.parameters()).device
         ids = inputs.input_ids.to(device)
