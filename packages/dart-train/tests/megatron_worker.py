@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -163,10 +164,44 @@ def main() -> None:
     if rank == 0:
         result["tp1_losses"], result["tp1_norms"] = tp1_losses, tp1_norms
         result["tp1_vs_tp2_weights_max_abs"] = max_abs(tp1_after, after)
-        result["seconds"] = time.perf_counter() - started
         assert all(math.isfinite(v) for v in losses + tp1_losses)
-        (out / "result.json").write_text(json.dumps(result, indent=1))
     single.close()
+
+    # 6. A vocabulary TP does not divide (923 rows, padded to 924): the padded logit never shows.
+    odd = out / "odd-vocab"
+    if rank == 0:
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        shutil.copytree(checkpoint, odd)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
+        model.resize_token_embeddings(923, mean_resizing=False)
+        model.save_pretrained(odd)
+    dist.barrier()
+    padded = MegatronBackend.create(MegatronSettings(model_path=str(odd), tensor_parallel_size=2))
+    with torch.no_grad():
+        x = inputs[0]
+        logits = padded.model(x, 0, x.input_ids.shape[1])
+        logp, entropy = padded.forward_logprobs(x)
+    state = padded.full_state_dict()
+    if rank == 0:
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        ref_model = Qwen2_5_VLForConditionalGeneration.from_pretrained(odd, dtype=torch.float32)
+        with torch.no_grad():
+            ref = ref_model(**x.kwargs("cpu", torch.float32), use_cache=False).logits[0]
+            ref_logp, ref_entropy = hf_logprobs(ref_model, x, 1.0)
+        result["odd_vocab_shapes"] = [list(logits.shape), list(ref.shape)]
+        result["odd_vocab_logits_max_abs"] = float((logits - ref).abs().max())
+        result["odd_vocab_logprob_entropy_max_abs"] = max(
+            float((logp - ref_logp).abs().max()), float((entropy - ref_entropy).abs().max())
+        )
+        ref_state = ref_model.state_dict()
+        result["odd_vocab_roundtrip_bitwise"] = set(state) == set(ref_state) and all(
+            torch.equal(state[k], ref_state[k]) for k in ref_state
+        )
+        result["seconds"] = time.perf_counter() - started
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+    padded.close()
     dist.destroy_process_group()
 
 
