@@ -55,3 +55,8 @@ class CheckpointError(TrainerError):
         self.path = path
         self.detail = detail
         super().__init__(f"checkpoint {path}: {detail}")
+
+
+class ParallelismError(TrainerError):
+    """A parallel layout the model or backend cannot run (a size that does not divide the model, an
+    unsupported kind of parallelism, a checkpoint written with another layout)."""

@@ -1,0 +1,367 @@
+"""The ``megatron`` trainer backend: Qwen2.5-VL with a megatron-core language model, tensor-parallel.
+
+Launch one process per rank with torchrun; every rank builds the backend with the same settings::
+
+    torchrun --nproc-per-node 2 my_trainer.py        # in it:
+    backend = MegatronBackend.create(MegatronSettings(model_path="/ckpt/qwen", tensor_parallel_size=2))
+    logp, entropy = backend.forward_logprobs(inputs, temperature=1.0)   # every rank, same inputs per TP group
+    (loss_of(logp)).backward()
+    grad_norm = backend.optimizer_step()
+    weights = backend.full_state_dict()          # Hugging Face names on rank 0, {} elsewhere
+
+Layout: ``world_size = tensor_parallel_size * data_parallel_size``; the ranks of one TP group must be
+fed the same sample (they each hold a slice of every layer), different DP groups different samples
+(``data_parallel_rank`` / ``data_parallel_size`` say which share). Gradients are averaged over DP
+ranks in :meth:`optimizer_step`, as DDP/FSDP do. Pipeline parallelism is not supported (see README).
+
+Megatron's own DDP, distributed optimizer, schedules and grad-norm are CUDA-only; this backend uses
+``torch.optim.AdamW``, its own loop and a TP-aware gradient norm instead, so it runs on CPU (gloo)
+and on GPUs (NCCL) alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dart.train.batching import ModelInputs
+from dart.train.errors import CheckpointError, ParallelismError
+from dart.train.loss import token_logprobs
+from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
+from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
+
+_META = "megatron_meta.json"
+_FORMAT = "dart-megatron-1"
+
+
+@dataclass(frozen=True)
+class MegatronSettings:
+    """What the megatron backend needs (the same fields as the trainer config, plus the layout).
+
+    Attributes:
+        model_path: Local Hugging Face Qwen2.5-VL checkpoint directory.
+        lr: AdamW learning rate.
+        betas: AdamW betas.
+        weight_decay: AdamW weight decay.
+        grad_clip: Max global gradient L2 norm (None: no clipping).
+        tensor_parallel_size: Ranks sharing each layer; must divide the key/value heads and the world size.
+        pipeline_parallel_size: Only 1 is supported.
+        seed: Seed of torch's and megatron's RNGs.
+        dtype: Weight dtype name (``float32``, ``bfloat16``).
+        num_threads: Torch CPU threads per rank (None: torch's default).
+    """
+
+    model_path: str
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    seed: int = 0
+    dtype: str = "float32"
+    num_threads: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Any) -> MegatronSettings:
+        """Settings from any object with these attribute names (e.g. the trainer config); missing ones default."""
+        fields = cls.__dataclass_fields__
+        values = {name: getattr(config, name) for name in fields if hasattr(config, name)}
+        return cls(**values)
+
+
+def _ensure_process_group(device: torch.device) -> None:
+    """Join torchrun's process group (env://), or make a one-rank group on loopback when not launched by torchrun."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend)
+        return
+    store = dist.HashStore()  # type: ignore[attr-defined]  # exported, but not in torch's __all__
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+
+
+class MegatronBackend:
+    """A Qwen2.5-VL policy whose language model is a tensor-parallel megatron-core GPTModel, with AdamW.
+
+    Lifecycle: :meth:`create` (collective: every rank) -> per update, :meth:`forward_logprobs` and
+    ``backward()`` as often as needed, then :meth:`optimizer_step` (collective) -> :meth:`full_state_dict`
+    to publish, :meth:`save_checkpoint` / :meth:`load_checkpoint` to persist (collective) ->
+    :meth:`close`. Not thread-safe.
+
+    Attributes:
+        step: Optimizer steps taken.
+        rank, world_size, is_main: Global rank, world size, rank 0 (which publishes).
+        tensor_parallel_size, tensor_parallel_rank: TP layout of this rank.
+        data_parallel_size, data_parallel_rank: Which share of the samples this rank's TP group takes.
+        model: The :class:`QwenVLMegatron` module.
+        processor: The checkpoint's transformers processor.
+        hf_config: The checkpoint's ``Qwen2_5_VLConfig``.
+    """
+
+    def __init__(self, settings: MegatronSettings, model: QwenVLMegatron, processor: Any, device: torch.device) -> None:
+        mcore = import_megatron()
+        ps = mcore.parallel_state
+        self.settings = settings
+        self.model = model
+        self.processor = processor
+        self.hf_config = model.hf_config
+        self.device = device
+        self.step = 0
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.is_main = self.rank == 0
+        self.tensor_parallel_size = ps.get_tensor_model_parallel_world_size()
+        self.tensor_parallel_rank = ps.get_tensor_model_parallel_rank()
+        self.data_parallel_size = ps.get_data_parallel_world_size()
+        self.data_parallel_rank = ps.get_data_parallel_rank()
+        self._tp_group = ps.get_tensor_model_parallel_group()
+        self._dp_group = ps.get_data_parallel_group()
+        self._tp_src = ps.get_tensor_model_parallel_src_rank()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+        )
+
+    @classmethod
+    def create(cls, settings: MegatronSettings) -> MegatronBackend:
+        """Build the backend on every rank: process groups, the model converted from ``settings.model_path``.
+
+        Uses the process group torchrun set up (``env://``), or a one-rank one; CUDA (NCCL, device
+        ``LOCAL_RANK``) when available, else CPU (gloo).
+
+        Raises:
+            ParallelismError: The layout does not fit the world size or the model, or pipeline
+                parallelism was asked for.
+            FileNotFoundError: ``model_path`` holds no ``config.json``.
+        """
+        from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+        if settings.pipeline_parallel_size != 1:
+            raise ParallelismError(
+                "the megatron backend does not support pipeline parallelism (pipeline_parallel_size="
+                f"{settings.pipeline_parallel_size}): the vision tower and the 3-D rope positions feed the "
+                "first stage only; use tensor_parallel_size (and data parallel ranks) instead"
+            )
+        path = Path(settings.model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}: expected {path / 'config.json'}")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # Megatron warns at every forward without it (it orders async TP all-reduces on GPUs).
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        if settings.num_threads is not None:
+            torch.set_num_threads(settings.num_threads)
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        _ensure_process_group(device)
+        tp = settings.tensor_parallel_size
+        world = dist.get_world_size()
+        if tp < 1 or world % tp:
+            raise ParallelismError(f"tensor_parallel_size {tp} does not divide the world size {world}")
+        dtype = getattr(torch, settings.dtype)
+        hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, local_files_only=True, dtype=dtype)
+        LMSpec.from_hf_config(hf.config).check_tp(tp)
+
+        mcore = import_megatron()
+        ps = mcore.parallel_state
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+        if not cuda:
+            install_cpu_memory_buffer()
+        torch.manual_seed(settings.seed)
+        # On CPU the "inference" tracker avoids CUDA RNG states; attention forks it even with dropout 0.
+        mcore.tensor_parallel.model_parallel_cuda_manual_seed(
+            settings.seed, inference_rng_tracker=not cuda, force_reset_rng=True
+        )
+        gpt = build_gpt(hf.config, tp, dtype, device)
+        shard = hf_to_megatron(
+            hf.state_dict(), LMSpec.from_hf_config(hf.config), ps.get_tensor_model_parallel_rank(), tp
+        )
+        _load_params(gpt, shard)
+        model = QwenVLMegatron(hf, gpt, ps.get_tensor_model_parallel_group()).to(device)
+        # No dropout anywhere; train mode changes nothing numerically but says what this module is for.
+        model.train()
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        return cls(settings, model, processor, device)
+
+    # --- forward ---------------------------------------------------------------------------------
+    def forward_logprobs(self, inputs: ModelInputs, *, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced ``(logp, entropy)`` of the response tokens, each ``(R,)`` float32, with grad when enabled.
+
+        ``logp`` is ``log_softmax(logits / temperature)`` at the targets and ``entropy`` that
+        distribution's; temperature 0 (greedy) means 1. Collective over the TP group: its ranks must
+        pass the same inputs.
+        """
+        start = inputs.prompt_len - 1  # position t predicts token t + 1
+        logits = self.model(inputs, start, inputs.response_len)
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
+        targets = inputs.input_ids[0, inputs.prompt_len :].to(self.device)
+        return token_logprobs(logits, targets)
+
+    # --- optimization ----------------------------------------------------------------------------
+    def grad_norm(self) -> float:
+        """Global L2 norm of the gradients: TP-sharded parameters summed over the TP group, replicated ones once."""
+        sharded = torch.zeros((), dtype=torch.float64, device=self.device)
+        replicated = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.params:
+            if p.grad is None:
+                continue
+            sq = p.grad.detach().double().pow(2).sum()
+            if getattr(p, "tensor_model_parallel", False):
+                sharded += sq
+            else:
+                replicated += sq
+        if self.tensor_parallel_size > 1:
+            dist.all_reduce(sharded, group=self._tp_group)
+        return math.sqrt(float(sharded + replicated))
+
+    def optimizer_step(self) -> float:
+        """Average gradients over DP ranks, clip to ``grad_clip`` by the TP-aware global norm, AdamW step, clear.
+
+        Collective over all ranks. Returns the pre-clip norm; ``step`` increases by one.
+        """
+        if self.data_parallel_size > 1:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=self._dp_group)
+                p.grad.div_(self.data_parallel_size)
+        norm = self.grad_norm()
+        clip = self.settings.grad_clip
+        if clip is not None and math.isfinite(norm):
+            coef = clip / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s rule
+            if coef < 1.0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return norm
+
+    # --- weights ---------------------------------------------------------------------------------
+    def _gather_hf(self, tensors: dict[str, torch.Tensor], visual: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Hugging Face tensors from this TP group's GPT shards (named like the GPT parameters); rank 0 only."""
+        if self.data_parallel_rank != 0:
+            return {}
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tensor_parallel_size)]
+        for name in sorted(tensors):
+            local = tensors[name].detach().contiguous()
+            if self.tensor_parallel_size == 1:
+                shards[0][name] = local.cpu()
+                continue
+            parts = [torch.empty_like(local) for _ in range(self.tensor_parallel_size)]
+            dist.all_gather(parts, local, group=self._tp_group)
+            for r, part in enumerate(parts):
+                shards[r][name] = part.cpu()
+        if not self.is_main:
+            return {}
+        out = megatron_to_hf(shards, self.model.spec)
+        out.update({f"model.visual.{k}": v.detach().cpu().contiguous() for k, v in visual.items()})
+        return out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full Hugging Face Qwen2.5-VL state dict (names of ``Qwen2_5_VLForConditionalGeneration.state_dict()``)
+        on CPU, on rank 0; ``{}`` on the other ranks. Collective."""
+        gpt = dict(self.model.gpt.named_parameters())
+        return self._gather_hf(gpt, dict(self.model.visual.state_dict()))
+
+    def full_grad_dict(self) -> dict[str, torch.Tensor]:
+        """The current gradients in Hugging Face layout and names (zeros where none), on rank 0. Collective."""
+
+        def grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+            return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in module.named_parameters()}
+
+        return self._gather_hf(grads(self.model.gpt), grads(self.model.visual))
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def _shard_file(self, path: Path) -> Path:
+        return path / f"megatron_tp{self.tensor_parallel_rank:02d}_of_{self.tensor_parallel_size:02d}.pt"
+
+    def save_checkpoint(self, path: Path) -> None:
+        """Write this layout's weights, AdamW moments and step under ``path`` (one file per TP rank). Collective."""
+        path = Path(path)
+        if self.data_parallel_rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            state = {
+                "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items() if "_extra_state" not in k},
+                "optimizer": self.optimizer.state_dict(),
+                "step": self.step,
+            }
+            target = self._shard_file(path)
+            tmp = target.with_suffix(".tmp")
+            torch.save(state, tmp)
+            os.replace(tmp, target)
+        dist.barrier()
+        if self.is_main:
+            meta = {"format": _FORMAT, "tensor_parallel_size": self.tensor_parallel_size, "step": self.step}
+            (path / _META).write_text(json.dumps(meta))
+        dist.barrier()
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore weights, AdamW moments and step written by :meth:`save_checkpoint` with the same TP size.
+
+        Raises:
+            CheckpointError: Missing files, another format, or another tensor-parallel size.
+        """
+        path = Path(path)
+        meta_file = path / _META
+        if not meta_file.is_file():
+            raise CheckpointError(str(path), f"no {_META}: not a megatron backend checkpoint")
+        meta = json.loads(meta_file.read_text())
+        if meta.get("format") != _FORMAT:
+            raise CheckpointError(str(path), f"format {meta.get('format')!r}, expected {_FORMAT!r}")
+        if meta.get("tensor_parallel_size") != self.tensor_parallel_size:
+            raise CheckpointError(
+                str(path),
+                f"written with tensor_parallel_size {meta.get('tensor_parallel_size')}, this run uses "
+                f"{self.tensor_parallel_size}; reshard through full_state_dict() (weights only) instead",
+            )
+        shard = self._shard_file(path)
+        if not shard.is_file():
+            raise CheckpointError(str(path), f"missing {shard.name}")
+        state = torch.load(shard, map_location=self.device, weights_only=True)
+        missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
+        missing = [k for k in missing if "_extra_state" not in k]
+        if missing or unexpected:
+            raise CheckpointError(str(path), f"weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        dist.barrier()
+
+    def close(self) -> None:
+        """Tear down megatron's process groups (the default group stays: torchrun's owner destroys it)."""
+        mcore = import_megatron()
+        if mcore.parallel_state.model_parallel_is_initialized():
+            mcore.parallel_state.destroy_model_parallel()
+
+
+def _load_params(gpt: torch.nn.Module, shard: dict[str, torch.Tensor]) -> None:
+    """Copy converted tensors into the GPTModel's parameters; every parameter must be covered exactly."""
+    params = dict(gpt.named_parameters())
+    if set(params) != set(shard):
+        raise ParallelismError(
+            f"conversion and GPTModel disagree: only in model {sorted(set(params) - set(shard))[:4]}, "
+            f"only in conversion {sorted(set(shard) - set(params))[:4]}"
+        )
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.shape != shard[name].shape:
+                raise ParallelismError(f"{name}: model shape {tuple(p.shape)}, converted {tuple(shard[name].shape)}")
+            p.copy_(shard[name])
+
+
+def build_backend(config: Any) -> MegatronBackend:
+    """Entry point for a torchrun launch: the backend from a trainer-config-like object (see MegatronSettings)."""
+    return MegatronBackend.create(MegatronSettings.from_config(config))
