@@ -14,6 +14,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 from pydantic import BaseModel, TypeAdapter
 
+from dart.protocol.bus.auth import DenialWatch
 from dart.protocol.bus.config import BusConfig
 from dart.protocol.bus.consumer import PullConsumer
 from dart.protocol.bus.jetstream import (
@@ -54,6 +55,7 @@ class JetStreamMethods:
     _stats: BusStats
     _tracer: BusTracer
     _consumers: list[PullConsumer[Any]]
+    _denials: DenialWatch
 
     async def ensure_stream(
         self,
@@ -167,17 +169,22 @@ class JetStreamMethods:
         Raises:
             JetStreamError: No stream stores the subject, or no ack came in time.
             PayloadTooLargeError: The message exceeds the server's ``max_payload``.
+            PermissionDeniedError: The connection's user may not publish to ``subject``.
         """
         seconds = self._config.request_timeout_s if timeout is None else timeout
-        return await js_publish(
-            self._js,
-            self._tracer,
+        return await self._denials.guard(
+            "publish",
             subject,
-            msg,
-            msg_id,
-            timeout=seconds,
-            stream=stream,
-            max_payload=self._nc.max_payload,
+            js_publish(
+                self._js,
+                self._tracer,
+                subject,
+                msg,
+                msg_id,
+                timeout=seconds,
+                stream=stream,
+                max_payload=self._nc.max_payload,
+            ),
         )
 
     @overload
