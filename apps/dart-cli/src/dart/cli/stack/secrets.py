@@ -21,23 +21,33 @@ PASSWORD_BYTES = 32
 """Entropy of each generated password (256 bits, URL-safe base64 encoded)."""
 
 
-def write_bus_credentials(run_dir: Path, roles: Iterable[Role]) -> dict[Role, Path]:
-    """Generate a password per role into ``<run_dir>/secrets/nats-<role>.password`` (mode 0600).
+def write_bus_credentials(
+    run_dir: Path, roles: Iterable[Role], *, directory: str = "secrets", keep_existing: bool = False
+) -> dict[Role, Path]:
+    """Generate a password per role into ``<run_dir>/<directory>/nats-<role>.password`` (mode 0600).
+
+    Args:
+        run_dir: The run directory (or any directory).
+        roles: Roles to create passwords for.
+        directory: Subdirectory to use (``""`` for ``run_dir`` itself); created with mode 0700.
+        keep_existing: Keep passwords already there (a restarted ``dart nats``) instead of failing.
 
     Raises:
-        FileExistsError: A password file already exists (run directories are never reused).
+        FileExistsError: A password file already exists and ``keep_existing`` is False.
     """
-    directory = run_dir / "secrets"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    folder = run_dir / directory if directory else run_dir
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
     files: dict[Role, Path] = {}
     for role in roles:
-        path = directory / f"nats-{role}.password"
+        path = folder / f"nats-{role}.password"
+        files[role] = path
+        if keep_existing and path.is_file():
+            continue
         # O_EXCL with 0600 from the first byte: no window in which another user could read it.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(secrets.token_urlsafe(PASSWORD_BYTES) + "\n")
-        files[role] = path
     return files
 
 
