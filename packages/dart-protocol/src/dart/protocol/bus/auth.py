@@ -22,7 +22,7 @@ from dart.protocol.subjects import inbox_prefix
 T = TypeVar("T")
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
-# The server's wording, e.g.: Permissions Violation for Publish to "dart.v1.traj.r1"
+# The server's wording, e.g.: Permissions Violation for Publish to "<prefix>.traj.<run>"
 _VIOLATION = re.compile(r"Permissions Violation for (Publish|Subscription) to \"?([^\"\s']+)\"?", re.IGNORECASE)
 AUTH_VIOLATION = "authorization violation"
 
