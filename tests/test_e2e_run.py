@@ -113,3 +113,34 @@ def test_training_curves_reach_tensorboard(smoke_run: tuple[dict[str, Any], Path
     data = EventAccumulator(str(run_dir / "tensorboard" / "dart-data"))
     data.Reload()
     assert "data.stats/stored" in data.Tags()["scalars"]
+
+
+def test_services_authenticated_and_no_secret_leaked(smoke_run: tuple[dict[str, Any], Path]) -> None:
+    """Auth is on by default: one user per role, passwords only in 0600 files, nowhere else in the run."""
+    import stat
+
+    _, run_dir = smoke_run
+    secrets_dir = run_dir / "secrets"
+    assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
+    password_files = sorted(secrets_dir.glob("nats-*.password"))
+    assert [p.name for p in password_files] == [
+        f"nats-{r}.password" for r in sorted(("env", "rollout", "data", "train", "run", "eval"))
+    ]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in password_files)
+    passwords = [p.read_text().strip().encode() for p in password_files]
+    assert all(len(pw) >= 32 for pw in passwords)
+    server_config = json.loads((run_dir / "nats" / "nats.conf").read_text())
+    users = {u["user"]: u for u in server_config["authorization"]["users"]}
+    assert set(users) == {"env", "rollout", "data", "train", "run", "eval"}
+    assert all(u["password"].startswith("$2a$") and "permissions" in u for u in users.values())
+    # Every service connected as its own user and stayed within its permissions.
+    server_log = (run_dir / "nats" / "nats-server.log").read_text()
+    assert "Violation" not in server_log and "authentication error" not in server_log.lower()
+    assert "user:" not in (run_dir / "config.yaml").read_text().replace("user: null", "")
+    # No password in logs, telemetry, configs, the summary, the server config or any other file.
+    leaks = [
+        str(path.relative_to(run_dir))
+        for path in run_dir.rglob("*")
+        if path.is_file() and secrets_dir not in path.parents and any(pw in path.read_bytes() for pw in passwords)
+    ]
+    assert leaks == []

@@ -103,3 +103,30 @@ async def test_exits_non_zero_when_the_server_dies() -> None:
     text = out.decode()
     assert "nats-server stopped unexpectedly" in text
     assert json.loads(text.strip().splitlines()[-1])["stopped_by"] == "nats-server stopped unexpectedly"
+
+
+async def test_users_dir_admits_only_per_service_users(tmp_path: Path) -> None:
+    from dart.protocol.bus import Bus, BusConfig
+    from dart.protocol.errors import BusAuthError, PermissionDeniedError
+    from dart.protocol.testing import all_messages
+    from dart.protocol.topology import ensure_topology
+
+    users_dir = tmp_path / "users"
+    proc, url, _, _ = await start_dart_nats("--port", "0", "--users-dir", str(users_dir), "--run", "r1")
+    try:
+        assert sorted(p.name for p in users_dir.iterdir()) == [
+            f"nats-{r}.password" for r in sorted(("env", "rollout", "data", "train", "run", "eval"))
+        ]
+        with pytest.raises(BusAuthError):
+            await Bus.connect(BusConfig(url=url))
+        config = BusConfig(url=url, run="r1", user="rollout", password_file=users_dir / "nats-rollout.password")
+        async with await Bus.connect(config) as bus:
+            await ensure_topology(bus)
+            traj = next(m for m in all_messages() if m.kind == "trajectory")  # type: ignore[attr-defined]
+            await bus.js_publish(bus.subjects.stream_subject("traj"), traj, msg_id="t1")
+            with pytest.raises(PermissionDeniedError):
+                await bus.js_publish(bus.subjects.stream_subject("work"), traj, msg_id="w1")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0, out.decode()

@@ -3,6 +3,11 @@
 Lifecycle: start (prints the URL) -> serve until SIGINT/SIGTERM (exit 0) or until the server
 dies (exit 1, with the tail of its log) -> stop the server and remove a temporary store. The last
 line printed is a JSON summary.
+
+With ``--users-dir DIR --run NAME`` the server admits only DART's per-service users, each limited to
+its subjects for that run (``dart.protocol.permissions``); passwords are created in ``DIR`` (0600) on
+first use and kept, so ``dart serve`` processes connect with ``DART_BUS__USER=<role>`` and
+``DART_BUS__PASSWORD_FILE=DIR/nats-<role>.password``.
 """
 
 from __future__ import annotations
@@ -21,8 +26,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dart.embedded.nats import EmbeddedNats
+from dart.cli.stack.secrets import write_bus_credentials
+from dart.embedded.nats import EmbeddedNats, NatsUser
 from dart.embedded.process import EmbeddedServerError, port_open
+from dart.protocol.permissions import service_permissions
+from dart.protocol.subjects import DEFAULT_PREFIX
+from dart.protocol.topology import ROLES
 
 
 def _healthy(server: EmbeddedNats) -> bool:
@@ -53,6 +62,12 @@ def nats_command(
         Path | None,
         typer.Option("--store-dir", help="JetStream storage directory, kept at exit. Default: a temporary one."),
     ] = None,
+    users_dir: Annotated[
+        Path | None,
+        typer.Option("--users-dir", help="Admit only per-service users whose passwords are (or are put) here."),
+    ] = None,
+    run: Annotated[str, typer.Option("--run", help="Run token the users' permissions are scoped to.")] = "run",
+    prefix: Annotated[str, typer.Option("--prefix", help="Subject prefix of the users' permissions.")] = DEFAULT_PREFIX,
 ) -> None:
     """Run a nats-server with JetStream in the foreground until Ctrl-C."""
     console = Console(highlight=False, soft_wrap=True)
@@ -66,7 +81,11 @@ def nats_command(
     # Installed before the server starts, so a signal during startup still stops it cleanly.
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        exit_code = _serve(console, stop, received, port, host, store_dir)
+        users = []
+        if users_dir is not None:
+            files = write_bus_credentials(users_dir, ROLES, directory="", keep_existing=True)
+            users = [NatsUser(r, f, service_permissions(r, prefix, run)) for r, f in files.items()]
+        exit_code = _serve(console, stop, received, port, host, store_dir, users)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -74,14 +93,20 @@ def nats_command(
 
 
 def _serve(
-    console: Console, stop: threading.Event, received: list[str], port: int, host: str, store_dir: Path | None
+    console: Console,
+    stop: threading.Event,
+    received: list[str],
+    port: int,
+    host: str,
+    store_dir: Path | None,
+    users: list[NatsUser],
 ) -> int:
     if port and port_open(host, port):
         console.print(
             f"[red]error:[/] {host}:{port} is already in use; pick another --port, or --port 0 for a free one"
         )
         return 1
-    server = EmbeddedNats(port=port or None, host=host, store_dir=store_dir)
+    server = EmbeddedNats(port=port or None, host=host, store_dir=store_dir, users=users)
     try:
         server.start()
     except EmbeddedServerError as exc:
@@ -93,6 +118,8 @@ def _serve(
     console.print(f"NATS with JetStream listening on {server.url}")
     console.print(f"  pid {server.pid}, store {server.store_dir} ({kept}), monitor http://{host}:{server.monitor_port}")
     console.print(f"  use it with: export DART_BUS__URL={server.url}")
+    if users:
+        console.print(f"  users {', '.join(u.name for u in users)}: DART_BUS__USER / DART_BUS__PASSWORD_FILE")
     console.print("Press Ctrl-C to stop.")
     console.file.flush()
     exit_code, reason = 0, ""

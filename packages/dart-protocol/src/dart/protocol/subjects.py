@@ -14,6 +14,7 @@ Layout (prefix ``P``)::
     P.model.<run>                      JetStream: model version announcements
     P.ctl.<service>.<op>               request: control plane (status, shutdown)
     P.bench.<name>                     request: benchmarks and tests
+    _INBOX.<user>.<id>                 replies to one NATS user's requests
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Literal
 from dart.protocol.errors import SubjectError
 
 DEFAULT_PREFIX = "dart.v1"
+INBOX_ROOT = "_INBOX"
 
 EnvOp = Literal["reset", "step", "evaluate", "release", "heartbeat"]
 StreamKind = Literal["work", "traj", "batch", "model"]
@@ -36,6 +38,11 @@ def _check_token(token: str, what: str) -> str:
     if not _TOKEN.match(token):
         raise SubjectError(f"{what} {token!r} must be a non-empty run of letters, digits, '_' or '-'")
     return token
+
+
+def inbox_prefix(user: str) -> str:
+    """The reply-inbox prefix of a NATS user's connections, e.g. ``_INBOX.rollout`` (see ``permissions``)."""
+    return f"{INBOX_ROOT}.{_check_token(user, 'user')}"
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,16 @@ stream     message           published by     consumed by (durable) dedupe id
 
 The ``state`` KV bucket holds the latest :class:`ModelVersion` under :data:`LATEST_MODEL_KEY`;
 engines' sync controllers and the data manager watch it.
+
+Who publishes and consumes what is recorded here too (``publishers``, ``consumers``, ``readers``,
+``writers``): :func:`dart.protocol.permissions.service_permissions` derives each service's NATS
+permissions from these tables, so a new stream or bucket is declared once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.subjects import StreamKind
@@ -27,6 +32,10 @@ from dart.protocol.subjects import StreamKind
 LATEST_MODEL_KEY = "model-latest"
 """Key of the newest ModelVersion in the ``state`` bucket."""
 STATE_BUCKET = "state"
+
+Role = Literal["env", "rollout", "data", "train", "run", "eval"]
+"""A NATS identity: the four services, the ``dart run`` supervisor, and ``dart eval``."""
+ROLES: tuple[Role, ...] = ("env", "rollout", "data", "train", "run", "eval")
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,8 @@ class ConsumerSpec:
     ack_wait_s: float
     max_deliver: int
     max_ack_pending: int = 1000
+    consumers: tuple[Role, ...] = ()
+    """Roles that pull (and ack) from this consumer."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +67,54 @@ class StreamSpec:
     consumer: ConsumerSpec | None
     duplicate_window_s: float = 600.0
     max_age_s: float | None = None
+    publishers: tuple[Role, ...] = ()
+    """Roles allowed to publish to the stream's subject."""
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    """A KV bucket of the run.
+
+    Attributes:
+        name: Bucket token (``subjects.kv_bucket(name)``).
+        history: Revisions kept per key.
+        writers: Roles that put values.
+        readers: Roles that get or watch values.
+    """
+
+    name: str
+    history: int
+    writers: tuple[Role, ...]
+    readers: tuple[Role, ...]
 
 
 STREAMS: dict[StreamKind, StreamSpec] = {
     # Work items are deleted once a runner acks them (work queue).
-    "work": StreamSpec("work", "workqueue", ConsumerSpec("runners", ack_wait_s=60.0, max_deliver=3)),
-    "traj": StreamSpec("traj", "limits", ConsumerSpec("data", ack_wait_s=60.0, max_deliver=10)),
-    "batch": StreamSpec("batch", "limits", ConsumerSpec("trainer", ack_wait_s=300.0, max_deliver=5)),
-    "model": StreamSpec("model", "limits", None),
+    "work": StreamSpec(
+        "work",
+        "workqueue",
+        ConsumerSpec("runners", ack_wait_s=60.0, max_deliver=3, consumers=("rollout",)),
+        publishers=("data",),
+    ),
+    "traj": StreamSpec(
+        "traj",
+        "limits",
+        ConsumerSpec("data", ack_wait_s=60.0, max_deliver=10, consumers=("data",)),
+        publishers=("rollout",),
+    ),
+    "batch": StreamSpec(
+        "batch",
+        "limits",
+        ConsumerSpec("trainer", ack_wait_s=300.0, max_deliver=5, consumers=("train",)),
+        publishers=("data",),
+    ),
+    "model": StreamSpec("model", "limits", None, publishers=("train",)),
+}
+
+BUCKETS: dict[str, BucketSpec] = {
+    STATE_BUCKET: BucketSpec(
+        STATE_BUCKET, history=8, writers=("train",), readers=("rollout", "data", "train", "run", "eval")
+    ),
 }
 
 
@@ -92,4 +143,5 @@ async def ensure_topology(bus: Bus) -> KeyValueStore:
                 max_deliver=spec.consumer.max_deliver,
                 max_ack_pending=spec.consumer.max_ack_pending,
             )
-    return await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET), history=8)
+    state = BUCKETS[STATE_BUCKET]
+    return await bus.kv(bus.subjects.kv_bucket(state.name), history=state.history)

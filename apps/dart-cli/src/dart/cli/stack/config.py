@@ -46,6 +46,9 @@ class RunSection(ConfigModel):
     """Hard limit of the RL phase when ``min_versions`` is not reached, seconds; None: 4 x ``rl_duration_s``."""
     embedded_nats: bool = True
     """Start an embedded nats-server (``bus.url`` is then replaced by its URL)."""
+    nats_auth: bool = True
+    """Give the embedded nats-server one user per service with permissions limited to its subjects
+    (random passwords in ``<run_dir>/secrets``); False lets any local client in."""
     torch_threads: int = Field(default=1, ge=1)
     """Intra-op threads for each torch process (engines, trainer, warm start)."""
     stop_timeout_s: float = Field(default=60.0, gt=0)

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,14 @@ from rich.table import Table
 
 from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks
 from dart.cli.stack.progress import RunProgress
+from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
 from dart.protocol.bus import Bus
 from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
-from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+from dart.protocol.permissions import service_permissions
+from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure_topology
 
 console = Console(stderr=True)
 
@@ -140,8 +143,13 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
     )
 
 
-def spawn(service: str, config_file: Path, run_dir: Path) -> subprocess.Popen[bytes]:
-    """Start ``dart serve <service>`` as a child process logging to ``logs/<service>.log``."""
+def spawn(
+    service: str, config_file: Path, run_dir: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``dart serve <service>`` as a child process logging to ``logs/<service>.log``.
+
+    ``env`` adds to the inherited environment (e.g. the service's NATS user and password file).
+    """
     log_dir = run_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     log = open(log_dir / f"{service}.log", "ab")  # the child owns it; closed here after Popen
@@ -151,6 +159,7 @@ def spawn(service: str, config_file: Path, run_dir: Path) -> subprocess.Popen[by
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
             start_new_session=True,
             preexec_fn=die_with_parent(),
         )
@@ -265,26 +274,31 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
 
 def run(config_path: Path) -> dict[str, Any]:
     """Run the pipeline described by ``config_path``; returns the summary."""
-    from dart.embedded.nats import EmbeddedNats
+    from dart.embedded.nats import EmbeddedNats, NatsUser
 
     config = resolve(load_run_config(config_path), config_path)
     run_dir = config.run.run_dir
     assert run_dir is not None
     console.log(f"run directory: {run_dir}")
     started = time.monotonic()
-    nats = EmbeddedNats(store_dir=run_dir / "nats") if config.run.embedded_nats else None
+    credentials = write_bus_credentials(run_dir, ROLES) if config.run.embedded_nats and config.run.nats_auth else {}
+    users = [NatsUser(r, f, service_permissions(r, config.bus.prefix, config.run.name)) for r, f in credentials.items()]
+    nats = EmbeddedNats(store_dir=run_dir / "nats", users=users) if config.run.embedded_nats else None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if nats is not None:
             nats.start()
-            console.log(f"embedded nats-server at {nats.url}")
+            console.log(f"embedded nats-server at {nats.url}" + (" (one user per service)" if users else ""))
         policy, info = prepare_policy(config)
         config = finalize(config, policy, nats.url if nats else None)
         config_file = run_dir / "config.yaml"
         config_file.write_text(dump_config(config))
         for service in SERVICES:
-            procs[service] = spawn(service, config_file, run_dir)
+            env = service_environment(service, credentials[service]) if credentials else None
+            procs[service] = spawn(service, config_file, run_dir, env)
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
+        if credentials:  # the supervisor connects as the ``run`` role
+            config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
         figures = asyncio.run(monitor(config, procs))
     finally:
         for proc in procs.values():

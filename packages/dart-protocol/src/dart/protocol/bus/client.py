@@ -19,6 +19,7 @@ from nats.aio.client import Client as NatsClient
 from opentelemetry.trace import SpanKind, TracerProvider
 from pydantic import BaseModel, TypeAdapter
 
+from dart.protocol.bus.auth import DenialWatch, auth_options, is_auth_violation
 from dart.protocol.bus.config import BusConfig
 from dart.protocol.bus.consumer import PullConsumer
 from dart.protocol.bus.service import Service
@@ -26,8 +27,8 @@ from dart.protocol.bus.stats import BusStats
 from dart.protocol.bus.streams import JetStreamMethods
 from dart.protocol.bus.tracing import BusTracer
 from dart.protocol.errors import (
+    BusAuthError,
     BusConnectionError,
-    ConfigError,
     DartError,
     MessageValidationError,
     NoRespondersError,
@@ -69,6 +70,7 @@ class Bus(JetStreamMethods):
         config: BusConfig,
         stats: BusStats | None = None,
         tracer_provider: TracerProvider | None = None,
+        denials: DenialWatch | None = None,
     ) -> None:
         """Use :meth:`connect`; this wraps an already connected client."""
         self._nc = nc
@@ -79,6 +81,7 @@ class Bus(JetStreamMethods):
         self._tracer = BusTracer(tracer_provider)
         self._services: list[Service] = []
         self._consumers: list[PullConsumer[Any]] = []
+        self._denials = denials or DenialWatch(config.user)
 
     @classmethod
     async def connect(cls, config: BusConfig | None = None, *, tracer_provider: TracerProvider | None = None) -> Bus:
@@ -93,9 +96,12 @@ class Bus(JetStreamMethods):
                 (what services want: their telemetry setup installs it).
 
         Raises:
+            BusAuthError: The server refused the credentials (none, a wrong password, an unknown
+                user); raised as soon as the server says so, naming the user.
             BusConnectionError: No server answered before the deadline (the message names the URLs
-                and the last error, e.g. connection refused or authorization violation).
-            ConfigError: ``token_env`` names an unset variable or ``creds_file`` does not exist.
+                and the last error, e.g. connection refused).
+            ConfigError: ``token_env`` / ``password_env`` name an unset variable, or ``creds_file``,
+                ``password_file`` or a TLS file cannot be read.
         """
         config = config or BusConfig()
         servers = config.servers
@@ -103,10 +109,16 @@ class Bus(JetStreamMethods):
         stats = BusStats()
         last_error: list[BaseException] = []
         connected = asyncio.Event()
+        refused = asyncio.Event()
+        denials = DenialWatch(config.user)
 
         async def on_error(exc: Exception) -> None:
             last_error[:] = [exc]
-            if connected.is_set():
+            if denials.report(str(exc)):
+                log.warning("NATS refused %s: %s", config.user or "this client", exc)
+            elif not connected.is_set() and is_auth_violation(exc):
+                refused.set()  # retrying the same credentials cannot succeed
+            elif connected.is_set():
                 log.warning("NATS error on %s: %s", servers, exc)
 
         async def on_disconnected() -> None:
@@ -136,22 +148,35 @@ class Bus(JetStreamMethods):
             "reconnected_cb": on_reconnected,
             "closed_cb": on_closed,
         }
-        token = config.token()
-        if token is not None:
-            options["token"] = token
-        if config.creds_file is not None:
-            if not config.creds_file.is_file():
-                raise ConfigError("bus", "bus.creds_file", f"{config.creds_file} is not a readable file")
-            options["user_credentials"] = str(config.creds_file)
+        options.update(auth_options(config))
+        connecting = asyncio.ensure_future(nc.connect(**options))
+        refusal = asyncio.ensure_future(refused.wait())
         try:
             # nats-py retries the first connection without bound when reconnects are enabled, so
             # the overall deadline is ours; reconnect-after-loss semantics stay nats-py's.
-            await asyncio.wait_for(nc.connect(**options), timeout=config.connect_timeout_s)
+            done, _ = await asyncio.wait(
+                {connecting, refusal}, timeout=config.connect_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if connecting in done:
+                connecting.result()
+            elif refusal in done:
+                raise BusAuthError(
+                    servers, config.user, str(last_error[0]) if last_error else "authorization violation"
+                )
+            else:
+                raise TimeoutError
         except (TimeoutError, OSError, nats.errors.Error) as exc:
-            await _abandon(nc)
+            await _abandon(nc, connecting)
             cause = last_error[0] if last_error else exc
+            if is_auth_violation(cause):
+                raise BusAuthError(servers, config.user, f"{type(cause).__name__}: {cause}") from exc
             detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
             raise BusConnectionError(servers, f"{detail} (gave up after {config.connect_timeout_s:g}s)") from exc
+        except BaseException:
+            await _abandon(nc, connecting)
+            raise
+        finally:
+            refusal.cancel()
         if nc.max_payload < config.max_message_bytes:
             await _abandon(nc)
             raise ConfigError(
@@ -162,7 +187,7 @@ class Bus(JetStreamMethods):
             )
         connected.set()
         log.debug("connected to NATS at %s", nc.connected_url.geturl() if nc.connected_url else servers)
-        return cls(nc, config, stats, tracer_provider)
+        return cls(nc, config, stats, tracer_provider, denials)
 
     # --- properties ---------------------------------------------------------------------------
     @property
@@ -179,6 +204,11 @@ class Bus(JetStreamMethods):
     def stats(self) -> BusStats:
         """Live counters of served requests, rejected input and poison messages."""
         return self._stats
+
+    @property
+    def denials(self) -> DenialWatch:
+        """Permission violations the server reported on this connection."""
+        return self._denials
 
     @property
     def is_connected(self) -> bool:
@@ -221,7 +251,9 @@ class Bus(JetStreamMethods):
         data = self._encode(subject, msg)
         with self._tracer.send("request", subject, SpanKind.CLIENT) as (_, headers):
             try:
-                reply = await self._nc.request(subject, data, timeout=timeout, headers=headers)
+                reply = await self._denials.guard(
+                    "publish", subject, self._nc.request(subject, data, timeout=timeout, headers=headers)
+                )
             except nats.errors.NoRespondersError:
                 raise NoRespondersError(subject) from None
             except TimeoutError:
@@ -367,6 +399,10 @@ class Bus(JetStreamMethods):
             await service.start()
         except nats.errors.Error as exc:
             raise self._send_error(exc, subject, 0) from exc
+        if self._denials.denied("subscribe", subject):
+            # start() flushed, so the server's refusal (sent before its PONG) has been processed.
+            await service.stop(timeout_s=0.0)
+            raise self._denials.error("subscribe", subject)
         self._services = [s for s in self._services if not s.stopped] + [service]
         return service
 
@@ -417,8 +453,11 @@ def _decode_reply(subject: str, data: bytes, reply_type: type[BaseModel] | TypeA
     raise RemoteError(subject, error.code.value, error.message, error.details, error.retryable)
 
 
-async def _abandon(nc: NatsClient) -> None:
+async def _abandon(nc: NatsClient, connecting: asyncio.Future[Any] | None = None) -> None:
     """Stop a client whose first connection failed, so no reconnect loop lingers."""
+    if connecting is not None and not connecting.done():
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
     try:
         await nc.close()
     except Exception as exc:  # best effort: the connection never came up

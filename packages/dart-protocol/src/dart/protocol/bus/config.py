@@ -1,7 +1,8 @@
 """Configuration of the NATS bus client.
 
-Secrets never live in config values: a credentials file is referenced by path and a token by the
-name of the environment variable that holds it, so a run's YAML can be committed and shared.
+Secrets never live in config values: a credentials file is referenced by path, and a token or a
+password by the path of the file or the name of the environment variable that holds it, so a run's
+YAML can be committed and shared.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
@@ -28,7 +29,9 @@ class BusConfig(ConfigModel):
           url: [nats://nats-1:4222, nats://nats-2:4222]
           prefix: dart.v1
           run: exp-42
-          token_env: DART_NATS_TOKEN
+          user: rollout
+          password_file: /run/secrets/nats_rollout_password
+          tls_ca_file: /etc/dart/nats-ca.pem     # with tls:// URLs
     """
 
     url: str | list[str] = "nats://127.0.0.1:4222"
@@ -51,6 +54,20 @@ class BusConfig(ConfigModel):
     """Path to a NATS ``.creds`` file (JWT + nkey seed), for servers with decentralized auth."""
     token_env: str | None = None
     """Name of the environment variable holding an auth token (the token itself is never in config)."""
+    user: str | None = None
+    """NATS user (for servers with per-service users, e.g. ``rollout``); its password comes from
+    ``password_file`` or ``password_env``. A user that is a subject token also names the reply
+    inboxes (``_INBOX.<user>.…``), which per-service permissions rely on."""
+    password_file: Path | None = None
+    """File holding ``user``'s password (mode 0600; surrounding whitespace is ignored)."""
+    password_env: str | None = None
+    """Name of the environment variable holding ``user``'s password (when no ``password_file``)."""
+    tls_ca_file: Path | None = None
+    """PEM file of the CA(s) that signed the server certificate, for ``tls://`` URLs (None: system CAs)."""
+    tls_cert_file: Path | None = None
+    """PEM client certificate, for servers that verify clients (with ``tls_key_file``)."""
+    tls_key_file: Path | None = None
+    """PEM private key of ``tls_cert_file``."""
     serve_concurrency: int = Field(default=64, ge=1)
     """Default bound on concurrently running handlers of one served subject."""
     drain_timeout_s: float = Field(default=10.0, gt=0)
@@ -75,6 +92,16 @@ class BusConfig(ConfigModel):
                 # Credentials in a URL end up in YAML files, logs and process listings.
                 raise ValueError(f"{url!r} embeds credentials: use creds_file or token_env instead")
         return value
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> BusConfig:
+        if self.password_file is not None and self.password_env is not None:
+            raise ValueError("give either password_file or password_env, not both")
+        if (self.password_file is not None or self.password_env is not None) and not self.user:
+            raise ValueError("a password (password_file / password_env) needs bus.user")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("a client certificate needs both tls_cert_file and tls_key_file")
+        return self
 
     @field_validator("prefix")
     @classmethod
@@ -109,3 +136,26 @@ class BusConfig(ConfigModel):
         if not token:
             raise ConfigError("env", "bus.token_env", f"environment variable {self.token_env} is not set or empty")
         return token
+
+    def password(self) -> str | None:
+        """``user``'s password, read now from ``password_file`` or ``password_env``; None when neither is set.
+
+        Raises:
+            ConfigError: The file is unreadable or empty, or the variable is unset or empty.
+        """
+        if self.password_file is not None:
+            try:
+                value = self.password_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(str(self.password_file), "bus.password_file", f"cannot read it: {exc}") from exc
+            if not value:
+                raise ConfigError(str(self.password_file), "bus.password_file", "the password file is empty")
+            return value
+        if self.password_env is not None:
+            value = os.environ.get(self.password_env, "").strip()
+            if not value:
+                raise ConfigError(
+                    "env", "bus.password_env", f"environment variable {self.password_env} is not set or empty"
+                )
+            return value
+        return None

@@ -15,6 +15,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 from pydantic import BaseModel, TypeAdapter
 
+from dart.protocol.bus.auth import DenialWatch
 from dart.protocol.bus.config import BusConfig
 from dart.protocol.bus.consumer import PullConsumer
 from dart.protocol.bus.jetstream import (
@@ -55,6 +56,7 @@ class JetStreamMethods:
     _stats: BusStats
     _tracer: BusTracer
     _consumers: list[PullConsumer[Any]]
+    _denials: DenialWatch
 
     async def ensure_stream(
         self,
@@ -168,17 +170,22 @@ class JetStreamMethods:
         Raises:
             JetStreamError: No stream stores the subject, or no ack came in time.
             PayloadTooLargeError: The message exceeds ``config.max_message_bytes``.
+            PermissionDeniedError: The connection's user may not publish to ``subject``.
         """
         seconds = self._config.request_timeout_s if timeout is None else timeout
-        return await js_publish(
-            self._js,
-            self._tracer,
+        return await self._denials.guard(
+            "publish",
             subject,
-            msg,
-            msg_id,
-            timeout=seconds,
-            stream=stream,
-            max_payload=self._config.max_message_bytes,
+            js_publish(
+                self._js,
+                self._tracer,
+                subject,
+                msg,
+                msg_id,
+                timeout=seconds,
+                stream=stream,
+                max_payload=self._config.max_message_bytes,
+            ),
         )
 
     @overload
