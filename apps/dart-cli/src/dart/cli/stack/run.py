@@ -26,6 +26,7 @@ from rich.table import Table
 from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.summary import build_summary
+from dart.cli.stack.validation import heldout_summary
 from dart.protocol.bus import Bus
 from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
@@ -210,8 +211,14 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
     run_dir = config.run.run_dir
     assert run_dir is not None
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
+    validator = None
     try:
         state = await ensure_topology(bus)
+        if config.validation.enabled:
+            from dart.cli.stack.validation import HeldOutValidator
+
+            validator = HeldOutValidator(config, bus, state, console)
+            await validator.start()
         start_ns = time.time_ns()
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
         deadline = time.monotonic() + config.run.rl_duration_s
@@ -241,6 +248,7 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
         codes = {name: stop_process(procs[name], config.run.stop_timeout_s) for name in ("data", "train", "env")}
         produced = (await bus.stream_state("traj")).messages
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        heldout = await validator.finish(latest.version if latest else 0) if validator is not None else None
         return {
             "produced": produced,
             "versions": latest.version if latest else 0,
@@ -249,8 +257,11 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
             "failed": failed,
             "exit_codes": {"rollout": procs["rollout"].returncode, **codes},
             "engine_updates": progress.updates,
+            "heldout": heldout,
         }
     finally:
+        if validator is not None:
+            await validator.close()  # idempotent; here for a monitor that failed before finish()
         await bus.close()
 
 
@@ -294,6 +305,7 @@ def run(config_path: Path) -> dict[str, Any]:
             "rl_start_unix_ns": figures["rl_start_ns"],
             "rl_end_unix_ns": figures["rl_end_ns"],
             "service_exit_codes": figures["exit_codes"],
+            **heldout_summary(figures.get("heldout")),
             "error": figures["failed"],
             "total_seconds": round(time.monotonic() - started, 1),
         },
