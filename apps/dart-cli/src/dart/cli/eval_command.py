@@ -47,7 +47,11 @@ def eval_command(
     ] = None,
     suite: Annotated[
         str | None,
-        typer.Option("--suite", "-s", help="Task suite, as in a run config (default: validation suite, else suite)."),
+        typer.Option(
+            "--suite",
+            "-s",
+            help="Task suite, as in a run config (default: the held-out suite if validation is on, else suite).",
+        ),
     ] = None,
     episodes: Annotated[int, typer.Option("--episodes", "-k", min=1, help="Episodes per task (K).")] = 1,
     temperature: Annotated[
@@ -139,10 +143,8 @@ async def _on_bus(
 
 
 def eval_suite(config: RunConfig) -> str:
-    """The suite ``dart eval`` uses by default: the run's held-out suite if it has one, else its suite."""
-    validation = getattr(config, "validation", None)
-    held_out = getattr(validation, "suite", None)
-    return held_out if isinstance(held_out, str) and held_out else config.suite
+    """The suite ``dart eval`` uses by default: the run's held-out suite when it validated on one, else its suite."""
+    return config.validation.suite if config.validation.enabled else config.suite
 
 
 def report_table(report: EvalReport) -> Table:
