@@ -238,14 +238,18 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
                     break
         end_ns = time.time_ns()
         # Stop producing first, then let dart-data ingest everything that was published.
-        stop_process(procs["rollout"], config.run.stop_timeout_s)
+        # Off the loop: the held-out validator's env pool and runners live on it and must not freeze.
+        await asyncio.to_thread(stop_process, procs["rollout"], config.run.stop_timeout_s)
         drain_deadline = time.monotonic() + config.run.stop_timeout_s
         while time.monotonic() < drain_deadline:
             consumer = await bus.consumer_state("traj", durable_name(bus, "traj"))
             if consumer.num_pending == 0 and consumer.num_ack_pending == 0:
                 break
             await asyncio.sleep(0.5)
-        codes = {name: stop_process(procs[name], config.run.stop_timeout_s) for name in ("data", "train", "env")}
+        codes = {
+            name: await asyncio.to_thread(stop_process, procs[name], config.run.stop_timeout_s)
+            for name in ("data", "train", "env")
+        }
         produced = (await bus.stream_state("traj")).messages
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
         heldout = await validator.finish(latest.version if latest else 0) if validator is not None else None
