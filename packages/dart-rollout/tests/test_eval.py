@@ -21,7 +21,7 @@ from dart.protocol.bus import Bus
 from dart.protocol.messages import Fail, TaskSpec
 from dart.rollout.action_grammar import format_output
 from dart.rollout.engine.base import GenerationRequest
-from dart.rollout.eval import evaluate, pass_at_k, pass_ks, wilson_interval
+from dart.rollout.eval import difference_interval, evaluate, pass_at_k, pass_ks, wilson_interval
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
@@ -136,3 +136,14 @@ async def test_evaluate_counts_env_failures_as_errors_not_as_failures(bus: Bus) 
     assert (report.n, report.errors, report.success) == (0, 2, None)
     assert report.statuses == {"env_failed": 2}
     assert report.pass_at() == {1: None}
+
+
+@pytest.mark.unit
+def test_difference_interval_matches_newcombe() -> None:
+    # Newcombe (1998), "Interval estimation for the difference between independent proportions",
+    # example (a): 56/70 vs 48/80, method 10 gives 0.0524 to 0.3339.
+    assert difference_interval(48, 80, 56, 70) == pytest.approx((0.0524, 0.3339), abs=1e-4)
+    low, high = difference_interval(0, 32, 0, 32)
+    assert low < 0 < high
+    with pytest.raises(ValueError, match="at least one"):
+        difference_interval(0, 0, 1, 2)

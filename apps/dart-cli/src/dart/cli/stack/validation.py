@@ -72,15 +72,29 @@ def compact(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def heldout_summary(results: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """The summary's held-out keys: ``heldout`` (per evaluated version), and the first and final
-    success; empty when validation was off."""
+    """The summary's held-out keys: ``heldout`` (per evaluated version), the first and final
+    success, and ``heldout_gain`` (final minus first with a 95% Newcombe interval); empty when
+    validation was off."""
     if results is None:
         return {}
+    from dart.rollout.eval import difference_interval
+
     entries = [compact(r) for r in results]
+    gain = None
+    if len(entries) >= 2 and entries[0]["n"] and entries[-1]["n"]:
+        first, final = entries[0], entries[-1]
+        low, high = difference_interval(first["successes"], first["n"], final["successes"], final["n"])
+        gain = {
+            "from_version": first["version"],
+            "to_version": final["version"],
+            "difference": final["success"] - first["success"],
+            "ci95": [low, high],
+        }
     return {
         "heldout": entries,
         "heldout_success_first": entries[0]["success"] if entries else None,
         "heldout_success_final": entries[-1]["success"] if entries else None,
+        "heldout_gain": gain,
     }
 
 

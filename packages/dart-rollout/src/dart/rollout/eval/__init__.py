@@ -9,6 +9,6 @@ of ``dart run`` both call it, so a figure means the same thing in both places.
 from __future__ import annotations
 
 from dart.rollout.eval.evaluate import EvalReport, TaskResult, evaluate
-from dart.rollout.eval.stats import pass_at_k, pass_ks, wilson_interval
+from dart.rollout.eval.stats import difference_interval, pass_at_k, pass_ks, wilson_interval
 
-__all__ = ["EvalReport", "TaskResult", "evaluate", "pass_at_k", "pass_ks", "wilson_interval"]
+__all__ = ["EvalReport", "TaskResult", "difference_interval", "evaluate", "pass_at_k", "pass_ks", "wilson_interval"]

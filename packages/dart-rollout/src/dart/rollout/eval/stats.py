@@ -65,3 +65,21 @@ def pass_ks(k: int) -> list[int]:
         values.add(power)
         power *= 2
     return sorted(values)
+
+
+def difference_interval(s1: int, n1: int, s2: int, n2: int, z: float = Z_95) -> tuple[float, float]:
+    """95% interval of ``s2/n2 - s1/n1`` for independent proportions (Newcombe's hybrid score method).
+
+    Built from the two Wilson intervals (Newcombe 1998, method 10), so it behaves at 0% and 100%
+    where the Wald interval collapses. Used for held-out success at the final version minus version 0.
+
+    Raises:
+        ValueError: Either sample is empty or a count is out of range.
+    """
+    if n1 == 0 or n2 == 0:
+        raise ValueError("both samples need at least one trial")
+    p1, p2 = s1 / n1, s2 / n2
+    l1, u1 = wilson_interval(s1, n1, z)
+    l2, u2 = wilson_interval(s2, n2, z)
+    d = p2 - p1
+    return d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2), d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
