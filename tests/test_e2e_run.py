@@ -35,6 +35,29 @@ def test_summary_shows_training_and_no_loss(smoke_run: tuple[dict[str, Any], Pat
     assert (run_dir / "summary.json").is_file()
 
 
+def test_held_out_validation_evaluated_the_first_and_the_final_version(
+    smoke_run: tuple[dict[str, Any], Path],
+) -> None:
+    summary, run_dir = smoke_run
+    heldout = summary["heldout"]
+    final = summary["versions_published"]
+    assert [h["version"] for h in heldout] == ([0, final] if final else [0])
+    for entry in heldout:
+        # Every one of the 32 held-out tasks ran to an outcome, once, greedily.
+        assert (entry["n"], entry["errors"]) == (32, 0)
+        assert entry["ci95"][0] <= entry["success"] <= entry["ci95"][1]
+    assert summary["heldout_success_first"] == heldout[0]["success"]
+    assert summary["heldout_success_final"] == heldout[-1]["success"]
+    lines = [json.loads(line) for line in (run_dir / "heldout.jsonl").read_text().splitlines()]
+    assert [(x["version"], x["n"], x["temperature"]) for x in lines] == [(h["version"], 32, 0.0) for h in heldout]
+    events = [
+        r
+        for r in read_jsonl(run_dir / "telemetry" / "validation.jsonl", types={"event"})
+        if r["name"] == "validation.heldout"
+    ]
+    assert [e["attributes"]["version"] for e in events] == [h["version"] for h in heldout]
+
+
 def test_services_ran_as_separate_processes(smoke_run: tuple[dict[str, Any], Path]) -> None:
     _, run_dir = smoke_run
     starts = read_jsonl(run_dir / "telemetry", types={"event"})

@@ -21,7 +21,16 @@ from dart.protocol.telemetry import BusyInterval, BusyTracker, Telemetry, Teleme
 
 pytestmark = pytest.mark.unit
 
-SECTIONS = ("Summary", "Configuration", "Success rate", "Utilization", "Staleness", "Training", "Weight updates")
+SECTIONS = (
+    "Summary",
+    "Configuration",
+    "Success rate",
+    "Held-out validation",
+    "Utilization",
+    "Staleness",
+    "Training",
+    "Weight updates",
+)
 
 
 def _app() -> typer.Typer:
@@ -60,6 +69,10 @@ def _write_telemetry(run_dir: Path, clock: FakeClock) -> None:
         return setup_telemetry(f"dart-{service}", version="0", run_id="r1", config=config)
 
     env, rollout, data, train = tel("env"), tel("rollout"), tel("data"), tel("train")
+    validation = tel("validation")
+    # Held-out evaluations at versions 0 and 5, as dart run's validator writes them.
+    validation.event("validation.heldout", version=0, success=0.25, ci95_low=0.13, ci95_high=0.42, n=32, errors=0)
+    validation.event("validation.heldout", version=5, success=0.5, ci95_low=0.34, ci95_high=0.66, n=32, errors=0)
     envs = [BusyTracker("env", f"env-{i}", env, clock=clock) for i in range(3)]
     engine = BusyTracker("engine", "engine-0", rollout, clock=clock)
     trainer = BusyTracker("trainer", "trainer", train, clock=clock)
@@ -163,11 +176,12 @@ def test_full_report(run_dir: Path) -> None:
     assert code == 0, err
     target = run_dir / "report.html"
     assert out.splitlines()[0] == str(target)
-    assert json.loads(out.strip().splitlines()[-1]) == {"report": str(target), "plots": 6}
+    assert json.loads(out.strip().splitlines()[-1]) == {"report": str(target), "plots": 7}
     page = target.read_text()
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in page
-    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', page)) == 6
+    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', page)) == 7
+    assert "<th>held-out success (greedy)</th><td>v0 25.0% [13%, 42%] -&gt; v5 50.0% [34%, 66%] (n=32)</td>" in page
     assert 'class="note"' not in page  # every piece is present
     assert "publish_every: 2" in page and "versions_published" in page
     assert "<th>versions published</th><td>5 (latest v5)</td>" in page

@@ -29,6 +29,36 @@ def test_shipped_suites_load_with_load_suite() -> None:
         builtin_suite_path("nope")
 
 
+def test_train_and_heldout_suites_have_disjoint_seeds() -> None:
+    train, held = load_builtin_suite("train"), load_builtin_suite("heldout")
+    assert (train.name, len(train.tasks), held.name, len(held.tasks)) == ("sim-train", 64, "sim-heldout", 32)
+    assert Counter(t.tags[0] for t in train.tasks) == dict.fromkeys(FAMILIES, 16)
+    assert Counter(t.tags[0] for t in held.tasks) == dict.fromkeys(FAMILIES, 8)
+    seeds = {name: {t.params["seed"] for t in load_builtin_suite(name).tasks} for name in BUILTIN_SUITES}
+    assert not seeds["train"] & seeds["heldout"]
+    for other in ("basic", "smoke"):
+        assert not seeds[other] & (seeds["train"] | seeds["heldout"])
+
+
+async def test_the_oracle_solves_generated_tasks_over_many_seeds() -> None:
+    env = SimEnv()
+    suite = generate_suite("many", per_family=30, difficulties=("easy", "medium", "hard"), seed=7)
+    first_actions: dict[str, set[str]] = {}
+    for task in suite.tasks:
+        await env.reset(task)
+        steps = 0
+        while (step := env.oracle_action()) is not None:
+            if steps == 0:
+                first_actions.setdefault(str(task.params["family"]), set()).add(step[1].model_dump_json())
+            await env.step(step[1])
+            steps += 1
+        reward, success, details = await env.evaluate()
+        assert success and reward == 1.0 and steps <= task.max_steps, (task.task_id, details)
+    # The layout varies with the seed: the first correct action (where to click, or what to type)
+    # takes many values within every family, so no fixed answer fits a family.
+    assert all(len(actions) >= 10 for actions in first_actions.values()), {k: len(v) for k, v in first_actions.items()}
+
+
 def test_shipped_suites_match_the_generator() -> None:
     # Fails after a change to a family or word pool: regenerate with `uv run python -m dart.env.sim`.
     for name, kwargs in BUILTIN_SUITES.items():

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from dart.cli import doctor, env_command, model, nats_server, report, run_command
+from dart.cli import doctor, env_command, eval_command, model, nats_server, report, run_command
 from dart.cli.versions import version_text
 
 app = typer.Typer(
@@ -26,7 +26,15 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-COMMAND_MODULES: tuple[ModuleType, ...] = (run_command, report, doctor, nats_server, model, env_command)
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    run_command,
+    eval_command,
+    report,
+    doctor,
+    nats_server,
+    model,
+    env_command,
+)
 """Modules whose ``register(app)`` adds a subcommand, in help order."""
 
 

@@ -44,6 +44,7 @@ class Section:
 
 SECTIONS: tuple[Section, ...] = (
     Section("Success rate", (plots.plot_success_over_time, plots.plot_success_by_version)),
+    Section("Held-out validation", (plots.plot_heldout,)),
     Section("Utilization", (plots.plot_utilization,)),
     Section("Staleness", (plots.plot_staleness,)),
     Section("Training", (plots.plot_training,)),
@@ -93,6 +94,16 @@ def headline_figures(data: RunData) -> list[tuple[str, str]]:
     rows.append(("success, first quarter", _pct(_rate(trainable[:quarter]))))
     rows.append(("success, last quarter", _pct(_rate(trainable[-quarter:]))))
     rows.append(("success, all", _pct(_rate(trainable))))
+    heldout = plots.heldout_points(data)
+    if heldout:
+        first, final = heldout[0], heldout[-1]
+        rows.append(
+            (
+                "held-out success (greedy)",
+                f"v{first[0]} {_pct(first[1])} [{first[2]:.0%}, {first[3]:.0%}] -> "
+                f"v{final[0]} {_pct(final[1])} [{final[2]:.0%}, {final[3]:.0%}] (n={final[4]})",
+            )
+        )
 
     if data.start_ns is not None and data.end_ns is not None:
         for kind in plots.RESOURCE_KINDS:

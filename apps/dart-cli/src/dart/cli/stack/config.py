@@ -79,6 +79,31 @@ class WarmStartSection(ConfigModel):
     """Stop SFT early past this wall time."""
 
 
+class ValidationSection(ConfigModel):
+    """Held-out validation during ``dart run``: greedy evaluations of published versions.
+
+    It runs in the ``dart run`` process with its own env pool (``instances`` slots of the run's
+    env backend, pool ``pool``) and its own engine, so it never takes a training env slot or a
+    rollout engine's batch; it only shares the machine's cores.
+    """
+
+    enabled: bool = False
+    suite: str = "builtin:heldout"
+    """Held-out suite (same forms as ``suite``); no task may equal a training task."""
+    every_versions: int = Field(default=10, ge=1)
+    """Evaluate version 0, then the newest version at least this many versions after the last
+    one evaluated, and the final version after RL."""
+    episodes_per_task: int = Field(default=1, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+    """0 = greedy."""
+    instances: int = Field(default=4, ge=1, le=256)
+    """Env instances of the validation pool (episodes in flight)."""
+    pool: str = Field(default="heldout", pattern=r"^[A-Za-z0-9_-]+$")
+    """Env pool name of the validation instances (distinct from ``env.pool``)."""
+    final_timeout_s: float = Field(default=900.0, gt=0)
+    """Longest wait for the evaluation of the final version after RL, seconds."""
+
+
 class RunConfig(ConfigModel):
     """Everything a run needs; each service reads its own section plus bus/store/telemetry."""
 
@@ -99,6 +124,8 @@ class RunConfig(ConfigModel):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainerConfig = Field(default_factory=TrainerConfig)
     """Trainer settings; ``model_path`` is filled in by ``dart run``."""
+    validation: ValidationSection = Field(default_factory=ValidationSection)
+    """Held-out validation during the run (off by default)."""
 
     @model_validator(mode="after")
     def _coupled_needs_a_version_per_batch(self) -> RunConfig:
@@ -107,6 +134,14 @@ class RunConfig(ConfigModel):
             raise ValueError(
                 f"data.emission.mode 'coupled' needs train.publish_every: 1 (got {self.train.publish_every}): "
                 "each round waits for the model version trained on its batch"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _validation_pool_is_its_own(self) -> RunConfig:
+        if self.validation.enabled and self.validation.pool == self.env.pool:
+            raise ValueError(
+                f"validation.pool must differ from env.pool ({self.env.pool!r}): it gets its own env slots"
             )
         return self
 

@@ -28,6 +28,7 @@ from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tas
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
+from dart.cli.stack.validation import heldout_summary
 from dart.protocol.bus import Bus
 from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
@@ -219,8 +220,14 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
     run_dir = config.run.run_dir
     assert run_dir is not None
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
+    validator = None
     try:
         state = await ensure_topology(bus)
+        if config.validation.enabled:
+            from dart.cli.stack.validation import HeldOutValidator
+
+            validator = HeldOutValidator(config, bus, state, console)
+            await validator.start()
         start_ns = time.time_ns()
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
         began = time.monotonic()
@@ -245,17 +252,22 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
                     break
         end_ns = time.time_ns()
         # Stop producing first, then let dart-data ingest everything that was published.
-        stop_process(procs["rollout"], config.run.stop_timeout_s)
+        # Off the loop: the held-out validator's env pool and runners live on it and must not freeze.
+        await asyncio.to_thread(stop_process, procs["rollout"], config.run.stop_timeout_s)
         drain_deadline = time.monotonic() + config.run.stop_timeout_s
         while time.monotonic() < drain_deadline:
             consumer = await bus.consumer_state("traj", durable_name(bus, "traj"))
             if consumer.num_pending == 0 and consumer.num_ack_pending == 0:
                 break
             await asyncio.sleep(0.5)
-        codes = {name: stop_process(procs[name], config.run.stop_timeout_s) for name in ("data", "train", "env")}
+        codes = {
+            name: await asyncio.to_thread(stop_process, procs[name], config.run.stop_timeout_s)
+            for name in ("data", "train", "env")
+        }
         traj_stream = await bus.stream_state("traj")
         produced = traj_stream.messages
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        heldout = await validator.finish(latest.version if latest else 0) if validator is not None else None
         return {
             "produced": produced,
             # What a trajectory costs the bus (screenshots above env.inline_max_bytes go by reference).
@@ -267,8 +279,11 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
             "failed": failed,
             "exit_codes": {"rollout": procs["rollout"].returncode, **codes},
             "engine_updates": progress.updates,
+            "heldout": heldout,
         }
     finally:
+        if validator is not None:
+            await validator.close()  # idempotent; here for a monitor that failed before finish()
         await bus.close()
 
 
@@ -319,6 +334,7 @@ def run(config_path: Path) -> dict[str, Any]:
             "rl_start_unix_ns": figures["rl_start_ns"],
             "rl_end_unix_ns": figures["rl_end_ns"],
             "service_exit_codes": figures["exit_codes"],
+            **heldout_summary(figures.get("heldout")),
             "error": figures["failed"],
             "total_seconds": round(time.monotonic() - started, 1),
         },

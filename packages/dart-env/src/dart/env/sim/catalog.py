@@ -4,6 +4,13 @@ Shipped suites live in ``dart/env/sim/suites/`` (included in the wheel):
 
 - ``basic``: 40 tasks, 10 per family, difficulties easy / medium / hard in turn.
 - ``smoke``: 8 easy tasks, 2 per family, for quick checks.
+- ``train``: 64 easy tasks, 16 per family, layout seeds 2000-2015: what a run trains on.
+- ``heldout``: 32 easy tasks, 8 per family, layout seeds 3000-3007: what a run validates on. Its
+  seeds never occur in ``train`` (nor in ``basic`` or ``smoke``), so a policy that succeeds there
+  reads the screen rather than recalling a memorized layout.
+
+Every family draws its labels, distractors and positions from the layout seed, so tasks of one
+family differ in where the target is and what surrounds it, not only in their instruction.
 
 They are generated files; after changing a family or a word pool, regenerate them with
 ``uv run python -m dart.env.sim`` (a test fails while they are out of date).
@@ -23,6 +30,8 @@ from dart.protocol.messages import TaskSpec
 BUILTIN_SUITES: dict[str, dict[str, Any]] = {
     "basic": {"per_family": 10, "difficulties": DIFFICULTIES, "seed": 0},
     "smoke": {"per_family": 2, "difficulties": ("easy",), "seed": 1},
+    "train": {"per_family": 16, "difficulties": ("easy",), "seed": 2},
+    "heldout": {"per_family": 8, "difficulties": ("easy",), "seed": 3},
 }
 """Name -> :func:`generate_suite` arguments of each shipped suite."""
 
@@ -76,7 +85,7 @@ def generate_suite(
 
 
 def builtin_suite_path(name: str) -> Path:
-    """Path of a shipped suite file (``basic``, ``smoke``).
+    """Path of a shipped suite file (``basic``, ``smoke``, ``train``, ``heldout``).
 
     Raises:
         KeyError: No shipped suite has that name.

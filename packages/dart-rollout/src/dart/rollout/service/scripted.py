@@ -9,7 +9,7 @@ make weight updates slow enough to observe; everything else in such tests is rea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dart.rollout.engine.base import (
@@ -39,14 +39,18 @@ class GenerateCall:
 
 
 class ScriptedEngine(InferenceEngine):
-    """Answers the i-th request with ``outputs[i % len(outputs)]``; see the module docstring.
+    """Answers the i-th request with ``outputs[i % len(outputs)]``, or with ``answer(request)``.
+
+    See the module docstring.
 
     Args:
-        outputs: Response texts, cycled.
+        outputs: Response texts, cycled (when ``answer`` is not given).
         version: Initial policy version.
         generate_s: Time each request takes, seconds.
         update_s: Time loading new weights takes, seconds.
         fail_with: Raise this from every generate (an engine that broke).
+        answer: Computes the response from the request (e.g. an oracle that reads the instruction
+            in the prompt); overrides ``outputs``.
     """
 
     def __init__(
@@ -57,14 +61,16 @@ class ScriptedEngine(InferenceEngine):
         generate_s: float = 0.0,
         update_s: float = 0.0,
         fail_with: EngineError | None = None,
+        answer: Callable[[GenerationRequest], str] | None = None,
     ) -> None:
-        if not outputs:
+        if not outputs and answer is None:
             raise ValueError("a ScriptedEngine needs at least one output")
         self._outputs = list(outputs)
         self._version = version
         self._generate_s = generate_s
         self._update_s = update_s
         self._fail_with = fail_with
+        self._answer = answer
         self._state = EngineState.SERVING
         self._load = 0
         self._inflight = 0
@@ -104,7 +110,10 @@ class ScriptedEngine(InferenceEngine):
                 await asyncio.sleep(self._generate_s)
                 if self._fail_with is not None:
                     raise self._fail_with
-                text = self._outputs[self._served % len(self._outputs)]
+                if self._answer is not None:
+                    text = self._answer(request)
+                else:
+                    text = self._outputs[self._served % len(self._outputs)]
                 self._served += 1
                 tokens = [ord(c) % 1000 for c in text][: request.max_new_tokens]
                 self.calls.append(GenerateCall(started, loop.time(), self._version))

@@ -1,0 +1,233 @@
+"""Held-out validation during ``dart run``: greedy evaluations of published versions.
+
+Why in the ``dart run`` process with its own env pool and engine (not a share of the rollout
+engines): an evaluation then never queues behind training rollouts nor delays a weight update
+on a rollout engine, training never waits for it (nothing in the services knows it exists), and
+its figures come from one fixed decoding setup whatever the rollout settings. The price is one
+more model in memory and CPU time shared with the services on a small machine.
+
+Validator lifecycle::
+
+    start() -> env pool ``validation.pool`` serving, engine loaded with version 0
+      -> running: evaluate version 0; then whenever the newest published version is at least
+         ``every_versions`` past the last evaluated one, load it and evaluate it
+         (versions published during an evaluation are skipped, never queued)
+    finish(final_version) -> the running evaluation completes, the final version is evaluated
+         unless it already was -> engine closed, env pool stopped
+
+Each evaluation appends one line to ``<run_dir>/heldout.jsonl`` (the full report) and writes a
+``validation.heldout`` telemetry event (version, success, 95% interval, n).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from dart.cli.evaluation import EvalEnv, Policy, evaluate_policy, load_version, published_version, start_engine
+from dart.cli.stack.config import RunConfig, load_tasks, store_config
+from dart.protocol.bus import Bus, KeyValueStore
+from dart.protocol.errors import ConfigError
+from dart.protocol.messages import ModelVersion, TaskSpec
+from dart.protocol.telemetry import Telemetry, setup_telemetry
+from dart.protocol.topology import LATEST_MODEL_KEY
+
+if TYPE_CHECKING:
+    from dart.rollout.engine.base import InferenceEngine
+
+log = logging.getLogger(__name__)
+HELDOUT_FILE = "heldout.jsonl"
+
+
+def heldout_tasks(config: RunConfig) -> list[TaskSpec]:
+    """The held-out suite's tasks, checked against the training suite.
+
+    Raises:
+        ConfigError: A held-out task is also a training task (same backend and params), so its
+            success would measure memory, not generalization.
+    """
+    train = load_tasks(config)
+    held = load_tasks(config.model_copy(update={"suite": config.validation.suite}))
+    seen = {(t.backend, json.dumps(t.params, sort_keys=True)) for t in train}
+    shared = [t.task_id for t in held if (t.backend, json.dumps(t.params, sort_keys=True)) in seen]
+    if shared:
+        raise ConfigError(
+            "run config",
+            "validation.suite",
+            f"{len(shared)} held-out task(s) are training tasks too (e.g. {shared[0]}): pick disjoint seeds",
+        )
+    return held
+
+
+def compact(entry: dict[str, Any]) -> dict[str, Any]:
+    """The summary's view of one evaluation: version, success, 95% interval, n."""
+    keys = ("version", "success", "ci95", "n", "successes", "errors", "seconds")
+    return {k: entry[k] for k in keys if k in entry}
+
+
+def heldout_summary(results: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The summary's held-out keys: ``heldout`` (per evaluated version), the first and final
+    success, and ``heldout_gain`` (final minus first with a 95% Newcombe interval); empty when
+    validation was off."""
+    if results is None:
+        return {}
+    from dart.rollout.eval import difference_interval
+
+    entries = [compact(r) for r in results]
+    gain = None
+    if len(entries) >= 2 and entries[0]["n"] and entries[-1]["n"]:
+        first, final = entries[0], entries[-1]
+        low, high = difference_interval(first["successes"], first["n"], final["successes"], final["n"])
+        gain = {
+            "from_version": first["version"],
+            "to_version": final["version"],
+            "difference": final["success"] - first["success"],
+            "ci95": [low, high],
+        }
+    return {
+        "heldout": entries,
+        "heldout_success_first": entries[0]["success"] if entries else None,
+        "heldout_success_final": entries[-1]["success"] if entries else None,
+        "heldout_gain": gain,
+    }
+
+
+class HeldOutValidator:
+    """Evaluates published versions on the held-out suite while the run trains; see the module docstring.
+
+    Args:
+        config: The finalized run config (bus URL, engine config, run directory set).
+        bus: A connected bus of the run.
+        state: The run's ``state`` KV bucket (where the newest version is announced).
+        console: Where one line per evaluation is logged.
+    """
+
+    def __init__(self, config: RunConfig, bus: Bus, state: KeyValueStore, console: Console) -> None:
+        assert config.run.run_dir is not None
+        self._config = config
+        self._bus = bus
+        self._state = state
+        self._console = console
+        self._tasks = heldout_tasks(config)
+        self._out = config.run.run_dir / HELDOUT_FILE
+        self._store = store_config(config)
+        self._env: EvalEnv | None = None
+        self._engine: InferenceEngine | None = None
+        self._telemetry: Telemetry | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self.results: list[dict[str, Any]] = []
+        """One full report dict per evaluation, in order."""
+
+    @property
+    def evaluated(self) -> list[int]:
+        """Versions evaluated so far."""
+        return [int(r["version"]) for r in self.results]
+
+    async def start(self) -> None:
+        """Start the env pool and the engine, then the evaluation loop (version 0 first)."""
+        from dart.cli import __version__
+
+        run_dir = self._config.run.run_dir
+        assert run_dir is not None
+        tel = self._config.telemetry.model_copy(update={"jsonl_path": run_dir / "telemetry" / "validation.jsonl"})
+        self._telemetry = setup_telemetry(
+            "dart-validation", version=__version__, run_id=self._config.run.name, config=tel
+        )
+        v = self._config.validation
+        self._env = EvalEnv(self._config, self._bus, pool=v.pool, instances=v.instances)
+        await self._env.__aenter__()
+        engine_cfg = self._config.rollout.engine
+        assert engine_cfg is not None, "finalize() sets rollout.engine"
+        self._engine = await start_engine(self._config, Policy(base=Path(engine_cfg.model_path)))
+        self._task = asyncio.create_task(self._loop(), name="heldout-validation")
+
+    async def finish(self, final_version: int) -> list[dict[str, Any]]:
+        """Let the running evaluation end, evaluate ``final_version`` if it was not, and close."""
+        self._stop.set()
+        try:
+            if self._task is not None:
+                await asyncio.wait_for(self._task, self._config.validation.final_timeout_s)
+            if final_version not in self.evaluated:
+                version = await self._published(final_version)
+                await asyncio.wait_for(self._evaluate(version), self._config.validation.final_timeout_s)
+        except TimeoutError:
+            self._console.log("held-out validation: the final evaluation ran out of time")
+        except Exception as exc:  # a failed validation must not lose the run's summary
+            log.exception("held-out validation failed")
+            self._console.log(f"held-out validation failed: {type(exc).__name__}: {exc}")
+        finally:
+            await self.close()
+        return self.results
+
+    async def close(self) -> None:
+        """Stop the loop, the engine and the env pool (idempotent)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._engine is not None:
+            await self._engine.close()
+            self._engine = None
+        if self._env is not None:
+            await self._env.__aexit__(None, None, None)
+            self._env = None
+        if self._telemetry is not None:
+            self._telemetry.shutdown()
+            self._telemetry = None
+
+    async def _loop(self) -> None:
+        await self._evaluate(None)
+        every = self._config.validation.every_versions
+        while not self._stop.is_set():
+            latest = await self._state.get(LATEST_MODEL_KEY, ModelVersion)
+            if latest is not None and latest.version >= self.evaluated[-1] + every:
+                await self._evaluate(latest)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 1.0)
+
+    async def _published(self, version: int) -> ModelVersion | None:
+        return None if version == 0 else await asyncio.to_thread(published_version, self._store, version)
+
+    async def _evaluate(self, version: ModelVersion | None) -> None:
+        assert self._engine is not None
+        if version is not None:
+            await load_version(self._engine, version, self._store)
+        v = self._config.validation
+        number = version.version if version else 0
+        report = await evaluate_policy(
+            self._config,
+            self._bus,
+            self._engine,
+            self._tasks,
+            pool=v.pool,
+            episodes_per_task=v.episodes_per_task,
+            temperature=v.temperature,
+            concurrency=v.instances,
+            label=f"heldout-v{number}",
+        )
+        entry = {"version": number, **report.to_dict()}
+        self.results.append(entry)
+        with self._out.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        lo, hi = report.ci95
+        if self._telemetry is not None:
+            self._telemetry.event(
+                "validation.heldout",
+                version=number,
+                success=report.success,
+                ci95_low=lo,
+                ci95_high=hi,
+                n=report.n,
+                errors=report.errors,
+                seconds=round(report.seconds, 2),
+            )
+        success = "-" if report.success is None else f"{report.success:.0%}"
+        self._console.log(f"held-out v{number}: success {success} [{lo:.0%}, {hi:.0%}] n={report.n}")

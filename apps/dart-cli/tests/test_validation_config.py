@@ -1,0 +1,44 @@
+"""Held-out validation settings: a disjoint split, its own env pool, and the summary's held-out keys."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from dart.cli.stack.config import RunConfig
+from dart.cli.stack.validation import heldout_summary, heldout_tasks
+from dart.protocol.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_quickstart_split_is_disjoint_and_accepted() -> None:
+    config = RunConfig(suite="builtin:train", validation={"enabled": True, "suite": "builtin:heldout"})
+    held = heldout_tasks(config)
+    assert len(held) == 32 and all(t.backend == "sim" for t in held)
+
+
+def test_a_held_out_suite_that_shares_a_training_task_is_refused() -> None:
+    config = RunConfig(suite="builtin:train", validation={"enabled": True, "suite": "builtin:train"})
+    with pytest.raises(ConfigError, match="held-out task\\(s\\) are training tasks too"):
+        heldout_tasks(config)
+
+
+def test_validation_needs_its_own_env_pool() -> None:
+    with pytest.raises(ValidationError, match="validation.pool must differ"):
+        RunConfig(validation={"enabled": True, "pool": "sim"})
+    assert RunConfig(validation={"enabled": False, "pool": "sim"}).validation.pool == "sim"
+
+
+def test_heldout_summary_keys() -> None:
+    assert heldout_summary(None) == {}
+    results = [
+        {"version": 0, "success": 0.25, "ci95": [0.1, 0.4], "n": 32, "successes": 8, "errors": 0, "tasks": []},
+        {"version": 9, "success": 0.75, "ci95": [0.6, 0.9], "n": 32, "successes": 24, "errors": 0, "tasks": []},
+    ]
+    out = heldout_summary(results)
+    assert [h["version"] for h in out["heldout"]] == [0, 9] and "tasks" not in out["heldout"][0]
+    assert (out["heldout_success_first"], out["heldout_success_final"]) == (0.25, 0.75)
+    gain = out["heldout_gain"]
+    assert (gain["from_version"], gain["to_version"], gain["difference"]) == (0, 9, 0.5)
+    assert 0 < gain["ci95"][0] < 0.5 < gain["ci95"][1] < 1

@@ -1,0 +1,249 @@
+"""Run K episodes per task through trajectory runners and summarize their outcomes.
+
+Evaluation lifecycle (one :func:`evaluate` call)::
+
+    K work items per task (temperature as given, ids ``eval-<label>-<task>-<i>``)
+      -> ``concurrency`` runners pull them from one queue, each runs one episode at a time
+         (lease from ``runner_config.pool``, engines from ``router``)
+      -> ok / truncated trajectories count (success or not); env_failed / failed / aborted ones
+         are infrastructure losses, reported as ``errors`` and left out of the rates
+      -> EvalReport
+
+Nothing is published: trajectories stay in memory, so an evaluation never feeds training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dart.protocol.bus import Bus
+from dart.protocol.messages import TaskSpec, Trajectory, WorkItem
+from dart.protocol.messages.trajectory import TrajectoryStatus
+from dart.rollout.eval.stats import pass_at_k, pass_ks, wilson_interval
+from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.router import EngineRouter
+from dart.rollout.service.runner import TrajectoryRunner
+
+_COUNTED = frozenset({TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED})
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """Outcomes of one task's episodes.
+
+    Attributes:
+        task_id: The task.
+        n: Episodes that ran to an outcome (ok or truncated).
+        successes: Of those, the successful ones.
+        errors: Episodes lost to the infrastructure (env_failed, failed, aborted).
+        mean_steps: Mean steps of the counted episodes (0 when none).
+    """
+
+    task_id: str
+    n: int
+    successes: int
+    errors: int
+    mean_steps: float
+
+    @property
+    def success(self) -> float | None:
+        """Success rate, None when no episode counted."""
+        return self.successes / self.n if self.n else None
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        """95% Wilson interval of the success rate."""
+        return wilson_interval(self.successes, self.n)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON."""
+        return {
+            "task_id": self.task_id,
+            "n": self.n,
+            "successes": self.successes,
+            "success": self.success,
+            "ci95": list(self.ci95),
+            "errors": self.errors,
+            "mean_steps": round(self.mean_steps, 2),
+        }
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """The result of one evaluation.
+
+    Attributes:
+        label: What was evaluated (e.g. ``v3``), part of the work ids.
+        policy_version: Lowest policy version any counted step was generated with (engines do
+            not change version during an evaluation unless someone updates them).
+        temperature: Sampling temperature of every episode (0 = greedy).
+        episodes_per_task: K.
+        tasks: Per-task outcomes, in suite order.
+        seconds: Wall time of the evaluation.
+    """
+
+    label: str
+    policy_version: int
+    temperature: float
+    episodes_per_task: int
+    tasks: tuple[TaskResult, ...]
+    seconds: float
+    statuses: dict[str, int] = field(default_factory=dict)
+    """Trajectories by status value."""
+
+    @property
+    def n(self) -> int:
+        """Counted episodes over all tasks."""
+        return sum(t.n for t in self.tasks)
+
+    @property
+    def successes(self) -> int:
+        """Successful episodes over all tasks."""
+        return sum(t.successes for t in self.tasks)
+
+    @property
+    def errors(self) -> int:
+        """Episodes lost to the infrastructure over all tasks."""
+        return sum(t.errors for t in self.tasks)
+
+    @property
+    def success(self) -> float | None:
+        """Success rate over all counted episodes (every task weighs K episodes)."""
+        return self.successes / self.n if self.n else None
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        """95% Wilson interval of :attr:`success`, episodes taken as independent trials."""
+        return wilson_interval(self.successes, self.n)
+
+    def pass_at(self) -> dict[int, float | None]:
+        """Unbiased pass@k averaged over tasks, for k in :func:`pass_ks`; tasks with fewer than
+        k counted episodes are left out (None when no task has k)."""
+        out: dict[int, float | None] = {}
+        for k in pass_ks(self.episodes_per_task):
+            values = [pass_at_k(t.n, t.successes, k) for t in self.tasks if t.n >= k]
+            out[k] = sum(values) / len(values) if values else None
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (the ``dart eval`` line, the run summary's ``heldout`` entries)."""
+        return {
+            "label": self.label,
+            "policy_version": self.policy_version,
+            "temperature": self.temperature,
+            "episodes_per_task": self.episodes_per_task,
+            "num_tasks": len(self.tasks),
+            "n": self.n,
+            "successes": self.successes,
+            "success": self.success,
+            "ci95": list(self.ci95),
+            "pass_at_k": {str(k): v for k, v in self.pass_at().items()},
+            "errors": self.errors,
+            "statuses": dict(self.statuses),
+            "seconds": round(self.seconds, 2),
+            "tasks": [t.to_dict() for t in self.tasks],
+        }
+
+
+async def evaluate(
+    bus: Bus,
+    router: EngineRouter,
+    runner_config: RunnerConfig,
+    tasks: Sequence[TaskSpec],
+    *,
+    episodes_per_task: int = 1,
+    temperature: float = 0.0,
+    concurrency: int = 4,
+    label: str = "eval",
+) -> EvalReport:
+    """Evaluate the engines behind ``router`` on ``tasks``; see the module docstring.
+
+    Args:
+        bus: A connected bus reaching the env service of ``runner_config.pool``.
+        router: The engines to generate with (their current weights are the policy evaluated).
+        runner_config: Prompt, token budget and env pool, as the rollout service's runners use.
+        tasks: The tasks; each runs ``episodes_per_task`` times with its own ``max_steps``.
+        episodes_per_task: K, at least 1.
+        temperature: 0 for greedy decoding; above 0 samples (each episode seeded by its work id).
+        concurrency: Episodes in flight at once (at most the env slots of the pool, usefully).
+        label: Part of every work id, to tell evaluations apart in traces.
+
+    Raises:
+        ValueError: No tasks, or K / concurrency below 1.
+    """
+    if not tasks:
+        raise ValueError("evaluate needs at least one task")
+    if episodes_per_task < 1 or concurrency < 1:
+        raise ValueError(f"episodes_per_task and concurrency must be >= 1, got {episodes_per_task}, {concurrency}")
+    started = time.monotonic()
+    now = time.time()
+    queue: asyncio.Queue[WorkItem] = asyncio.Queue()
+    for t_index, task in enumerate(tasks):
+        for i in range(episodes_per_task):
+            queue.put_nowait(
+                WorkItem(
+                    work_id=f"eval-{label}-{t_index}-{i}",
+                    task=task,
+                    group_id=f"eval-{label}-{t_index}",
+                    rollout_index=i,
+                    group_size=episodes_per_task,
+                    max_steps=task.max_steps,
+                    temperature=temperature,
+                    created_at=now,
+                )
+            )
+    results: list[Trajectory] = []
+
+    async def worker(runner: TrajectoryRunner) -> None:
+        while True:
+            try:
+                work = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            results.append(await runner.run(work))
+
+    runners = [TrajectoryRunner(f"eval-{label}-{i}", bus, router, runner_config) for i in range(concurrency)]
+    await asyncio.gather(*(worker(r) for r in runners))
+    return _report(label, tasks, episodes_per_task, temperature, results, time.monotonic() - started)
+
+
+def _report(
+    label: str,
+    tasks: Sequence[TaskSpec],
+    k: int,
+    temperature: float,
+    trajectories: list[Trajectory],
+    seconds: float,
+) -> EvalReport:
+    by_task: dict[str, list[Trajectory]] = {t.task_id: [] for t in tasks}
+    statuses: dict[str, int] = {}
+    for traj in trajectories:
+        by_task[traj.task.task_id].append(traj)
+        statuses[traj.status.value] = statuses.get(traj.status.value, 0) + 1
+    results = []
+    versions: list[int] = []
+    for task in tasks:
+        counted = [t for t in by_task[task.task_id] if t.status in _COUNTED]
+        versions.extend(t.min_policy_version for t in counted)
+        results.append(
+            TaskResult(
+                task_id=task.task_id,
+                n=len(counted),
+                successes=sum(1 for t in counted if t.success),
+                errors=len(by_task[task.task_id]) - len(counted),
+                mean_steps=sum(len(t.steps) for t in counted) / len(counted) if counted else 0.0,
+            )
+        )
+    return EvalReport(
+        label=label,
+        policy_version=min(versions, default=0),
+        temperature=temperature,
+        episodes_per_task=k,
+        tasks=tuple(results),
+        seconds=seconds,
+        statuses=statuses,
+    )
