@@ -29,6 +29,7 @@ from dart.protocol.bus.tracing import BusTracer
 from dart.protocol.errors import (
     BusAuthError,
     BusConnectionError,
+    ConfigError,
     DartError,
     MessageValidationError,
     NoRespondersError,
