@@ -12,6 +12,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -41,9 +42,11 @@ def loss_of(logp: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
 
 
 def hf_logprobs(model: torch.nn.Module, x: ModelInputs, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tempered log-probs and raw (temperature 1) entropies from transformers, as the backend interface defines."""
     kw = x.kwargs("cpu", torch.float32)
     logits = model(**kw, use_cache=False).logits[0, x.prompt_len - 1 : x.prompt_len - 1 + x.response_len]
-    return token_logprobs(logits / temperature, kw["input_ids"][0, x.prompt_len :])
+    targets = kw["input_ids"][0, x.prompt_len :]
+    return token_logprobs(logits / temperature, targets)[0], token_logprobs(logits, targets)[1]
 
 
 def train(backend: MegatronBackend, inputs: list[ModelInputs], steps: int) -> tuple[list[float], list[float]]:
@@ -152,7 +155,12 @@ def main() -> None:
     backend.close()
 
     # 5. TP=1 x DP=2 (both ranks the same samples, gradients averaged): same trajectory as TP=2.
-    single = MegatronBackend.create(MegatronSettings(model_path=checkpoint, lr=LR, grad_clip=CLIP, seed=0))
+    # Built the way the trainer service builds backends: load(trainer config) with a backend section.
+    config = SimpleNamespace(
+        model_path=checkpoint, lr=LR, grad_clip=CLIP, seed=0, backend=SimpleNamespace(tensor_parallel_size=1)
+    )
+    single = MegatronBackend.load(config)
+    result["dp_rank_size"] = [single.dp_rank, single.dp_size]
     result["layout_tp1"] = [single.tensor_parallel_size, single.data_parallel_size]
     try:
         single.load_checkpoint(out / "ckpt0")

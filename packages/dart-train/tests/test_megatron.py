@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -135,6 +136,22 @@ def test_tensor_parallel_sizes_that_do_not_split_the_model_are_refused(tp: int) 
 
 
 @pytest.mark.unit
+def test_settings_come_from_a_trainer_config_and_its_backend_section() -> None:
+    from dart.train.megatron import MegatronSettings
+
+    backend = SimpleNamespace(kind="megatron", tensor_parallel_size=2, pipeline_parallel_size=1)
+    config = SimpleNamespace(model_path="/ckpt", lr=2e-6, betas=[0.9, 0.95], grad_clip=None, seed=3, backend=backend)
+    settings = MegatronSettings.from_config(config)
+    assert (settings.tensor_parallel_size, settings.lr, settings.betas, settings.grad_clip, settings.seed) == (
+        2,
+        2e-6,
+        (0.9, 0.95),
+        None,
+        3,
+    )
+
+
+@pytest.mark.unit
 def test_pipeline_parallelism_is_refused_clearly(tiny_checkpoint: Path) -> None:
     from dart.train.megatron import MegatronBackend, MegatronSettings
 
@@ -171,7 +188,7 @@ def test_tensor_parallel_backend_matches_transformers(tiny_checkpoint: Path, tmp
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     r = json.loads((tmp_path / "result.json").read_text())
-    assert r["layout"] == [2, 1] and r["layout_tp1"] == [1, 2]
+    assert r["layout"] == [2, 1] and r["layout_tp1"] == [1, 2] and r["dp_rank_size"] == [0, 2]
     # HF -> Megatron TP=2 (live GPTModel parameters) -> HF: same names, bitwise equal.
     assert r["roundtrip_same_keys"] and r["roundtrip_bitwise"]
     # Forward: logits, tempered log-probs and entropies as transformers computes them.

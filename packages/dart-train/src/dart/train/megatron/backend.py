@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dart.train import loss as loss_module
 from dart.train.batching import ModelInputs
-from dart.train.errors import CheckpointError, ParallelismError
+from dart.train.errors import CheckpointError, ParallelismError, TrainerError
 from dart.train.loss import token_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
@@ -71,9 +73,18 @@ class MegatronSettings:
 
     @classmethod
     def from_config(cls, config: Any) -> MegatronSettings:
-        """Settings from any object with these attribute names (e.g. the trainer config); missing ones default."""
+        """Settings from any object with these attribute names (e.g. the trainer config); missing ones default.
+
+        The layout fields are also read from ``config.backend`` (the trainer config's backend settings).
+        """
         fields = cls.__dataclass_fields__
         values = {name: getattr(config, name) for name in fields if hasattr(config, name)}
+        backend = getattr(config, "backend", None)
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if hasattr(backend, name):
+                values[name] = getattr(backend, name)
+        if isinstance(values.get("betas"), list):
+            values["betas"] = tuple(values["betas"])
         return cls(**values)
 
 
@@ -111,6 +122,9 @@ class MegatronBackend:
         mcore = import_megatron()
         ps = mcore.parallel_state
         self.settings = settings
+        # The trainer config when built by load(); checkpoint helpers read config.model_path.
+        self.config: Any = settings
+        self.image_source: Any = None
         self.model = model
         self.processor = processor
         self.hf_config = model.hf_config
@@ -129,6 +143,17 @@ class MegatronBackend:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
         )
+
+    @classmethod
+    def load(cls, config: Any, *, image_source: Any = None) -> MegatronBackend:
+        """Build from the trainer config (the ``TrainerBackend`` constructor; collective, every rank).
+
+        ``image_source`` is kept for the caller that rebuilds sample inputs (``backend.image_source``).
+        """
+        backend = cls.create(MegatronSettings.from_config(config))
+        backend.config = config
+        backend.image_source = image_source
+        return backend
 
     @classmethod
     def create(cls, settings: MegatronSettings) -> MegatronBackend:
@@ -195,19 +220,47 @@ class MegatronBackend:
         return cls(settings, model, processor, device)
 
     # --- forward ---------------------------------------------------------------------------------
-    def forward_logprobs(self, inputs: ModelInputs, *, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank: ranks of one TP group share it and must be fed the same samples."""
+        return int(self.data_parallel_rank)
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel groups; the samples of a mini-batch are spread over them."""
+        return int(self.data_parallel_size)
+
+    def forward_logprobs(
+        self,
+        inputs: ModelInputs,
+        *,
+        temperature: float = 1.0,
+        excluded_token_ids: Sequence[int] = (),
+        top_p: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(logp, entropy)`` of the response tokens, each ``(R,)`` float32, with grad when enabled.
 
-        ``logp`` is ``log_softmax(logits / temperature)`` at the targets and ``entropy`` that
-        distribution's; temperature 0 (greedy) means 1. Collective over the TP group: its ranks must
-        pass the same inputs.
+        ``logp`` is of the sampling distribution (``softmax(logits / temperature)``, excluded ids masked,
+        top-p nucleus; temperature 0 means the raw distribution), ``entropy`` that of the raw
+        temperature-1 distribution, computed by the loss module's shared code on the full-vocabulary
+        logits. Collective over the TP group: its ranks must pass the same inputs.
         """
         start = inputs.prompt_len - 1  # position t predicts token t + 1
         logits = self.model(inputs, start, inputs.response_len)
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
         targets = inputs.input_ids[0, inputs.prompt_len :].to(self.device)
-        return token_logprobs(logits, targets)
+        shared = getattr(loss_module, "behaviour_logprobs", None)
+        if shared is not None:
+            logp, entropy = shared(
+                logits, targets, temperature=temperature, excluded_token_ids=excluded_token_ids, top_p=top_p
+            )
+            return logp, entropy
+        # Before the shared RL update lands beside this backend (it brings behaviour_logprobs): temperature only.
+        if excluded_token_ids or top_p < 1.0:
+            raise TrainerError("excluded_token_ids / top_p need dart.train.loss.behaviour_logprobs")
+        _, entropy = token_logprobs(logits, targets)
+        scaled = logits / temperature if temperature > 0 else logits
+        logp, _ = token_logprobs(scaled, targets)
+        return logp, entropy
 
     # --- optimization ----------------------------------------------------------------------------
     def grad_norm(self) -> float:
@@ -289,7 +342,7 @@ class MegatronBackend:
     def _shard_file(self, path: Path) -> Path:
         return path / f"megatron_tp{self.tensor_parallel_rank:02d}_of_{self.tensor_parallel_size:02d}.pt"
 
-    def save_checkpoint(self, path: Path) -> None:
+    def save_checkpoint(self, path: str | Path) -> None:
         """Write this layout's weights, AdamW moments and step under ``path`` (one file per TP rank). Collective."""
         path = Path(path)
         if self.data_parallel_rank == 0:
@@ -309,7 +362,7 @@ class MegatronBackend:
             (path / _META).write_text(json.dumps(meta))
         dist.barrier()
 
-    def load_checkpoint(self, path: Path) -> None:
+    def load_checkpoint(self, path: str | Path) -> None:
         """Restore weights, AdamW moments and step written by :meth:`save_checkpoint` with the same TP size.
 
         Raises:
