@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -119,3 +120,21 @@ def test_concurrent_migrations_apply_each_version_once(postgres_url: str) -> Non
     assert versions == list(range(1, LATEST_VERSION + 1))
     for engine in engines:
         engine.dispose()
+
+
+def test_screenshots_upload_concurrently_and_bounded(tmp_path: Path, traj_factory) -> None:  # type: ignore[no-untyped-def]
+    """Every distinct screenshot is stored before the JSON that refers to it, on a bounded pool."""
+    store = LocalStore(tmp_path / "store")
+    blobs = TrajectoryBlobs(store, upload_concurrency=3)
+    traj = traj_factory("t-c", steps=7)
+    stored = blobs.put(traj)
+    threads = {t.name for t in threading.enumerate() if t.name.startswith("dart-blob-upload")}
+    assert 1 <= len(threads) <= 3
+    refs = [s.observation.screenshot for s in stored.trajectory.steps]
+    assert all(isinstance(r, m.ImageRef) and store.exists(r.uri.rsplit("/store/", 1)[1]) for r in refs)
+    assert blobs.put(traj) == stored  # idempotent with concurrent uploads too
+    blobs.close()
+    blobs.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("dart-blob-upload")]
+    with pytest.raises(ValueError, match="upload_concurrency"):
+        TrajectoryBlobs(store, upload_concurrency=0)
