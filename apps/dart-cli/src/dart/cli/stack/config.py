@@ -41,6 +41,10 @@ class RunSection(ConfigModel):
     """Wall time of the RL phase, seconds (after warm start)."""
     embedded_nats: bool = True
     """Start an embedded nats-server (``bus.url`` is then replaced by its URL)."""
+    artifacts: Literal["local", "embedded_s3"] = "local"
+    """Where artifacts go when ``store`` is not set: ``local``, ``<run_dir>/artifacts``;
+    ``embedded_s3``, bucket ``dart`` prefix ``artifacts`` of an embedded S3 server (SeaweedFS)
+    keeping its data in ``<run_dir>/s3``, stopped at the end of the run (see docs/storage.md)."""
     torch_threads: int = Field(default=1, ge=1)
     """Intra-op threads for each torch process (engines, trainer, warm start)."""
     stop_timeout_s: float = Field(default=60.0, gt=0)

@@ -23,12 +23,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks
+from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.summary import build_summary
 from dart.protocol.bus import Bus
 from dart.protocol.config import dump_config
 from dart.protocol.messages import ModelVersion
+from dart.protocol.store import StoreConfig
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
 
 console = Console(stderr=True)
@@ -252,6 +253,26 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
         await bus.close()
 
 
+EMBEDDED_S3_URI = "s3://dart/artifacts"
+"""Where ``run.artifacts: embedded_s3`` puts a run's artifacts."""
+S3_ACCESS_ENV, S3_SECRET_ENV = "DART_S3_ACCESS_KEY", "DART_S3_SECRET_KEY"
+
+
+def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[str, Any]:
+    """The store's size when the run ends: ``store_uri``, ``store_bytes``, ``store_objects`` and
+    ``store_weights_bytes`` (published weights, after retention)."""
+    from dart.protocol.store import open_store
+
+    with open_store(config) as store:
+        infos = list(store.list(""))
+    return {
+        "store_uri": config.uri,
+        "store_bytes": sum(i.size for i in infos),
+        "store_objects": len(infos),
+        "store_weights_bytes": sum(i.size for i in infos if i.key.startswith(weights_prefix.strip("/") + "/")),
+    }
+
+
 def run(config_path: Path) -> dict[str, Any]:
     """Run the pipeline described by ``config_path``; returns the summary."""
     from dart.embedded.nats import EmbeddedNats
@@ -262,11 +283,24 @@ def run(config_path: Path) -> dict[str, Any]:
     console.log(f"run directory: {run_dir}")
     started = time.monotonic()
     nats = EmbeddedNats(store_dir=run_dir / "nats") if config.run.embedded_nats else None
+    s3 = None
+    if config.store is None and config.run.artifacts == "embedded_s3":
+        from dart.embedded.s3 import EmbeddedS3
+
+        s3 = EmbeddedS3(data_dir=run_dir / "s3")
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if nats is not None:
             nats.start()
             console.log(f"embedded nats-server at {nats.url}")
+        if s3 is not None:
+            s3.start()
+            # Keys travel to the services in their environment, never in config.yaml.
+            os.environ[S3_ACCESS_ENV], os.environ[S3_SECRET_ENV] = s3.access_key, s3.secret_key
+            config = config.model_copy(
+                update={"store": StoreConfig(uri=EMBEDDED_S3_URI, endpoint=s3.url, region=s3.region)}
+            )
+            console.log(f"embedded S3 at {s3.url}: artifacts in {EMBEDDED_S3_URI}")
         policy, info = prepare_policy(config)
         config = finalize(config, policy, nats.url if nats else None)
         config_file = run_dir / "config.yaml"
@@ -275,9 +309,12 @@ def run(config_path: Path) -> dict[str, Any]:
             procs[service] = spawn(service, config_file, run_dir)
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
         figures = asyncio.run(monitor(config, procs))
+        storage = store_usage(store_config(config), config.train.weights_prefix)
     finally:
         for proc in procs.values():
             stop_process(proc, 10.0)
+        if s3 is not None:
+            s3.stop()
         if nats is not None:
             nats.stop()
     summary = build_summary(
@@ -291,6 +328,7 @@ def run(config_path: Path) -> dict[str, Any]:
             "engine_weight_updates": figures["engine_updates"],
             "rl_start_unix_ns": figures["rl_start_ns"],
             "rl_end_unix_ns": figures["rl_end_ns"],
+            **storage,
             "service_exit_codes": figures["exit_codes"],
             "error": figures["failed"],
             "total_seconds": round(time.monotonic() - started, 1),
