@@ -167,7 +167,8 @@ def main() -> None:
     t0 = time.perf_counter()
     base = [screenshot(seed) for seed in range(args.steps)]
     print(
-        f"generated {len(base)} screenshots in {time.perf_counter() - t0:.1f}s, mean {np.mean([len(b) for b in base]) / 1e6:.2f} MB"
+        f"generated {len(base)} screenshots in {time.perf_counter() - t0:.1f}s,"
+        f" mean {np.mean([len(b) for b in base]) / 1e6:.2f} MB"
     )
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="dart-ingest-bench-") as tmp_name, ExitStack() as stack:
