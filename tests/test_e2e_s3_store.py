@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_run_artifacts_on_embedded_s3_are_readable_with_a_plain_s3_client(
     dart_run: Callable[..., tuple[dict[str, Any], Path]],
 ) -> None:
-    # A short run without warm start: what matters is where the artifacts go, not learning.
-    env = {"DART_RUN__ARTIFACTS": "embedded_s3", "DART_RUN__RL_DURATION_S": "90", "DART_WARM_START__ENABLED": "false"}
+    # A short run without warm start: what matters is where the artifacts go, not learning. The
+    # untrained policy fails every task, so zero-variance groups are kept to get batches, hence weights.
+    env = {
+        "DART_RUN__ARTIFACTS": "embedded_s3",
+        "DART_RUN__RL_DURATION_S": "90",
+        "DART_WARM_START__ENABLED": "false",
+        "DART_DATA__GROUPING__DROP_ZERO_VARIANCE": "false",
+    }
     summary, run_dir = dart_run(ROOT / "examples" / "smoke.yaml", env=env)
     assert summary["error"] is None and summary["trajectories_lost"] == 0
     assert summary["trajectories_stored"] > 0
