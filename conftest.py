@@ -2,6 +2,10 @@
 
 - ``nats_server``: one embedded nats-server with JetStream per test session.
 - ``s3_server``: one embedded S3 server (SeaweedFS) per test session.
+- ``postgres_server``: one embedded PostgreSQL server per test session (Debian's ``postgresql``
+  package); ``postgres_url`` is a fresh database on it per test. Skipped, with the reason, only
+  where the server binaries are absent; ``DART_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) turns
+  that skip into a failure.
 - Guards: no connection beyond loopback; no callback may block an event loop for longer than
   ``BLOCKING_LIMIT_S`` (time spent waiting for a CPU on a busy machine excluded; see the guard).
 """
@@ -17,6 +21,7 @@ import sys
 import threading
 import time
 import weakref
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,26 @@ def s3_server() -> Iterator[Any]:
 
     with EmbeddedS3() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A running PostgreSQL server, shared by the session."""
+    from dart.embedded.postgres import EmbeddedPostgres, postgres_available
+
+    if not postgres_available():
+        reason = "PostgreSQL server binaries not found (install Debian's 'postgresql' or set DART_POSTGRES_BIN)"
+        if os.environ.get("DART_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{reason}, and DART_REQUIRE_POSTGRES=1")
+        pytest.skip(reason)
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any) -> str:
+    """SQLAlchemy URL of a new, empty database on the session's PostgreSQL server."""
+    return str(postgres_server.create_database(f"t_{uuid.uuid4().hex[:20]}"))
 
 
 _real_connect = socket.socket.connect

@@ -32,7 +32,7 @@ Figures, over each run's RL window (from the first env reset, so the engines' st
 - engine utilization: busy generate seconds / (engines x wall);
 - training throughput: trained step samples per minute (``samples`` of ``trainer.step`` events);
 - trajectories per minute (messages on the trajectory stream);
-- the idle breakdown (:mod:`dart.protocol.telemetry.idle`): where env, engine, trainer and runner
+- the idle breakdown (:mod:`dart.cli.analytics.idle`): where env, engine, trainer and runner
   time went, and how long the coupled pipeline waited for weights;
 - mean GPU utilization from the services' NVML samples, or "no GPU".
 
@@ -59,7 +59,8 @@ from typing import Any
 
 import yaml
 
-from dart.protocol.telemetry import gpu_summary, idle_breakdown_from_dir, read_jsonl, resource_utilization
+from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
+from dart.protocol.telemetry import gpu_summary, read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("coupled", "decoupled")

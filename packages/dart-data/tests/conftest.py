@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,12 @@ def make_traj(
 @pytest.fixture
 def traj_factory() -> MakeTraj:
     return make_traj
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLAlchemy URL of an empty index database: a SQLite file, or a fresh database on the
+    session's embedded PostgreSQL server (skipped, with the reason, only where it is not installed)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'data.sqlite3'}"
+    return str(request.getfixturevalue("postgres_url"))

@@ -52,7 +52,7 @@ def config(tmp_path: Path, **updates: object) -> DataConfig:
     return base.model_copy(update=updates)
 
 
-async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, traj_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, database_url: str, traj_factory) -> None:  # type: ignore[no-untyped-def]
     store = LocalStore(tmp_path / "store")
     trajs = [
         traj_factory("a", gid="g1", idx=0, reward=1.0),
@@ -68,7 +68,7 @@ async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, traj_f
     await bus.js_publish(subject, trajs[3], msg_id="d")
 
     telemetry = setup_telemetry("dart-data", version="1", run_id="r", config=TelemetryConfig(run_dir=tmp_path))
-    service = DataService(config(tmp_path), bus, store, [TASK], telemetry)
+    service = DataService(config(tmp_path, database_url=database_url), bus, store, [TASK], telemetry)
     trainer = await bus.pull_consumer("batch", durable_name(bus, "batch"), m.TrainingBatch)
     try:
         async with service:
@@ -101,7 +101,7 @@ async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, traj_f
     # Restart on the same database: everything is still there, nothing is redone, and a late
     # redelivery of a batched group's member does not form that group again.
     await bus.js_publish(subject, trajs[1], msg_id="b-late")
-    again = DataService(config(tmp_path), bus, store, [TASK])
+    again = DataService(config(tmp_path, database_url=database_url), bus, store, [TASK])
     await again.start()
     await wait_for(lambda: again.stats.duplicates == 1)
     assert again.assembler.open_groups == 0

@@ -98,3 +98,31 @@ def test_s3_rejects_wrong_secret(s3_server: EmbeddedS3) -> None:
     with pytest.raises(S3Error) as info:
         client.list_buckets()
     assert info.value.code == "SignatureDoesNotMatch"
+
+
+def test_postgres_starts_serves_and_stops_cleanly(postgres_server: object) -> None:
+    import psycopg
+
+    from dart.embedded.postgres import EmbeddedPostgres
+
+    server = EmbeddedPostgres()
+    with server:
+        pid = server.pid
+        assert pid is not None and _alive(pid)
+        status = Path(f"/proc/{pid}/status").read_text()
+        uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+        assert uid != 0  # PostgreSQL refuses root; as root the server runs as the postgres account
+        url = server.create_database("app")
+        assert url == f"postgresql+psycopg://dart@127.0.0.1:{server.port}/app"
+        with psycopg.connect(host=server.host, port=server.port, user="dart", dbname="app") as conn:
+            conn.execute("CREATE TABLE t (x int)")
+            conn.execute("INSERT INTO t VALUES (41)")
+            assert conn.execute("SELECT x + 1 FROM t").fetchone() == (42,)
+        with pytest.raises(ValueError, match="lowercase"):
+            server.create_database("Bad-Name")
+        directory = server.dir
+    assert not _alive(pid)
+    assert not port_open(server.host, server.port)
+    assert not directory.exists()
+    assert _processes_mentioning(str(directory)) == []
+    server.stop()  # idempotent

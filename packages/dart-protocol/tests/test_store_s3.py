@@ -233,3 +233,24 @@ def test_raw_minio_errors_never_escape(store: S3Store, raw: Minio) -> None:
         with pytest.raises(ArtifactNotFoundError) as exc:
             operation()
         assert isinstance(exc.value.__cause__, S3Error)
+
+
+def test_reads_by_uri_share_one_bounded_pool_of_clients(store: S3Store, s3_server: EmbeddedS3) -> None:
+    from dart.protocol.store import config as store_config
+
+    info = store.put("pooled/x", b"pooled")
+    config = StoreConfig(uri=f"s3://{BUCKET}", endpoint=s3_server.url)
+    env = {"DART_S3_ACCESS_KEY": s3_server.access_key, "DART_S3_SECRET_KEY": s3_server.secret_key}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        first, key = resolve_uri(info.uri, config)
+        with first:  # closing a pooled client keeps it usable for the next caller
+            assert first.get(key) == b"pooled"
+        second, _ = resolve_uri(info.uri, config)
+        assert second is first and second.get(key) == b"pooled"
+        assert get_by_uri(info.uri, config=config) == b"pooled"
+        # Another bucket is another client; past POOL_SIZE the least recently used one goes.
+        others = [resolve_uri(f"s3://other-{i}/k", config)[0] for i in range(store_config.POOL_SIZE)]
+        assert len({id(o) for o in others}) == store_config.POOL_SIZE and first not in others
+        assert resolve_uri(info.uri, config)[0] is not first and not first.shared

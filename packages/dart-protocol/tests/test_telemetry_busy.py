@@ -17,9 +17,10 @@ from dart.protocol.telemetry import (
     Telemetry,
     TelemetryConfig,
     busy_ns,
+    load_busy_intervals,
     merge_intervals,
+    observed_window,
     read_jsonl,
-    resource_utilization,
     setup_telemetry,
     utilization,
     utilization_timeline,
@@ -188,12 +189,8 @@ def test_intervals_and_metrics_reach_jsonl(telemetry: Telemetry, clock: FakeCloc
     ]
     assert all(r["service"] == "dart-env" and r["run_id"] == "r" for r in records)
 
-    stats = resource_utilization(telemetry.jsonl_path, start_ns=T0, end_ns=T0 + 10 * S)
-    assert stats[("env", "env-0")].busy_s == 7.0
-    assert stats[("env", "env-0")].utilization == 0.7
-    assert dict(stats[("env", "env-0")].by_activity) == {"reset": 1.0, "step": 6.0}
-    assert stats[("env", "env-1")].utilization == 0.8
-    assert resource_utilization(telemetry.jsonl_path, resource_kind="engine") == {}
+    intervals = load_busy_intervals(telemetry.jsonl_path)
+    assert busy_ns([i for i in intervals if i.resource_id == "env-0"], T0, T0 + 10 * S) == 7 * S
 
     metrics = [r for r in read_jsonl(telemetry.jsonl_path, types={"metric"}) if r["name"] == "dart.resource.busy.time"]
     totals = {(m["attributes"]["resource.id"], m["attributes"]["activity"]): m["value"] for m in metrics}
@@ -203,7 +200,7 @@ def test_intervals_and_metrics_reach_jsonl(telemetry: Telemetry, clock: FakeCloc
     assert {m["attributes"]["resource.id"]: m["value"] for m in busy_now} == {"env-0": 1, "env-1": 0}
 
 
-def test_default_window_spans_the_service_lifetime(tmp_path: Path) -> None:
+def test_observed_window_spans_the_service_lifetime(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text(
         "\n".join(
@@ -217,12 +214,7 @@ def test_default_window_spans_the_service_lifetime(tmp_path: Path) -> None:
         )
         + "\n"
     )
-    stats = resource_utilization(path)[("env", "a")]
-    assert (stats.start_ns, stats.end_ns, stats.wall_s, stats.utilization) == (T0, T0 + 4 * S, 4.0, 0.25)
-    assert (
-        resource_utilization(tmp_path / "t.jsonl", start_ns=T0 + 2 * S, end_ns=T0 + 3 * S)[("env", "a")].utilization
-        == 1.0
-    )
+    assert observed_window(path) == (T0, T0 + 4 * S)
 
 
 def test_interval_functions() -> None:

@@ -39,6 +39,7 @@ async def test_trains_acks_and_publishes_each_batch(
         publish_every=1,
         checkpoint_every=2,
         checkpoint_dir=str(tmp_path / "ckpt"),
+        retention={"keep_last": 2, "keep_every": None},
     )
     store = LocalStore(tmp_path / "artifacts", fsync=False)
     async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
@@ -77,6 +78,10 @@ async def test_trains_acks_and_publishes_each_batch(
         assert again.version == 2 and again.backend.step == 2
         backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
         assert backlog.num_pending == 0 and backlog.num_ack_pending == 0
+        # Retention: publishing v3 with keep_last 2 deletes v1 and keeps the announced v3 and v2.
+        await again.publish()
+        assert not store.exists("weights/v1/model.safetensors") and not store.exists("weights/v1/manifest.json")
+        assert store.exists("weights/v2/model.safetensors") and store.exists("weights/v3/model.safetensors")
     telemetry.shutdown()
     records = list(read_jsonl(tmp_path / "train.jsonl"))
     busy = [r for r in records if r["type"] == "busy" and r["resource_kind"] == "trainer"]

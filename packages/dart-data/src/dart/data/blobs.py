@@ -6,12 +6,19 @@ screenshots and the images each step's prompt was fed, ``StepRecord.prompt_image
 :class:`~dart.protocol.messages.ImageRef`. Images that arrived by reference (the env service stores
 large screenshots itself) keep their reference. Keys are derived from content, so storing the same
 trajectory again (a redelivery, a retry after a crash) writes the same keys and changes nothing.
+
+A trajectory's screenshots are uploaded concurrently (at most ``upload_concurrency`` at once, on
+a thread pool the instance owns): a 15-step trajectory of 1920x1080 screenshots is some 15 objects
+of a few MB, and one at a time each waits a full round trip to the store. The JSON goes last, so a
+trajectory blob never refers to a screenshot that is not stored yet.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dart.protocol.messages import ImageRef, InlineImage, Trajectory
@@ -38,9 +45,27 @@ class StoredTrajectory:
 class TrajectoryBlobs:
     """Writes and reads trajectory blobs in one artifact store."""
 
-    def __init__(self, store: ArtifactStore, prefix: str = "trajectories") -> None:
+    def __init__(self, store: ArtifactStore, prefix: str = "trajectories", *, upload_concurrency: int = 8) -> None:
+        if upload_concurrency < 1:
+            raise ValueError(f"upload_concurrency must be >= 1, got {upload_concurrency}")
         self.store = store
         self.prefix = prefix.strip("/")
+        self.upload_concurrency = upload_concurrency
+        self._uploads: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop the upload threads (the store stays open: its owner closes it). Idempotent."""
+        with self._lock:
+            uploads, self._uploads = self._uploads, None
+        if uploads is not None:
+            uploads.shutdown(wait=True)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._uploads is None:
+                self._uploads = ThreadPoolExecutor(self.upload_concurrency, thread_name_prefix="dart-blob-upload")
+            return self._uploads
 
     def directory(self, trajectory_id: str) -> str:
         """Key prefix of a trajectory's blobs (ids that are not key-safe are hashed)."""
@@ -50,15 +75,21 @@ class TrajectoryBlobs:
     def put(self, traj: Trajectory) -> StoredTrajectory:
         """Store a trajectory's screenshots and JSON; idempotent (content-derived keys)."""
         directory = self.directory(traj.trajectory_id)
-        refs: dict[str, ImageRef] = {}
-        steps = []
+        # Every inline image of the trajectory (observations and the prompts' images), once per content,
+        # uploaded concurrently; then each step points at the stored copies.
+        shots: dict[str, InlineImage] = {}
+        digest_of: dict[int, str] = {}  # by object identity: each image is hashed once
+        for step in traj.steps:
+            for image in (step.observation.screenshot, *step.prompt_images):
+                if isinstance(image, InlineImage) and id(image) not in digest_of:
+                    digest_of[id(image)] = hashlib.sha256(image.png).hexdigest()
+                    shots.setdefault(digest_of[id(image)], image)
+        refs = self._put_pngs(directory, shots)
 
         def to_ref(image: InlineImage) -> ImageRef:
-            digest = hashlib.sha256(image.png).hexdigest()
-            if digest not in refs:
-                refs[digest] = self._put_png(f"{directory}/{digest}.png", image, digest)
-            return refs[digest]
+            return refs[digest_of[id(image)]]
 
+        steps = []
         for step in traj.steps:
             shot = step.observation.screenshot
             if isinstance(shot, InlineImage):
@@ -83,6 +114,13 @@ class TrajectoryBlobs:
     def get(self, blob_key: str) -> Trajectory:
         """Read a stored trajectory back (screenshots stay references)."""
         return Trajectory.model_validate_json(self.store.get(blob_key))
+
+    def _put_pngs(self, directory: str, shots: dict[str, InlineImage]) -> dict[str, ImageRef]:
+        if len(shots) <= 1:
+            return {d: self._put_png(f"{directory}/{d}.png", shot, d) for d, shot in shots.items()}
+        pool = self._pool()
+        futures = {d: pool.submit(self._put_png, f"{directory}/{d}.png", shot, d) for d, shot in shots.items()}
+        return {d: future.result() for d, future in futures.items()}  # re-raises the first upload error
 
     def _put_png(self, key: str, shot: InlineImage, digest: str) -> ImageRef:
         # Skip the upload when a previous attempt already stored these bytes.

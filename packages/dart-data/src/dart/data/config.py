@@ -129,6 +129,8 @@ class DataConfig(ConfigModel):
     """SQLAlchemy URL of the index (SQLite embedded, ``postgresql+psycopg://...`` in the stack)."""
     blob_prefix: str = "trajectories"
     """Artifact-store key prefix of trajectory blobs (``<prefix>/<trajectory_id>/...``)."""
+    upload_concurrency: int = Field(default=8, ge=1)
+    """Screenshots of one trajectory uploaded to the store at once."""
     ingest_batch: int = Field(default=16, ge=1)
     """Trajectories fetched from the stream at once."""
     poll_interval_s: float = Field(default=0.5, gt=0)

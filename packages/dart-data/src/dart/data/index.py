@@ -38,10 +38,23 @@ class TrajectoryIndex:
     """
 
     def __init__(self, url: str) -> None:
-        """Open (not yet migrate) the database at SQLAlchemy ``url``."""
-        self.engine: Engine = create_engine(url)
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        """Refer to (not yet open or migrate) the database at SQLAlchemy ``url``."""
+        self.url = url
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine, created on first use.
+
+        Lazily, because creating it imports the driver (psycopg takes over a second to import on
+        a busy machine): the service's first use is on its database thread, not its event loop.
+        """
+        if self._engine is None:
+            engine = create_engine(self.url)
+            if engine.dialect.name == "sqlite":
+                event.listen(engine, "connect", _sqlite_pragmas)
+            self._engine = engine
+        return self._engine
 
     def migrate(self) -> tuple[int, int]:
         """Create or upgrade the schema; returns the versions before and after."""
@@ -49,7 +62,8 @@ class TrajectoryIndex:
 
     def close(self) -> None:
         """Release pooled connections."""
-        self.engine.dispose()
+        if self._engine is not None:
+            self._engine.dispose()
 
     def store_trajectory(self, row: Mapping[str, Any], stats: TaskStats | None) -> bool:
         """Insert a trajectory row once; on first insert also save the task's new statistics.
@@ -61,7 +75,9 @@ class TrajectoryIndex:
         """
         with self.engine.begin() as conn:
             stmt = self._insert(trajectories).values(**row, ingested_at=time.time())
-            inserted = conn.execute(stmt.on_conflict_do_nothing(index_elements=["trajectory_id"])).rowcount == 1
+            # RETURNING, not rowcount: SQLAlchemy reports rowcount -1 for psycopg inserts.
+            stmt = stmt.on_conflict_do_nothing(index_elements=["trajectory_id"]).returning(trajectories.c.trajectory_id)
+            inserted = conn.execute(stmt).first() is not None
             if inserted and stats is not None:
                 self._save_stats(conn, stats)
             return inserted

@@ -50,7 +50,7 @@ metadata = MetaData()
 schema_version = Table(
     "schema_version",
     metadata,
-    Column("version", Integer, primary_key=True),
+    Column("version", Integer, primary_key=True, autoincrement=False),
     Column("applied_at", Float, nullable=False),
 )
 
@@ -136,6 +136,7 @@ def _v2(conn: Connection) -> None:
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2}
 """Schema version -> the migration that produces it from the previous version."""
 LATEST_VERSION = max(MIGRATIONS)
+_MIGRATION_LOCK = 0x64617274  # PostgreSQL advisory lock key of schema migrations ("dart")
 
 
 def current_version(engine: Engine) -> int:
@@ -149,12 +150,30 @@ def current_version(engine: Engine) -> int:
 def migrate(engine: Engine, target: int = LATEST_VERSION) -> tuple[int, int]:
     """Bring the database to ``target``, one recorded migration per transaction.
 
+    On PostgreSQL the whole run holds an advisory lock, so services starting at once on one
+    database migrate one after the other (the second finds the work done) instead of racing on
+    ``CREATE TABLE``. DDL is transactional there, so a failed migration leaves no half-applied
+    version. SQLite runs one writer at a time anyway; the embedded stack has one data service.
+
     Returns:
         The versions before and after.
 
     Raises:
         SchemaVersionError: The database is newer than this code.
     """
+    with engine.connect() as lock:
+        if engine.dialect.name == "postgresql":
+            lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
+            lock.commit()
+        try:
+            return _migrate(engine, target)
+        finally:
+            if engine.dialect.name == "postgresql":
+                lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
+                lock.commit()
+
+
+def _migrate(engine: Engine, target: int) -> tuple[int, int]:
     schema_version.create(engine, checkfirst=True)
     before = current_version(engine)
     if before > LATEST_VERSION:

@@ -136,7 +136,7 @@ class DataService:
         self._clock = clock
         self.telemetry = telemetry
         self.index = TrajectoryIndex(config.database_url)
-        self.blobs = TrajectoryBlobs(store, config.blob_prefix)
+        self.blobs = TrajectoryBlobs(store, config.blob_prefix, upload_concurrency=config.upload_concurrency)
         self.task_stats: dict[str, TaskStats] = {}
         self.pool = ExperiencePool(config.curation)
         g = config.grouping
@@ -218,6 +218,7 @@ class DataService:
         if tasks:
             self._emit_stats()
         await self._db(self.index.close)
+        await self._db(self.blobs.close)
         self._executor.shutdown(wait=False)
 
     async def __aenter__(self) -> DataService:

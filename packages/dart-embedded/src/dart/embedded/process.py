@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dart.protocol.lifetime import die_with_parent
 
@@ -75,11 +77,24 @@ def port_open(host: str, port: int) -> bool:
 class ManagedProcess:
     """A server child process in its own process group, with its output in a log file."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_path: Path,
+        cwd: Path | None = None,
+        *,
+        user: str | None = None,
+        stop_signal: int = signal.SIGTERM,
+    ) -> None:
+        """Args: ``user`` runs the process as that account (only when we are root; e.g. a server
+        that refuses root); ``stop_signal`` is what :meth:`stop` sends first."""
         self.name = name
         self.argv = argv
         self.log_path = log_path
         self.cwd = cwd
+        self.user = user
+        self.stop_signal = stop_signal
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -108,6 +123,7 @@ class ManagedProcess:
                 cwd=self.cwd,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
+                **as_user_kwargs(self.user),
             )
         finally:
             log.close()
@@ -130,7 +146,7 @@ class ManagedProcess:
         if proc is None:
             return
         if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+            _signal_group(proc.pid, self.stop_signal)
             try:
                 proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
@@ -147,6 +163,23 @@ class ManagedProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def as_user_kwargs(user: str | None) -> dict[str, Any]:
+    """``subprocess`` arguments that run a child as ``user`` (its primary group, no other groups).
+
+    Empty when ``user`` is None or we are not root (a non-root process runs children as itself).
+
+    Raises:
+        EmbeddedServerError: ``user`` does not exist on this machine.
+    """
+    if user is None or os.geteuid() != 0:
+        return {}
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise EmbeddedServerError(f"user '{user}' does not exist: create it or run as a non-root user") from None
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
 def _signal_group(pid: int, sig: int) -> None:

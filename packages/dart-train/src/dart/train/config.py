@@ -30,6 +30,20 @@ class LossSettings(ConfigModel):
         return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, tis_cap=self.tis_cap, kl_coef=self.kl_coef)
 
 
+class RetentionConfig(ConfigModel):
+    """What published weights and checkpoints are kept (see :mod:`dart.train.retention`)."""
+
+    keep_last: int = Field(default=3, ge=2)
+    """Newest weight versions always kept; at least 2, so the version engines may still be loading
+    when the next is announced survives."""
+    keep_every: int | None = Field(default=10, ge=1)
+    """Also keep every version divisible by this (a sparse history); None keeps no extra ones."""
+    checkpoint_keep_last: int = Field(default=2, ge=1)
+    """Newest ``step-<n>`` checkpoints kept."""
+    enabled: bool = True
+    """Delete what is not kept; False keeps everything."""
+
+
 class TrainerConfig(ConfigModel):
     """Configuration of the ``torch`` trainer backend and the trainer service."""
 
@@ -69,6 +83,8 @@ class TrainerConfig(ConfigModel):
     """Torch intra-op CPU threads; None keeps torch's default."""
     weights_prefix: str = "weights"
     """Artifact-store key prefix of published weights (``<prefix>/v<version>/model.safetensors``)."""
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    """Which published weight versions and checkpoints are kept."""
 
     @model_validator(mode="after")
     def _checkpoint_dir_given(self) -> TrainerConfig:

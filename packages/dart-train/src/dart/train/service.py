@@ -29,6 +29,7 @@ from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_check
 from dart.train.config import TrainerConfig
 from dart.train.errors import ImageFetchError, SampleError
 from dart.train.publish import WeightPublisher
+from dart.train.retention import prune_checkpoints, prune_weights
 
 log = logging.getLogger("dart.train")
 
@@ -218,6 +219,12 @@ class TrainerService:
         self.version = version
         self.stats.published += 1
         self._event("trainer.published", version=version, uri=model.uri, sha256=model.sha256, step=model.trainer_step)
+        if self.config.retention.enabled:
+            pruned = await asyncio.to_thread(
+                prune_weights, self.publisher.store, self.publisher.prefix, version, self.config.retention
+            )
+            if pruned:
+                self._event("trainer.weights_pruned", versions=pruned)
         return model
 
     async def _publish(self, version: int) -> ModelVersion:
@@ -233,6 +240,9 @@ class TrainerService:
         await asyncio.to_thread(save_checkpoint, self.backend, path, version=self.version)
         self.stats.checkpoints += 1
         self._event("trainer.checkpoint", path=str(path), step=self.backend.step, version=self.version)
+        if self.config.retention.enabled:
+            keep = self.config.retention.checkpoint_keep_last
+            await asyncio.to_thread(prune_checkpoints, self.config.checkpoint_dir, keep)
         return path
 
     async def _heartbeat(self, delivery: Delivery[TrainingBatch]) -> None:

@@ -49,6 +49,10 @@ class RunSection(ConfigModel):
     nats_auth: bool = True
     """Give the embedded nats-server one user per service with permissions limited to its subjects
     (random passwords in ``<run_dir>/secrets``); False lets any local client in."""
+    artifacts: Literal["local", "embedded_s3"] = "local"
+    """Where artifacts go when ``store`` is not set: ``local``, ``<run_dir>/artifacts``;
+    ``embedded_s3``, bucket ``dart`` prefix ``artifacts`` of an embedded S3 server (SeaweedFS)
+    keeping its data in ``<run_dir>/s3``, stopped at the end of the run (see docs/storage.md)."""
     torch_threads: int = Field(default=1, ge=1)
     """Intra-op threads for each torch process (engines, trainer, warm start)."""
     stop_timeout_s: float = Field(default=60.0, gt=0)

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks
+from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
@@ -34,6 +34,7 @@ from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
+from dart.protocol.store import StoreConfig
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure_topology
 
 console = Console(stderr=True)
@@ -287,6 +288,26 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
         await bus.close()
 
 
+EMBEDDED_S3_URI = "s3://dart/artifacts"
+"""Where ``run.artifacts: embedded_s3`` puts a run's artifacts."""
+S3_ACCESS_ENV, S3_SECRET_ENV = "DART_S3_ACCESS_KEY", "DART_S3_SECRET_KEY"
+
+
+def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[str, Any]:
+    """The store's size when the run ends: ``store_uri``, ``store_bytes``, ``store_objects`` and
+    ``store_weights_bytes`` (published weights, after retention)."""
+    from dart.protocol.store import open_store
+
+    with open_store(config) as store:
+        infos = list(store.list(""))
+    return {
+        "store_uri": config.uri,
+        "store_bytes": sum(i.size for i in infos),
+        "store_objects": len(infos),
+        "store_weights_bytes": sum(i.size for i in infos if i.key.startswith(weights_prefix.strip("/") + "/")),
+    }
+
+
 def run(config_path: Path) -> dict[str, Any]:
     """Run the pipeline described by ``config_path``; returns the summary."""
     from dart.embedded.nats import EmbeddedNats, NatsUser
@@ -299,11 +320,24 @@ def run(config_path: Path) -> dict[str, Any]:
     credentials = write_bus_credentials(run_dir, ROLES) if config.run.embedded_nats and config.run.nats_auth else {}
     users = [NatsUser(r, f, service_permissions(r, config.bus.prefix, config.run.name)) for r, f in credentials.items()]
     nats = EmbeddedNats(store_dir=run_dir / "nats", users=users) if config.run.embedded_nats else None
+    s3 = None
+    if config.store is None and config.run.artifacts == "embedded_s3":
+        from dart.embedded.s3 import EmbeddedS3
+
+        s3 = EmbeddedS3(data_dir=run_dir / "s3")
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if nats is not None:
             nats.start()
             console.log(f"embedded nats-server at {nats.url}" + (" (one user per service)" if users else ""))
+        if s3 is not None:
+            s3.start()
+            # Keys travel to the services in their environment, never in config.yaml.
+            os.environ[S3_ACCESS_ENV], os.environ[S3_SECRET_ENV] = s3.access_key, s3.secret_key
+            config = config.model_copy(
+                update={"store": StoreConfig(uri=EMBEDDED_S3_URI, endpoint=s3.url, region=s3.region)}
+            )
+            console.log(f"embedded S3 at {s3.url}: artifacts in {EMBEDDED_S3_URI}")
         policy, info = prepare_policy(config)
         config = finalize(config, policy, nats.url if nats else None)
         config_file = run_dir / "config.yaml"
@@ -315,9 +349,12 @@ def run(config_path: Path) -> dict[str, Any]:
         if credentials:  # the supervisor connects as the ``run`` role
             config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
         figures = asyncio.run(monitor(config, procs))
+        storage = store_usage(store_config(config), config.train.weights_prefix)
     finally:
         for proc in procs.values():
             stop_process(proc, 10.0)
+        if s3 is not None:
+            s3.stop()
         if nats is not None:
             nats.stop()
     summary = build_summary(
@@ -333,6 +370,7 @@ def run(config_path: Path) -> dict[str, Any]:
             "largest_trajectory_message_bytes": figures["largest_trajectory_message_bytes"],
             "rl_start_unix_ns": figures["rl_start_ns"],
             "rl_end_unix_ns": figures["rl_end_ns"],
+            **storage,
             "service_exit_codes": figures["exit_codes"],
             **heldout_summary(figures.get("heldout")),
             "error": figures["failed"],

@@ -7,7 +7,7 @@
   order of finish, first and last quarter;
 - utilization: busy records of each resource kind over the RL window (telemetry JSONL);
 - idle breakdown: where each resource kind's time went over the RL window
-  (:mod:`dart.protocol.telemetry.idle`), resource counts from the run's ``config.yaml``;
+  (:mod:`dart.cli.analytics.idle`), resource counts from the run's ``config.yaml``;
 - GPU: mean NVML utilization of the rollout and train services' samples, or ``"no GPU"``.
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from dart.protocol.telemetry import gpu_summary, idle_breakdown_from_dir, resource_utilization
+from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
+from dart.protocol.telemetry import gpu_summary
 
 
 def trajectory_outcomes(db_path: Path) -> list[tuple[float, bool, int]]:

@@ -16,8 +16,11 @@ Example (YAML)::
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -167,7 +170,45 @@ def resolve_uri(uri: str, config: StoreConfig | None = None) -> tuple[ArtifactSt
     if parsed.scheme == "file":
         return LocalStore(parsed.root, fsync=config.fsync if config else True, create=False), parsed.key
     base = config or StoreConfig(uri=f"s3://{parsed.bucket}")
-    return _s3_store(base, parsed.bucket, "", create_bucket=False), parsed.key
+    return _pooled_s3_store(base, parsed.bucket), parsed.key
+
+
+POOL_SIZE = 8
+"""Most S3 clients :func:`resolve_uri` keeps (one per endpoint, bucket and credentials)."""
+_POOL: OrderedDict[tuple[object, ...], S3Store] = OrderedDict()
+_POOL_LOCK = threading.Lock()
+
+
+def _pooled_s3_store(config: StoreConfig, bucket: str) -> S3Store:
+    # One client per endpoint/bucket/credentials for the whole process, reused by every read
+    # by URI (each screenshot of a batch): building a client per read cost a connection (and a
+    # TLS handshake) per image. Least recently used first out when more than POOL_SIZE.
+    endpoint, secure = config.s3_settings()
+    access_key, secret_key = config.credentials()
+    key = (
+        endpoint,
+        secure,
+        config.region,
+        bucket,
+        access_key,
+        hashlib.sha256(secret_key.encode()).hexdigest(),
+        config.connect_timeout_s,
+        config.read_timeout_s,
+        config.max_retries,
+    )
+    with _POOL_LOCK:
+        store = _POOL.get(key)
+        if store is not None:
+            _POOL.move_to_end(key)
+            return store
+        store = _s3_store(config, bucket, "", create_bucket=False)
+        store.shared = True
+        _POOL[key] = store
+        evicted = _POOL.popitem(last=False)[1] if len(_POOL) > POOL_SIZE else None
+    if evicted is not None:
+        evicted.shared = False
+        evicted.close()
+    return store
 
 
 def get_by_uri(uri: str, *, config: StoreConfig | None = None, verify: bool = True) -> bytes:

@@ -137,6 +137,9 @@ class S3Store(ArtifactStore):
             raise StoreError(f"invalid S3 endpoint {endpoint!r}: {exc} (expected host:port)") from exc
         self._bucket_ready = False
         self._bucket_lock = threading.Lock()
+        self.shared = False
+        """Set for a store handed out by :func:`~dart.protocol.store.resolve_uri`'s pool:
+        :meth:`close` then keeps its connections for the next caller."""
 
     def __repr__(self) -> str:
         return f"S3Store({self.endpoint!r}, {self.uri_prefix!r})"
@@ -161,8 +164,9 @@ class S3Store(ArtifactStore):
         return s3_uri(self.bucket, self.object_name(key))
 
     def close(self) -> None:
-        """Close pooled connections."""
-        self._http.clear()
+        """Close pooled connections (a no-op for a :attr:`shared` store)."""
+        if not self.shared:
+            self._http.clear()
 
     # -- writes -------------------------------------------------------------------------------
 

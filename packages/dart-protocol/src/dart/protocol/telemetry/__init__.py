@@ -10,13 +10,12 @@ Example:
     >>> with envs.busy("step"):                                                  # doctest: +SKIP
     ...     ...
     >>> tel.shutdown()                                                           # doctest: +SKIP
-    >>> resource_utilization("runs/r1/telemetry")                                # doctest: +SKIP
 
 Modules: :mod:`.setup` (config, :func:`setup_telemetry`, :class:`Telemetry`), :mod:`.routing`
 (the global providers shared by several services in one process), :mod:`.jsonl` (the sink, its
 record format and reader), :mod:`.busy` (busy trackers and interval arithmetic),
-:mod:`.busy_report` (per-resource utilization from JSONL files), :mod:`.idle` (where each resource's
-time went: the idle breakdown), :mod:`.gpu` (NVML GPU sampling).
+:mod:`.gpu` (NVML GPU sampling). Analytics over a run's records (utilization, the idle breakdown)
+are in ``dart.cli.analytics``, where the CLI and the benchmarks use them.
 """
 
 from dart.protocol.telemetry.busy import (
@@ -28,40 +27,30 @@ from dart.protocol.telemetry.busy import (
     utilization,
     utilization_timeline,
 )
-from dart.protocol.telemetry.busy_report import (
-    ResourceUtilization,
-    load_busy_intervals,
-    observed_window,
-    resource_utilization,
-)
 from dart.protocol.telemetry.gpu import GpuSampler, GpuSummary, gpu_summary
-from dart.protocol.telemetry.idle import IdleBreakdown, idle_breakdown, idle_breakdown_from_dir
 from dart.protocol.telemetry.jsonl import JsonlMetricExporter, JsonlSpanExporter, JsonlWriter, read_jsonl
+from dart.protocol.telemetry.readers import LIFECYCLE_EVENTS, load_busy_intervals, observed_window
 from dart.protocol.telemetry.setup import Telemetry, TelemetryConfig, current_telemetry, setup_telemetry
 
 __all__ = [
+    "LIFECYCLE_EVENTS",
     "BusyInterval",
     "BusySection",
     "BusyTracker",
     "GpuSampler",
     "GpuSummary",
-    "IdleBreakdown",
     "JsonlMetricExporter",
     "JsonlSpanExporter",
     "JsonlWriter",
-    "ResourceUtilization",
     "Telemetry",
     "TelemetryConfig",
     "busy_ns",
     "current_telemetry",
     "gpu_summary",
-    "idle_breakdown",
-    "idle_breakdown_from_dir",
     "load_busy_intervals",
     "merge_intervals",
     "observed_window",
     "read_jsonl",
-    "resource_utilization",
     "setup_telemetry",
     "utilization",
     "utilization_timeline",

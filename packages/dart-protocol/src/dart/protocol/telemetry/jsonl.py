@@ -1,7 +1,7 @@
 """The local JSONL telemetry sink: an append-only file of one JSON object per line.
 
 Every service always writes one, whatever OTLP does, and the run report, benchmarks and
-:func:`dart.protocol.telemetry.resource_utilization` read it back. Records share these fields:
+``dart.cli.analytics.resource_utilization`` read it back. Records share these fields:
 
 - ``type``: ``span``, ``metric``, ``event`` or ``busy``.
 - ``service``, ``service_instance``, ``run_id``: who wrote it (from the OTel resource).

@@ -9,14 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dart.protocol.telemetry import (
-    BusyInterval,
-    BusyTracker,
-    TelemetryConfig,
-    idle_breakdown,
-    idle_breakdown_from_dir,
-    setup_telemetry,
-)
+from dart.cli.analytics import idle_breakdown, idle_breakdown_from_dir
+from dart.protocol.telemetry import BusyInterval, BusyTracker, TelemetryConfig, setup_telemetry
 
 pytestmark = pytest.mark.unit
 
