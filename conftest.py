@@ -20,8 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
