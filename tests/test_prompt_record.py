@@ -9,6 +9,7 @@ prompt) to data or train.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -112,14 +113,14 @@ async def test_trainer_rebuilds_the_engines_inputs_from_the_stored_trajectory(
             assert all(isinstance(fed, InlineImage) for fed in step.prompt_images)
     print(f"trajectory message: {len(encode(trajectory))} bytes for {len(trajectory.steps)} steps at {screen}")
 
-    stored = TrajectoryBlobs(store).put(trajectory)
+    # dart-data's ingestion and batching, then dart-train's recomputation (blocking work: in threads).
+    stored = await asyncio.to_thread(TrajectoryBlobs(store).put, trajectory)
     samples = group_samples(ReadyGroup("g", [stored.trajectory], complete=True), BatchingConfig())
     assert [s.step_index for s in samples] == [s.index for s in trajectory.steps]
-    backend = TorchBackend.load(
-        TrainerConfig(model_path=str(checkpoint), num_threads=2), image_source=StoreImageSource()
-    )
+    config = TrainerConfig(model_path=str(checkpoint), num_threads=2)
+    backend = await asyncio.to_thread(TorchBackend.load, config, image_source=StoreImageSource())
     worst = 0.0
-    for sample, logp in zip(samples, backend.compute_logprobs(samples), strict=True):
+    for sample, logp in zip(samples, await asyncio.to_thread(backend.compute_logprobs, samples), strict=True):
         worst = max(worst, float((logp - torch.tensor(sample.rollout_logprobs)).abs().max()))
     print(f"max |trainer - engine| log-prob difference at {screen}, image_size {image_size}: {worst:.2e}")
     assert worst < LOGPROB_TOLERANCE

@@ -205,11 +205,11 @@ class TrajectoryRunner:
             if out_of_window >= 0:
                 # No later prompt shows it (history only grows): let its pixels go.
                 history[out_of_window] = HistoryStep(history[out_of_window].text)
+            if ended:
+                break
             if next_observation is not observation:
                 shown = await self._images.prepare(next_observation.screenshot)
             observation = next_observation
-            if ended:
-                break
         with tracer.start_as_current_span("env.evaluate"), self.tracker.busy("env_call"):
             score = await env.evaluate()
         status = TrajectoryStatus.OK if ended else TrajectoryStatus.TRUNCATED
