@@ -1,9 +1,9 @@
-"""A bounded, content-addressed read cache over artifact URIs, with one store client per location.
+"""A bounded, content-addressed read cache over artifact URIs.
 
 Screenshots travel by reference (``ImageRef``: URI + sha256); a rollout reads each one for several
-prompts and a trainer for several passes. :class:`ArtifactCache` reads them through one store client
-per store location (a bucket, a directory) that stays open and is reused, checks each against the
-digest its reference names, and keeps the most recently used bytes up to a byte bound.
+prompts and a trainer for several passes. :class:`ArtifactCache` reads them by URI (through
+:func:`~dart.protocol.store.get_by_uri`, whose S3 clients are pooled per endpoint and bucket), checks
+each against the digest its reference names, and keeps the most recently used bytes up to a byte bound.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import threading
 from collections import OrderedDict
 
 from dart.protocol.errors import IntegrityError
-from dart.protocol.store.base import ArtifactStore
-from dart.protocol.store.config import StoreConfig, resolve_uri
-from dart.protocol.store.uri import parse_uri
+from dart.protocol.store.config import StoreConfig, get_by_uri
 
 
 class ArtifactCache:
@@ -35,7 +33,6 @@ class ArtifactCache:
         self.max_bytes = max_bytes
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._bytes = 0
-        self._stores: dict[tuple[str, str], ArtifactStore] = {}
         self._lock = threading.Lock()
         self.hits = 0
         """Reads served from the cache."""
@@ -46,11 +43,6 @@ class ArtifactCache:
     def cached_bytes(self) -> int:
         """Bytes held now."""
         return self._bytes
-
-    @property
-    def clients(self) -> int:
-        """Store clients open now (one per location read)."""
-        return len(self._stores)
 
     def get(self, uri: str, sha256: str) -> bytes:
         """The bytes at ``uri``, which must hash to ``sha256`` (blocking: call from a thread in async code).
@@ -82,23 +74,11 @@ class ArtifactCache:
         return data
 
     def close(self) -> None:
-        """Close the store clients and drop the cached bytes (the cache stays usable)."""
+        """Drop the cached bytes (the cache stays usable)."""
         with self._lock:
-            stores, self._stores = list(self._stores.values()), {}
             self._cache.clear()
             self._bytes = 0
-        for store in stores:
-            store.close()
 
     def _read(self, uri: str) -> bytes:
-        parsed = parse_uri(uri)
-        location = (parsed.scheme, parsed.root)
-        with self._lock:
-            store = self._stores.get(location)
-        if store is None:
-            opened, _ = resolve_uri(uri, self._store_config)
-            with self._lock:
-                store = self._stores.setdefault(location, opened)
-            if store is not opened:
-                opened.close()
-        return store.get(parsed.key)
+        # The digest the reference names is checked by the caller; the store's own check would read twice.
+        return get_by_uri(uri, config=self._store_config, verify=False)
