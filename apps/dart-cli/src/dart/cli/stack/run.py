@@ -35,7 +35,7 @@ from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
 from dart.protocol.store import StoreConfig
-from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
 
 console = Console(stderr=True)
 
@@ -216,18 +216,25 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
-async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, Any]:
+async def monitor(
+    config: RunConfig, procs: dict[str, subprocess.Popen[bytes]], credentials: Mapping[Role, Path] | None = None
+) -> dict[str, Any]:
     """Show progress for the RL phase, then stop the services in order; returns the summary figures."""
     run_dir = config.run.run_dir
     assert run_dir is not None
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
     validator = None
+    validation_buses: list[Bus] = []
     try:
         state = await ensure_topology(bus)
         if config.validation.enabled:
             from dart.cli.stack.validation import HeldOutValidator
 
-            validator = HeldOutValidator(config, bus, state, console)
+            # The validator hosts an env pool and drives it: with NATS users, as the env and eval roles.
+            for role in ("env", "eval"):
+                role_bus = config.bus if not credentials else as_role(config.bus, role, credentials[role])
+                validation_buses.append(await Bus.connect(role_bus.model_copy(update={"name": f"dart-run-{role}"})))
+            validator = HeldOutValidator(config, validation_buses[0], validation_buses[1], state, console)
             await validator.start()
         start_ns = time.time_ns()
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
@@ -285,6 +292,8 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
     finally:
         if validator is not None:
             await validator.close()  # idempotent; here for a monitor that failed before finish()
+        for extra in validation_buses:
+            await extra.close()
         await bus.close()
 
 
@@ -348,7 +357,7 @@ def run(config_path: Path) -> dict[str, Any]:
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
         if credentials:  # the supervisor connects as the ``run`` role
             config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
-        figures = asyncio.run(monitor(config, procs))
+        figures = asyncio.run(monitor(config, procs, credentials))
         storage = store_usage(store_config(config), config.train.weights_prefix)
     finally:
         for proc in procs.values():

@@ -103,14 +103,16 @@ class HeldOutValidator:
 
     Args:
         config: The finalized run config (bus URL, engine config, run directory set).
-        bus: A connected bus of the run.
+        env_bus: The connection its env pool serves on (the ``env`` role where NATS has users).
+        bus: The connection its runners lease and drive envs on (the ``eval`` role where NATS has users).
         state: The run's ``state`` KV bucket (where the newest version is announced).
         console: Where one line per evaluation is logged.
     """
 
-    def __init__(self, config: RunConfig, bus: Bus, state: KeyValueStore, console: Console) -> None:
+    def __init__(self, config: RunConfig, env_bus: Bus, bus: Bus, state: KeyValueStore, console: Console) -> None:
         assert config.run.run_dir is not None
         self._config = config
+        self._env_bus = env_bus
         self._bus = bus
         self._state = state
         self._console = console
@@ -141,7 +143,7 @@ class HeldOutValidator:
             "dart-validation", version=__version__, run_id=self._config.run.name, config=tel
         )
         v = self._config.validation
-        self._env = EvalEnv(self._config, self._bus, pool=v.pool, instances=v.instances)
+        self._env = EvalEnv(self._config, self._env_bus, pool=v.pool, instances=v.instances)
         await self._env.__aenter__()
         engine_cfg = self._config.rollout.engine
         assert engine_cfg is not None, "finalize() sets rollout.engine"
