@@ -18,6 +18,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.timeout(900)  # a `dart run` on a shared 2-core machine; the run itself is ~2-3 minutes
 def test_run_artifacts_on_embedded_s3_are_readable_with_a_plain_s3_client(
     dart_run: Callable[..., tuple[dict[str, Any], Path]],
 ) -> None:
@@ -29,7 +30,7 @@ def test_run_artifacts_on_embedded_s3_are_readable_with_a_plain_s3_client(
         "DART_WARM_START__ENABLED": "false",
         "DART_DATA__GROUPING__DROP_ZERO_VARIANCE": "false",
     }
-    summary, run_dir = dart_run(ROOT / "examples" / "smoke.yaml", env=env)
+    summary, run_dir = dart_run(ROOT / "examples" / "smoke.yaml", env=env, timeout_s=840)
     assert summary["error"] is None and summary["trajectories_lost"] == 0
     assert summary["trajectories_stored"] > 0
     assert summary["store_uri"] == "s3://dart/artifacts"

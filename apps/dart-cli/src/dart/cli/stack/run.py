@@ -305,10 +305,14 @@ S3_ACCESS_ENV, S3_SECRET_ENV = "DART_S3_ACCESS_KEY", "DART_S3_SECRET_KEY"
 def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[str, Any]:
     """The store's size when the run ends: ``store_uri``, ``store_bytes``, ``store_objects`` and
     ``store_weights_bytes`` (published weights, after retention)."""
+    from dart.protocol.errors import ConfigError, StoreError
     from dart.protocol.store import open_store
 
-    with open_store(config) as store:
-        infos = list(store.list(""))
+    try:
+        with open_store(config) as store:
+            infos = list(store.list(""))
+    except (StoreError, ConfigError) as exc:  # the summary is still written, naming the problem
+        return {"store_uri": config.uri, "store_error": str(exc)}
     return {
         "store_uri": config.uri,
         "store_bytes": sum(i.size for i in infos),
