@@ -75,7 +75,8 @@ async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, databa
             [delivery] = await trainer.fetch(1, timeout=10)
             batch = delivery.message
             await delivery.ack()
-            await wait_for(lambda: service.stats.received == 5)
+            # The batch is delivered before the service records it as published: wait on both conditions.
+            await wait_for(lambda: service.stats.received == 5 and service.stats.batches == 1)
             stats = service.stats
     finally:
         telemetry.shutdown()
