@@ -14,6 +14,7 @@ Hugging Face state dict on rank 0 (CPU-offloaded), which the engines load unchan
 
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 from pathlib import Path
@@ -31,14 +32,16 @@ from dart.train.errors import CheckpointError, TrainerError
 def init_process_group(device_type: str) -> tuple[int, int, int]:
     """Join torchrun's process group (or make a one-rank one); returns ``(rank, world_size, local_rank)``."""
     backend = "nccl" if device_type == "cuda" else "gloo"
+    # Followers wait in a broadcast until rank 0 gets its next batch: no 30-minute collective timeout.
+    timeout = datetime.timedelta(days=7)
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, timeout=timeout)
         else:
             # One process without torchrun: a private file store, nothing listens on the network.
             fd, path = tempfile.mkstemp(prefix="dart-pg-")
             os.close(fd)
-            dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
+            dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1, timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
 
 

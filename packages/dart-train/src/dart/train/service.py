@@ -26,6 +26,7 @@ from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, ensu
 from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
+from dart.train.distributed import Commander
 from dart.train.errors import ImageFetchError, SampleError
 from dart.train.interface import TrainerBackend, load_backend
 from dart.train.publish import WeightPublisher
@@ -110,6 +111,8 @@ class TrainerService:
         self.bus = bus
         self.backend = backend
         self.reader = SampleReader(config, StoreImageSource(store_config))
+        self.commander = Commander(backend.world_size)
+        """Drives the other ranks of a multi-process backend (see :mod:`dart.train.distributed`)."""
         self.publisher = publisher
         self.consumer = consumer
         self.version = version
@@ -148,6 +151,7 @@ class TrainerService:
         version = 0
         resume = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
         if resume is not None:
+            Commander(backend.world_size).send("load", str(resume))
             saved = await asyncio.to_thread(load_checkpoint, backend, resume)
             version = saved.version
             log.info("resumed from %s at step %d, version %d", resume, saved.step, saved.version)
@@ -183,6 +187,7 @@ class TrainerService:
                     await self._handle(delivery)
                     done += 1
         finally:
+            self.commander.send("stop")
             if gpu is not None:
                 await gpu.stop()
             await self.consumer.close()
@@ -238,6 +243,7 @@ class TrainerService:
 
     def train(self, samples: list[TrainingSample]) -> TrainStepMetrics:
         """Rebuild the samples' inputs and run the shared RL update on the backend (blocking)."""
+        self.commander.send("train", [s.model_dump(mode="json") for s in samples])
         inputs = [self.reader(s) for s in samples]
         return RLUpdate(self.backend, self.config).run(samples, inputs)
 
@@ -255,6 +261,7 @@ class TrainerService:
         return model
 
     async def _publish(self, version: int) -> ModelVersion:
+        self.commander.send("publish")
         weights = await asyncio.to_thread(self.backend.full_state_dict)
         return await self.publisher.publish(
             weights, version, trainer_step=self.backend.step, base_model=Path(self.config.model_path).name
@@ -264,6 +271,7 @@ class TrainerService:
         """Write a resumable checkpoint ``step-<n>`` under ``config.checkpoint_dir``."""
         assert self.config.checkpoint_dir is not None
         path = Path(self.config.checkpoint_dir) / f"step-{self.backend.step}"
+        self.commander.send("save", str(path), self.version)
         await asyncio.to_thread(save_checkpoint, self.backend, path, version=self.version)
         self.stats.checkpoints += 1
         self._event("trainer.checkpoint", path=str(path), step=self.backend.step, version=self.version)

@@ -30,6 +30,25 @@ def service_telemetry(config: RunConfig, service: ServiceName) -> Telemetry:
     return setup_telemetry(f"dart-{service}", version=__version__, run_id=config.run.name, config=tel_config)
 
 
+def follow_trainer(config: RunConfig) -> None:
+    """A non-main rank of a multi-process trainer (started by torchrun): load the backend, follow rank 0."""
+    from dart.train.batching import StoreImageSource
+    from dart.train.distributed import follow
+    from dart.train.interface import load_backend
+    from dart.train.update import SampleReader
+
+    # Only rank 0 stops on SIGTERM (it finishes its batch, then sends ``stop``); a follower leaving
+    # first would break the collective rank 0 is in.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if config.run.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.run.torch_threads)
+    scfg = store_config(config)
+    backend = load_backend(config.train, image_source=StoreImageSource(scfg))
+    follow(backend, config.train, SampleReader(config.train, StoreImageSource(scfg)))
+
+
 async def serve(config: RunConfig, service: ServiceName, stop: asyncio.Event | None = None) -> None:
     """Run one service until ``stop`` is set or the process gets SIGINT/SIGTERM."""
     stop = stop or asyncio.Event()
