@@ -11,7 +11,7 @@ import pytest
 
 from dart.protocol.telemetry import read_jsonl
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
