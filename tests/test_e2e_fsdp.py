@@ -11,13 +11,13 @@ import pytest
 
 from dart.protocol.telemetry import read_jsonl
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_fsdp_two_ranks_train_publish_and_engines_match(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> None:
-    summary, run_dir = dart_run(ROOT / "examples" / "smoke-fsdp.yaml", timeout_s=900)
+    summary, run_dir = dart_run(ROOT / "examples" / "smoke-fsdp.yaml", timeout_s=1150)
     assert summary["error"] is None
     assert summary["versions_published"] >= 2
     assert summary["trajectories_lost"] == 0

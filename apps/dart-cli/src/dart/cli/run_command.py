@@ -55,9 +55,10 @@ def serve_command(
             n = cfg.train.backend.world_size
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
             os.execv(sys.executable, [*argv, "-m", "dart.cli", "serve", "train", "--config", str(config)])
-        if os.environ["RANK"] != "0":
-            from dart.cli.stack.services import follow_trainer
+        from dart.cli.stack.services import die_with_parent, follow_trainer
 
+        die_with_parent()
+        if os.environ["RANK"] != "0":
             follow_trainer(cfg)
             return
     asyncio.run(serve(cfg, service))  # type: ignore[arg-type]

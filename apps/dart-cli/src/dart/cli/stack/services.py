@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from typing import Any
 
 from dart.cli.stack.config import RunConfig, ServiceName, load_tasks, store_config
@@ -28,6 +29,22 @@ def service_telemetry(config: RunConfig, service: ServiceName) -> Telemetry:
     if config.run.run_dir is not None and tel_config.jsonl_path is None:
         tel_config = tel_config.model_copy(update={"jsonl_path": config.run.run_dir / "telemetry" / f"{service}.jsonl"})
     return setup_telemetry(f"dart-{service}", version=__version__, run_id=config.run.name, config=tel_config)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (torchrun's agent) dies (Linux; else a no-op).
+
+    torchrun starts each rank in its own session, so a SIGKILL of the agent's process group (``dart run``'s
+    last resort) would leave the ranks running; a rank waiting in a collective would wait forever.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not sys.platform.startswith("linux") or name is None:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(name, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def follow_trainer(config: RunConfig) -> None:
