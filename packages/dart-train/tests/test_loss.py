@@ -188,3 +188,20 @@ def test_sum_reduction_is_invariant_to_padding() -> None:
     padded.backward()
     assert padded.item() == alone.item()
     assert padded_rows.grad is not None and torch.equal(padded_rows.grad[0, :2], g_alone[0])
+
+
+def test_backend_settings_are_kind_discriminated() -> None:
+    from pydantic import ValidationError
+
+    from dart.train.config import TrainerConfig
+
+    assert TrainerConfig().backend.kind == "torch" and TrainerConfig().backend.world_size == 1
+    fsdp = TrainerConfig.model_validate({"backend": "fsdp"}).backend
+    assert fsdp.kind == "fsdp" and fsdp.world_size == 1
+    assert TrainerConfig.model_validate({"backend": {"kind": "fsdp", "nproc": 2}}).backend.world_size == 2
+    tp = TrainerConfig.model_validate({"backend": {"kind": "megatron", "tensor_parallel_size": 2}}).backend
+    assert tp.world_size == 2
+    with pytest.raises(ValidationError):
+        TrainerConfig.model_validate({"backend": {"kind": "torch", "nproc": 2}})  # an fsdp option on torch
+    with pytest.raises(ValidationError):
+        TrainerConfig.model_validate({"loss": {"objective": "decoupled", "behav_cap": 1.0}})
