@@ -8,7 +8,7 @@ from dart.data.advantages import group_advantages
 from dart.data.batches import BatchAssembler, group_samples
 from dart.data.blobs import TrajectoryBlobs
 from dart.data.config import BatchingConfig, CurationConfig, EmissionConfig
-from dart.data.curation import ExperiencePool, is_hard, max_steps_for, rollout_count, select_high_entropy
+from dart.data.curation import ExperiencePool, is_hard, max_steps_for, rollout_count
 from dart.data.errors import SuiteError
 from dart.data.groups import GroupAssembler, GroupPolicy, ReadyGroup
 from dart.data.stats import TaskStats
@@ -63,36 +63,6 @@ def test_max_steps_from_successful_lengths_within_bounds() -> None:
     assert max_steps_for(task, stats_with(1, 8, (19,)), cfg) == 20  # ceiling = task budget
     assert max_steps_for(task, stats_with(1, 8, (19,)), cfg.model_copy(update={"max_steps_ceiling": 12})) == 12
     assert max_steps_for(task, stats_with(2, 8, (4, 6)), cfg.model_copy(update={"dynamic_max_steps": False})) == 20
-
-
-def sample(tid: str, step: int, entropy: float) -> m.TrainingSample:
-    return m.TrainingSample(
-        trajectory_id=tid,
-        step_index=step,
-        group_id="g",
-        task_id="t",
-        advantage=1.0,
-        reward=1.0,
-        policy_version=1,
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        rollout_logprobs=[-0.1],
-        entropy=entropy,
-    )
-
-
-def test_high_entropy_selection_per_batch_and_per_trajectory() -> None:
-    samples = [sample("a", 0, 0.1), sample("a", 1, 2.0), sample("b", 0, 0.5), sample("b", 1, 0.2)]
-    assert select_high_entropy(samples, 1.0) == samples
-    kept = select_high_entropy(samples, 0.5, "batch")
-    assert [(s.trajectory_id, s.step_index) for s in kept] == [("a", 1), ("b", 0)]  # original order
-    kept = select_high_entropy(samples, 0.5, "trajectory")
-    assert [(s.trajectory_id, s.step_index) for s in kept] == [("a", 1), ("b", 0)]
-    assert len(select_high_entropy(samples, 0.01)) == 1  # ceil: at least one
-    skewed = [sample("a", i, 5.0 - i) for i in range(3)] + [sample("b", 0, 0.0)]
-    per_traj = select_high_entropy(skewed, 0.5, "trajectory")
-    assert {s.trajectory_id for s in per_traj} == {"a", "b"}  # every trajectory keeps its top step
-    assert {s.trajectory_id for s in select_high_entropy(skewed, 0.5, "batch")} == {"a"}
 
 
 def stored_factory(traj_factory, tmp_path: Path):  # type: ignore[no-untyped-def]
@@ -194,9 +164,9 @@ def test_batch_assembler_fills_by_samples_or_groups(traj_factory, tmp_path: Path
     again = BatchAssembler(BatchingConfig(min_samples=8, max_groups=5), CurationConfig())
     again.add(group("g1"))
     assert again.add(group("g2"))[1].batch.batch_id == formed.batch.batch_id  # type: ignore[union-attr]  # deterministic
-    by_groups = BatchAssembler(BatchingConfig(min_samples=100, max_groups=1), CurationConfig(entropy_top_p=0.5))
+    by_groups = BatchAssembler(BatchingConfig(min_samples=100, max_groups=1), CurationConfig())
     _, formed = by_groups.add(group("g3"))
-    assert formed is not None and len(formed.batch.samples) == 2
+    assert formed is not None and len(formed.batch.samples) == 4  # every step: selection is the trainer's
 
 
 def test_outstanding_work_and_planner(traj_factory) -> None:  # type: ignore[no-untyped-def]

@@ -51,7 +51,7 @@ async def test_concurrent_requests_share_one_batch_and_logprobs_recompute_exactl
     for prompt, request, result in zip(prompts, requests, results, strict=True):
         n = len(result.response_token_ids)
         assert 1 <= n <= request.max_new_tokens
-        assert n == len(result.response_logprobs) == len(result.response_entropy) == len(result.sampling_logprobs)
+        assert n == len(result.response_logprobs) == len(result.response_entropy)
         assert all(lp <= 0 for lp in result.response_logprobs)
         assert all(h >= 0 for h in result.response_entropy)
         assert result.timings.batch_size == 4 and result.policy_version == 0
@@ -64,8 +64,18 @@ async def test_concurrent_requests_share_one_batch_and_logprobs_recompute_exactl
         start = len(result.prompt_token_ids) - 1
         positions = torch.arange(start, start + n)
         targets = torch.tensor(result.response_token_ids)
-        recomputed = logp[positions, targets]
         entropy = -(logp[positions].exp() * logp[positions]).sum(-1)
+        # Behaviour log-probs: tempered, banned ids masked, top-p nucleus renormalized (the target kept).
+        assert result.sampling.temperature == 1.0 and result.sampling.top_p == 0.9
+        assert result.sampling.excluded_token_ids
+        scaled = logits[positions] / result.sampling.temperature
+        scaled[:, result.sampling.excluded_token_ids] = -torch.inf
+        probs = torch.softmax(scaled, -1)
+        sorted_p, order = torch.sort(probs, -1, descending=True)
+        keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, (sorted_p.cumsum(-1) - sorted_p) < 0.9)
+        keep[torch.arange(n), targets] = True
+        recomputed = torch.log_softmax(scaled.masked_fill(~keep, -torch.inf), -1)[torch.arange(n), targets]
+        assert (recomputed - logp[positions, targets]).abs().max() > 1e-3  # the nucleus is not the raw distribution
         assert torch.allclose(recomputed, torch.tensor(result.response_logprobs), atol=LOGPROB_TOLERANCE, rtol=0)
         assert torch.allclose(entropy, torch.tensor(result.response_entropy), atol=LOGPROB_TOLERANCE, rtol=0)
 
@@ -75,7 +85,7 @@ async def test_greedy_is_deterministic(engine: HFEngine) -> None:
     first = await engine.generate(request)
     second = await engine.generate(request)
     assert first.response_token_ids == second.response_token_ids
-    assert first.sampling_logprobs == [0.0] * len(first.response_token_ids)
+    assert first.sampling.temperature == 0.0  # greedy: the recorded log-probs are the temperature-1 ones
 
 
 async def test_update_weights_changes_outputs_and_version(engine: HFEngine, tmp_path: Path) -> None:

@@ -65,6 +65,7 @@ async def _rollout(checkpoint: Path, store: LocalStore, n: int) -> list[Training
                     prompt_token_ids=result.prompt_token_ids,
                     response_token_ids=result.response_token_ids,
                     rollout_logprobs=result.response_logprobs,
+                    sampling=result.sampling,
                     images=refs,
                 )
             )

@@ -13,6 +13,7 @@ from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
 from dart.train.errors import CheckpointError, ImageFetchError, SampleError
+from dart.train.update import token_weights
 
 pytestmark = pytest.mark.unit
 
@@ -72,23 +73,19 @@ def test_micro_batching_does_not_change_the_update(
     assert a.loss == pytest.approx(b.loss, abs=1e-6) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
 
 
-def test_trajectory_mean_gives_each_trajectory_equal_weight(
-    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
-) -> None:
-    backend = _backend(tiny_checkpoint)
+def test_trajectory_mean_gives_each_trajectory_equal_weight(rollout_samples: list[TrainingSample]) -> None:
     # Three steps of one trajectory and one step of another, of different token lengths.
     pick = [rollout_samples[i % len(rollout_samples)] for i in range(4)]
     samples = [s.model_copy(update={"trajectory_id": "long"}) for s in pick[:3]]
     samples.append(pick[3].model_copy(update={"trajectory_id": "short"}))
     lengths = [len(s.response_token_ids) for s in samples]
-    weights = backend._token_weights(samples, lengths)
+    weights = token_weights(samples, lengths, "trajectory_mean")
     per_traj = {
         "long": sum(w * n for w, n in zip(weights[:3], lengths[:3], strict=True)),
         "short": weights[3] * lengths[3],
     }
     assert per_traj == pytest.approx({"long": 0.5, "short": 0.5})
-    backend.config = backend.config.model_copy(update={"loss_aggregation": "token_mean"})
-    token = backend._token_weights(samples, lengths)
+    token = token_weights(samples, lengths, "token_mean")
     assert sum(w * n for w, n in zip(token, lengths, strict=True)) == pytest.approx(1.0)
     assert token[0] == pytest.approx(1.0 / sum(lengths))
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dart.train.loss import LossConfig, grpo_loss, token_logprobs, truncated_is_weight
+from dart.train.loss import LossConfig, behaviour_logprobs, grpo_loss, token_logprobs, truncated_is_weight
 
 pytestmark = pytest.mark.unit
 
@@ -131,3 +131,77 @@ def test_gradient_pushes_up_positive_advantage_tokens() -> None:
     after, _ = token_logprobs(logits.detach(), targets)
     delta = (after - before).mean(-1)
     assert delta[0] > 0 and delta[2] > 0 and delta[1] < 0 and delta[3] < 0
+
+
+def test_decoupled_drops_tokens_over_the_behaviour_cap_instead_of_truncating() -> None:
+    cfg = LossConfig(objective="decoupled", behav_cap=2.0)
+    base, _, _ = _loss(1.0, 1.0, LossConfig(tis_cap=None))
+    weighted, _, m = _loss(1.0, 1.0, cfg, rollout_shift=0.5)  # weight e^0.5 < cap: kept whole
+    assert weighted == pytest.approx(base * math.exp(0.5)) and m["tis_truncated_fraction"] == 0.0
+    dropped, grad, m = _loss(1.0, 1.0, cfg, rollout_shift=3.0)  # weight e^3 > cap: dropped, not capped
+    assert dropped == 0.0 and grad == 0.0 and m["tis_truncated_fraction"] == 1.0
+    tis, _, _ = _loss(1.0, 1.0, LossConfig(tis_cap=2.0), rollout_shift=3.0)
+    assert tis == pytest.approx(base * 2.0)
+    with pytest.raises(ValueError, match="behav_cap"):
+        LossConfig(objective="decoupled", behav_cap=0.5)
+
+
+def test_behaviour_logprobs_temperature_exclusions_and_nucleus() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    target = torch.tensor([1])
+    raw, ent = behaviour_logprobs(logits, target)
+    assert float(raw) == pytest.approx(float(torch.log_softmax(logits, -1)[0, 1]))
+    tempered, ent_t = behaviour_logprobs(logits, target, temperature=0.5)
+    assert float(tempered) == pytest.approx(float(torch.log_softmax(logits / 0.5, -1)[0, 1]))
+    assert float(ent_t) == pytest.approx(float(ent))  # entropy is always the raw distribution's
+    excluded, _ = behaviour_logprobs(logits, target, excluded_token_ids=[0])
+    assert float(excluded) == pytest.approx(float(torch.log_softmax(logits[:, 1:], -1)[0, 0]))
+    # p = [.64, .24, .09, .03]: top_p 0.8 keeps tokens 0 and 1 (0 alone has .64 < .8).
+    nucleus, _ = behaviour_logprobs(logits, target, top_p=0.8)
+    assert float(nucleus) == pytest.approx(float(torch.log_softmax(logits[:, :2], -1)[0, 1]))
+    # A target just outside the nucleus is kept with it (finite log-prob), not -inf.
+    outside, _ = behaviour_logprobs(logits, torch.tensor([2]), top_p=0.8)
+    assert float(outside) == pytest.approx(float(torch.log_softmax(logits[:, :3], -1)[0, 2]))
+    assert float(behaviour_logprobs(logits, target, temperature=0.0)[0]) == pytest.approx(float(raw))
+
+
+def test_sum_reduction_is_invariant_to_padding() -> None:
+    cfg = LossConfig()
+    short = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    alone, _ = grpo_loss(
+        short, short.detach() + 0.1, short.detach(), torch.tensor([1.0]), torch.ones(1, 2), cfg, reduction="sum"
+    )
+    alone.backward()
+    assert short.grad is not None
+    g_alone = short.grad.clone()
+    padded_rows = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.7, -0.9]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    padded, _ = grpo_loss(
+        padded_rows,
+        padded_rows.detach() + 0.1,
+        padded_rows.detach(),
+        torch.tensor([1.0, -1.0]),
+        mask,
+        cfg,
+        reduction="sum",
+    )
+    padded.backward()
+    assert padded.item() == alone.item()
+    assert padded_rows.grad is not None and torch.equal(padded_rows.grad[0, :2], g_alone[0])
+
+
+def test_backend_settings_are_kind_discriminated() -> None:
+    from pydantic import ValidationError
+
+    from dart.train.config import TrainerConfig
+
+    assert TrainerConfig().backend.kind == "torch" and TrainerConfig().backend.world_size == 1
+    fsdp = TrainerConfig.model_validate({"backend": "fsdp"}).backend
+    assert fsdp.kind == "fsdp" and fsdp.world_size == 1
+    assert TrainerConfig.model_validate({"backend": {"kind": "fsdp", "nproc": 2}}).backend.world_size == 2
+    tp = TrainerConfig.model_validate({"backend": {"kind": "megatron", "tensor_parallel_size": 2}}).backend
+    assert tp.world_size == 2
+    with pytest.raises(ValidationError):
+        TrainerConfig.model_validate({"backend": {"kind": "torch", "nproc": 2}})  # an fsdp option on torch
+    with pytest.raises(ValidationError):
+        TrainerConfig.model_validate({"loss": {"objective": "decoupled", "behav_cap": 1.0}})

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from dart.data.advantages import group_advantages
 from dart.data.config import BatchingConfig, CurationConfig
-from dart.data.curation import select_high_entropy
 from dart.data.groups import ReadyGroup
 from dart.protocol.messages import ImageRef, TrainingBatch, TrainingSample, Trajectory
 
@@ -55,6 +54,7 @@ def _trajectory_samples(traj: Trajectory, group: ReadyGroup, advantage: float) -
                 prompt_token_ids=step.prompt_token_ids,
                 response_token_ids=step.response_token_ids,
                 rollout_logprobs=step.response_logprobs,
+                sampling=step.sampling,
                 images=images,
                 from_experience_pool=traj.trajectory_id in group.pooled,
                 entropy=entropy,
@@ -121,12 +121,12 @@ class BatchAssembler:
         """The unfinished batch now (None when empty)."""
         if not self._samples:
             return None
-        samples = select_high_entropy(self._samples, self.curation.entropy_top_p, self.curation.entropy_scope)
+        # High-entropy step selection happens in the trainer (exact entropies from its own forward pass).
+        samples = self._samples
         versions = [s.policy_version for s in samples]
         batch = TrainingBatch(
             batch_id=batch_id_for([g.group_id for g in self._groups]),
             samples=samples,
-            # All groups, also those whose every step lost the entropy cut: they were consumed.
             group_ids=[g.group_id for g in self._groups],
             min_policy_version=min(versions),
             max_policy_version=max(versions),

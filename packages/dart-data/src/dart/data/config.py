@@ -5,7 +5,7 @@ Example (YAML, the ``data:`` section of a run file)::
     data:
       database_url: sqlite:///runs/r1/data.sqlite3
       grouping: {timeout_s: 120, max_staleness: 4}
-      curation: {min_rollouts: 4, max_rollouts: 8, entropy_top_p: 0.8}
+      curation: {min_rollouts: 4, max_rollouts: 8}
       emission: {max_outstanding: 64}
       batching: {min_samples: 64}
 """
@@ -64,11 +64,6 @@ class CurationConfig(ConfigModel):
     """A task whose success rate is below this is hard: its successes are pooled."""
     pool_size_per_task: int = Field(default=4, ge=1)
     """Successes kept per task in the pool (newest first)."""
-
-    entropy_top_p: float = Field(default=1.0, gt=0, le=1)
-    """Keep this fraction of steps, those with the highest mean token entropy; 1.0 keeps all."""
-    entropy_scope: Literal["batch", "trajectory"] = "batch"
-    """Rank steps across the whole batch, or within each trajectory."""
 
     @model_validator(mode="after")
     def _ordered(self) -> CurationConfig:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from dart.data.config import CurationConfig
 from dart.data.stats import TaskStats
-from dart.protocol.messages import TaskSpec, TrainingSample, Trajectory
+from dart.protocol.messages import TaskSpec, Trajectory
 
 
 def rollout_count(stats: TaskStats | None, config: CurationConfig) -> int:
@@ -55,33 +55,6 @@ def max_steps_for(task: TaskSpec, stats: TaskStats | None, config: CurationConfi
 def is_hard(stats: TaskStats | None, config: CurationConfig) -> bool:
     """Whether a task's success rate is below ``hard_task_threshold`` (an unseen task is hard)."""
     return stats is None or stats.success_rate < config.hard_task_threshold
-
-
-def select_high_entropy(samples: Sequence[TrainingSample], top_p: float, scope: str = "batch") -> list[TrainingSample]:
-    """Keep the ``top_p`` fraction of samples with the highest mean entropy, in their original order.
-
-    Args:
-        samples: Step samples.
-        top_p: Fraction to keep, ``ceil(top_p * n)`` (so at least one); 1.0 keeps all.
-        scope: ``batch`` ranks all samples together; ``trajectory`` ranks within each trajectory,
-            so every trajectory keeps its own most uncertain steps.
-    """
-    if top_p >= 1.0 or not samples:
-        return list(samples)
-    if scope == "trajectory":
-        by_traj: dict[str, list[int]] = {}
-        for i, s in enumerate(samples):
-            by_traj.setdefault(s.trajectory_id, []).append(i)
-        keep = {i for idx in by_traj.values() for i in _top(idx, samples, top_p)}
-    else:
-        keep = set(_top(range(len(samples)), samples, top_p))
-    return [s for i, s in enumerate(samples) if i in keep]
-
-
-def _top(indices: Sequence[int] | range, samples: Sequence[TrainingSample], top_p: float) -> list[int]:
-    n = math.ceil(top_p * len(indices))
-    # Stable on ties: earlier steps win, so the selection is deterministic.
-    return sorted(indices, key=lambda i: (-samples[i].entropy, i))[:n]
 
 
 class ExperiencePool:

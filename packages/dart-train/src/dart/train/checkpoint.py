@@ -2,9 +2,9 @@
 
 Layout::
 
-    <dir>/model.safetensors     model state dict
-    <dir>/optimizer.pt          optimizer state dict (torch.save, loaded with weights_only=True)
-    <dir>/trainer_state.json    {"step", "version", "model_path", "created_at"}
+    <dir>/...                   what the backend's save_checkpoint writes (torch: model.safetensors and
+                                optimizer.pt; fsdp: a torch.distributed.checkpoint directory)
+    <dir>/trainer_state.json    {"step", "version", "model_path", "created_at"}, written by the main rank
 
 A checkpoint is written to a temporary sibling directory and renamed into place, so a crash mid-write
 never leaves a half checkpoint under the final name.
@@ -17,14 +17,12 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from dart.train.backend import TorchBackend
 from dart.train.errors import CheckpointError
 
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
 
 
@@ -45,47 +43,45 @@ class TrainerState:
     created_at: float
 
 
-def save_checkpoint(backend: TorchBackend, path: str | Path, *, version: int) -> TrainerState:
-    """Write ``backend``'s weights, optimizer state and step, plus ``version``, to directory ``path``.
+def _barrier(backend: Any) -> None:
+    if backend.world_size > 1:
+        torch.distributed.barrier()
 
-    An existing checkpoint at ``path`` is replaced.
+
+def save_checkpoint(backend: Any, path: str | Path, *, version: int) -> TrainerState:
+    """Write ``backend``'s checkpoint plus its step and ``version`` to directory ``path`` (collective).
+
+    An existing checkpoint at ``path`` is replaced. ``path`` must be on storage every rank sees.
     """
-    from safetensors.torch import save_file
-
     final = Path(path)
     tmp = final.with_name(f".tmp-{final.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(backend.weights(), str(tmp / MODEL_FILE))
-    torch.save(backend.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+    if backend.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(backend)
+    backend.save_checkpoint(tmp)
+    _barrier(backend)
     state = TrainerState(
         step=backend.step, version=version, model_path=backend.config.model_path, created_at=time.time()
     )
-    (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    if backend.is_main:
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    _barrier(backend)
     return state
 
 
-def load_checkpoint(backend: TorchBackend, path: str | Path) -> TrainerState:
-    """Restore weights, optimizer state and step from ``path`` into ``backend``; returns the saved counters.
+def load_checkpoint(backend: Any, path: str | Path) -> TrainerState:
+    """Restore ``backend`` from ``path`` and set its step; returns the saved counters (collective).
 
     Raises:
         CheckpointError: Files are missing or the weights do not fit the model.
     """
-    from safetensors.torch import load_file
-
     src = Path(path)
-    missing = [n for n in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE) if not (src / n).is_file()]
-    if missing:
-        raise CheckpointError(str(src), f"missing {', '.join(missing)}; pass a directory written by save_checkpoint")
-    weights = load_file(str(src / MODEL_FILE), device=str(backend.device))
-    try:
-        backend.model.load_state_dict(weights, strict=True)
-    except RuntimeError as exc:
-        raise CheckpointError(str(src), f"weights do not fit the model at {backend.config.model_path}: {exc}") from exc
-    optimizer_state = torch.load(src / OPTIMIZER_FILE, map_location=backend.device, weights_only=True)
-    backend.optimizer.load_state_dict(optimizer_state)
+    if not (src / STATE_FILE).is_file():
+        raise CheckpointError(str(src), f"missing {STATE_FILE}; pass a directory written by save_checkpoint")
+    backend.load_checkpoint(src)
     state = TrainerState(**json.loads((src / STATE_FILE).read_text()))
     backend.step = state.step
     return state

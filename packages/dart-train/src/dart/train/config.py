@@ -5,7 +5,7 @@ A run's YAML composes it under ``train:``; every field can be overridden with ``
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -24,10 +24,73 @@ class LossSettings(ConfigModel):
     """Truncation of the rollout-to-trainer importance weight; None disables TIS."""
     kl_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the k3 KL to the reference policy; 0 disables it (no reference model is kept)."""
+    objective: Literal["tis", "decoupled"] = "tis"
+    """Off-policy correction: ``tis`` truncates the behaviour importance weight at ``tis_cap``;
+    ``decoupled`` is AReaL's decoupled PPO, dropping tokens whose weight exceeds ``behav_cap``
+    (see :mod:`dart.train.loss`)."""
+    behav_cap: float | None = Field(default=5.0, gt=1.0)
+    """``decoupled``: tokens whose behaviour importance weight exceeds this are dropped; None keeps all."""
 
     def to_loss_config(self) -> LossConfig:
         """The frozen dataclass :func:`~dart.train.loss.grpo_loss` takes."""
-        return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, tis_cap=self.tis_cap, kl_coef=self.kl_coef)
+        return LossConfig(
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            tis_cap=self.tis_cap,
+            kl_coef=self.kl_coef,
+            objective=self.objective,
+            behav_cap=self.behav_cap,
+        )
+
+
+class TorchBackendSettings(ConfigModel):
+    """One process, one device (``train.device``)."""
+
+    kind: Literal["torch"] = "torch"
+
+    @property
+    def world_size(self) -> int:
+        """Processes the backend runs as."""
+        return 1
+
+
+class FsdpBackendSettings(ConfigModel):
+    """PyTorch FSDP2: parameters, gradients and optimizer state sharded over ``nproc`` data-parallel ranks.
+
+    Launched with torchrun when ``nproc > 1`` (``dart serve train`` / ``dart run`` do it); gloo on CPU,
+    NCCL on GPU (rank r uses ``cuda:<local rank>``).
+    """
+
+    kind: Literal["fsdp"] = "fsdp"
+    nproc: int = Field(default=1, ge=1)
+    """Ranks (processes); on GPU one per device."""
+    mixed_precision: Literal["none", "bf16"] = "none"
+    """``bf16`` computes in bfloat16 with float32 master weights and gradient reduction (GPU only)."""
+
+    @property
+    def world_size(self) -> int:
+        """Processes the backend runs as."""
+        return self.nproc
+
+
+class MegatronBackendSettings(ConfigModel):
+    """megatron-core: tensor (and pipeline) parallel Qwen2.5-VL language model, vision tower from transformers."""
+
+    kind: Literal["megatron"] = "megatron"
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """Ranks one layer's weights are split over."""
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    """Pipeline stages."""
+
+    @property
+    def world_size(self) -> int:
+        """Processes the backend runs as."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+BackendSettings = Annotated[
+    TorchBackendSettings | FsdpBackendSettings | MegatronBackendSettings, Field(discriminator="kind")
+]
 
 
 class RetentionConfig(ConfigModel):
@@ -58,8 +121,20 @@ class TrainerConfig(ConfigModel):
     """AdamW decoupled weight decay."""
     grad_clip: float | None = Field(default=1.0, gt=0.0)
     """Clip the global gradient L2 norm to this; None disables clipping (the norm is still reported)."""
+    backend: BackendSettings = Field(default_factory=TorchBackendSettings)
+    """Which trainer backend runs the model: ``torch``, ``fsdp`` or ``megatron`` (a bare name is accepted)."""
     micro_batch_size: int = Field(default=4, ge=1)
-    """Samples per forward/backward pass; gradients accumulate over a batch's micro-batches."""
+    """Samples per forward/backward pass (per rank); gradients accumulate over a mini-batch's micro-batches."""
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over each batch. From the second optimizer step of a batch on, the policy differs from the
+    one ``logp_old`` was computed with, so the ratio leaves 1 and clipping acts."""
+    mini_batches: int = Field(default=1, ge=1)
+    """Optimizer steps per epoch: the (selected) samples are split into this many mini-batches."""
+    entropy_top_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Train on this fraction of steps, those with the highest exact mean token entropy (from the
+    trainer's ``logp_old`` pass); 1.0 keeps all."""
+    entropy_scope: Literal["batch", "trajectory"] = "batch"
+    """Rank steps across the whole batch, or within each trajectory."""
     loss: LossSettings = Field(default_factory=LossSettings)
     """The policy-gradient objective."""
     loss_aggregation: Literal["trajectory_mean", "token_mean"] = "trajectory_mean"
@@ -85,6 +160,14 @@ class TrainerConfig(ConfigModel):
     """Artifact-store key prefix of published weights (``<prefix>/v<version>/model.safetensors``)."""
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     """Which published weight versions and checkpoints are kept."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_by_name(cls, data: Any) -> Any:
+        # ``backend: fsdp`` is shorthand for ``backend: {kind: fsdp}``.
+        if isinstance(data, dict) and isinstance(data.get("backend"), str):
+            data = {**data, "backend": {"kind": data["backend"]}}
+        return data
 
     @model_validator(mode="after")
     def _checkpoint_dir_given(self) -> TrainerConfig:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from typing import Any
 
 from dart.cli.stack.config import RunConfig, ServiceName, load_tasks, store_config
@@ -30,6 +31,41 @@ def service_telemetry(config: RunConfig, service: ServiceName) -> Telemetry:
     if config.run.run_dir is not None and tel_config.run_dir is None:
         tel_config = tel_config.model_copy(update={"run_dir": config.run.run_dir})  # trackers write under it
     return setup_telemetry(f"dart-{service}", version=__version__, run_id=config.run.name, config=tel_config)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (torchrun's agent) dies (Linux; else a no-op).
+
+    torchrun starts each rank in its own session, so a SIGKILL of the agent's process group (``dart run``'s
+    last resort) would leave the ranks running; a rank waiting in a collective would wait forever.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not sys.platform.startswith("linux") or name is None:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(name, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def follow_trainer(config: RunConfig) -> None:
+    """A non-main rank of a multi-process trainer (started by torchrun): load the backend, follow rank 0."""
+    from dart.train.batching import StoreImageSource
+    from dart.train.distributed import follow
+    from dart.train.interface import load_backend
+    from dart.train.update import SampleReader
+
+    # Only rank 0 stops on SIGTERM (it finishes its batch, then sends ``stop``); a follower leaving
+    # first would break the collective rank 0 is in.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if config.run.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.run.torch_threads)
+    scfg = store_config(config)
+    backend = load_backend(config.train, image_source=StoreImageSource(scfg))
+    follow(backend, config.train, SampleReader(config.train, StoreImageSource(scfg)))
 
 
 async def serve(config: RunConfig, service: ServiceName, stop: asyncio.Event | None = None) -> None:

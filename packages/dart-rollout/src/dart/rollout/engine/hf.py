@@ -4,7 +4,8 @@ Concurrent :meth:`HFEngine.generate` calls are collected for ``batch_wait_s`` (o
 and served by one left-padded ``model.generate`` call on a dedicated worker thread, so the asyncio loop
 never blocks. ``generate`` handles Qwen2.5-VL's multimodal rotary positions (mrope) with padding; a
 :class:`_RowSampler` logits processor replaces its sampling so each request keeps its own temperature,
-top-p, seed and token budget, and records log-probs and entropies from the raw logits.
+top-p, seed and token budget, and records behaviour log-probs (of the distribution actually sampled from)
+and entropies of the raw logits.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from dart.protocol.messages import SamplingParams
 from dart.rollout.engine.base import (
     EngineClosedError,
     EngineState,
@@ -42,8 +44,8 @@ BANNED_TOKENS = (
     "<|im_start|>",
 )
 """Never sampled: a vision placeholder in a response would break the trainer's forward pass (image tokens
-must match images), and a new turn is not a valid response. Their raw probability stays in
-``response_logprobs``' normalisation, so recorded log-probs still equal a plain forward pass."""
+must match images), and a new turn is not a valid response. They are recorded as the result's
+``SamplingParams.excluded_token_ids``, so the trainer masks them when it recomputes log-probs."""
 
 
 class HFEngineConfig(BaseModel):
@@ -96,11 +98,13 @@ class _Pending:
 
 
 class _RowSampler:
-    """Logits processor that samples each row with its own settings and records raw-logit statistics.
+    """Logits processor that samples each row with its own settings and records what the trainer needs.
 
     ``generate`` runs greedy (no built-in warpers), so the returned one-hot scores make it emit exactly
-    the token chosen here. Log-prob and entropy come from the raw logits at temperature 1, which is
-    what a teacher-forced forward pass of the same weights reproduces.
+    the token chosen here. The recorded log-prob is the behaviour log-prob: of the token under the
+    distribution it was drawn from (``softmax(logits / T)``, banned tokens masked, top-p nucleus
+    renormalized), or the raw temperature-1 log-prob for greedy rows; the entropy is that of the raw
+    temperature-1 distribution.
     """
 
     def __init__(self, requests: list[GenerationRequest], eos_id: int, banned_ids: list[int]) -> None:
@@ -116,7 +120,6 @@ class _RowSampler:
         self.tokens: list[list[int]] = [[] for _ in requests]
         self.logprobs: list[list[float]] = [[] for _ in requests]
         self.entropy: list[list[float]] = [[] for _ in requests]
-        self.sampling_logprobs: list[list[float]] = [[] for _ in requests]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         logits = scores.float()
@@ -133,9 +136,9 @@ class _RowSampler:
             token, sampled_lp = self._sample(allowed[i], req, self.generators[i])
             chosen[i] = token
             self.tokens[i].append(token)
-            self.logprobs[i].append(float(logp[i, token]))
+            # Greedy rows have no sampling distribution: the contract records their temperature-1 log-prob.
+            self.logprobs[i].append(float(logp[i, token]) if req.temperature == 0 else sampled_lp)
             self.entropy[i].append(float(entropy[i]))
-            self.sampling_logprobs[i].append(sampled_lp)
         self.step += 1
         out = torch.full_like(scores, -math.inf)
         out[torch.arange(len(self.requests)), chosen.to(scores.device)] = 0.0
@@ -332,7 +335,9 @@ class HFEngine(InferenceEngine):
                     response_token_ids=tokens,
                     response_logprobs=sampler.logprobs[i][:end],
                     response_entropy=sampler.entropy[i][:end],
-                    sampling_logprobs=sampler.sampling_logprobs[i][:end],
+                    sampling=SamplingParams(
+                        temperature=req.temperature, top_p=req.top_p, excluded_token_ids=list(self._banned_ids)
+                    ),
                     text=self._processor.tokenizer.decode(tokens, skip_special_tokens=True),
                     finish_reason=finish,
                     policy_version=version,

@@ -1,0 +1,181 @@
+"""Trainer throughput per backend and world size: step time and tokens/s of the shared RL update on one batch.
+
+Every configuration trains on the same synthetic batch (text-only samples of fixed prompt and response
+length, seeded) from the same checkpoint: ``torch`` in this process, ``fsdp`` with 1 and 2 ranks under
+torchrun (this script re-runs itself as the worker), ``megatron`` when ``dart.train.megatron`` imports.
+The first update of each run warms up and is not timed. Tokens/s counts prompt + response tokens of
+the samples each update trains on, divided by the update's wall time (all optimizer steps included).
+
+Usage::
+
+    uv run python benchmarks/trainer_throughput.py                       # tiny random checkpoint, CPU
+    uv run python benchmarks/trainer_throughput.py --model /ckpt/qwen2.5-vl-3b --device cuda \\
+        --configs torch fsdp:1 fsdp:2 --dtype bfloat16 --samples 16 --prompt-len 1024 --response-len 128
+
+The last line is one JSON object: ``{"results": [{"backend", "world_size", "step_s", "tokens_per_s", ...}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _samples(n: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> list[Any]:
+    import random
+
+    from dart.protocol.messages import TrainingSample
+
+    rng = random.Random(seed)
+    return [
+        TrainingSample(
+            trajectory_id=f"t{i}",
+            step_index=0,
+            group_id="g",
+            task_id="bench",
+            advantage=1.0 if i % 2 == 0 else -1.0,
+            reward=float(i % 2 == 0),
+            policy_version=0,
+            prompt_token_ids=[rng.randrange(100, vocab) for _ in range(prompt_len)],
+            response_token_ids=[rng.randrange(100, vocab) for _ in range(response_len)],
+            rollout_logprobs=[-1.0] * response_len,
+        )
+        for i in range(n)
+    ]
+
+
+def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
+    """Run the updates in this process (one of the ranks under torchrun); returns the figures."""
+    import torch
+
+    from dart.train.config import TrainerConfig
+    from dart.train.interface import load_backend
+    from dart.train.update import RLUpdate, SampleReader
+
+    backend_cfg: dict[str, Any] = {"kind": kind}
+    if kind == "fsdp":
+        backend_cfg["nproc"] = nproc
+    elif kind == "megatron":
+        backend_cfg["tensor_parallel_size"] = nproc
+    config = TrainerConfig.model_validate(
+        {
+            "model_path": args.model,
+            "backend": backend_cfg,
+            "device": args.device,
+            "dtype": args.dtype,
+            "lr": 1e-5,
+            "micro_batch_size": args.micro_batch_size,
+            "num_threads": args.threads,
+        }
+    )
+    backend = load_backend(config)
+    model_cfg = json.loads((Path(args.model) / "config.json").read_text())
+    vocab = int(model_cfg.get("text_config", {}).get("vocab_size", model_cfg.get("vocab_size", 1000)))
+    # Stay below the special tokens (image pads would need images).
+    samples = _samples(args.samples, args.prompt_len, args.response_len, min(vocab - 300, 150000), seed=0)
+    reader = SampleReader(config)
+    inputs = [reader(s) for s in samples]
+    times = []
+    for i in range(args.steps + 1):
+        if torch.cuda.is_available() and args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        RLUpdate(backend, config).run(samples, inputs)
+        if torch.cuda.is_available() and args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i > 0:  # the first update warms up (allocations, kernels)
+            times.append(time.perf_counter() - started)
+    step_s = statistics.median(times)
+    tokens = sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples)
+    return {
+        "backend": kind,
+        "world_size": backend.world_size,
+        "step_s": round(step_s, 4),
+        "tokens_per_s": round(tokens / step_s, 1),
+        "samples": len(samples),
+        "tokens_per_update": tokens,
+        "device": args.device,
+        "dtype": args.dtype,
+    }
+
+
+def _run_config(args: argparse.Namespace, spec: str) -> dict[str, Any] | None:
+    kind, _, n = spec.partition(":")
+    nproc = int(n or 1)
+    if kind == "megatron":
+        try:
+            import dart.train.megatron  # noqa: F401
+        except ImportError:
+            print(f"skip {spec}: dart.train.megatron is not importable", file=sys.stderr)
+            return None
+    if kind == "torch":
+        return _measure(args, kind, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            __file__, "--worker", spec, "--out", str(out), *_forward(args),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}, check=False)
+        if proc.returncode != 0:
+            print(f"{spec} failed with exit code {proc.returncode}", file=sys.stderr)
+            return None
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def _forward(args: argparse.Namespace) -> list[str]:
+    return [
+        "--model", args.model, "--device", args.device, "--dtype", args.dtype, "--samples", str(args.samples),
+        "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len), "--steps", str(args.steps),
+        "--micro-batch-size", str(args.micro_batch_size), "--threads", str(args.threads),
+    ]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="", help="checkpoint directory; default: a tiny random Qwen2.5-VL")
+    parser.add_argument("--configs", nargs="+", default=["torch", "fsdp:1", "fsdp:2", "megatron:2"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--response-len", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3, help="timed updates (after one warm-up)")
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.worker:
+        kind, _, n = args.worker.partition(":")
+        result = _measure(args, kind, int(n or 1))
+        if int(os.environ.get("RANK", "0")) == 0:
+            Path(args.out).write_text(json.dumps(result))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.model:
+            from dart.rollout.model.tiny import write_tiny_checkpoint
+
+            args.model = str(Path(tmp) / "tiny")
+            write_tiny_checkpoint(args.model, seed=0)
+        results = []
+        for spec in args.configs:
+            result = _run_config(args, spec)
+            if result is not None:
+                print(f"{spec}: {result['step_s']} s/update, {result['tokens_per_s']} tokens/s", file=sys.stderr)
+                results.append(result)
+    print(json.dumps({"results": results}))
+
+
+if __name__ == "__main__":
+    main()

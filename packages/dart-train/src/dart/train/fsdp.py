@@ -1,0 +1,151 @@
+"""The ``fsdp`` trainer backend: PyTorch FSDP2 (``fully_shard``) over data-parallel ranks.
+
+Each decoder layer and each vision block is its own FSDP unit, then the root (embeddings, final norm,
+LM head, vision merger): parameters, gradients and AdamW moments are sharded across ranks, a unit's
+parameters are all-gathered for its forward/backward and freed after. gloo on CPU, NCCL on GPU (rank r
+on ``cuda:<LOCAL_RANK>``); with ``mixed_precision: bf16`` (GPU only) compute runs in bfloat16 while
+master weights and gradient reduction stay float32.
+
+Launch: ``torchrun --nproc-per-node N`` (``dart serve train`` does it when ``train.backend.nproc > 1``);
+without torchrun's environment the backend runs as a one-rank group. Checkpoints are
+``torch.distributed.checkpoint`` directories (sharded, resharding on load); publishing gathers the full
+Hugging Face state dict on rank 0 (CPU-offloaded), which the engines load unchanged.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dart.train.backend import TorchBackend, _dtype
+from dart.train.batching import ImageSource
+from dart.train.config import FsdpBackendSettings, TrainerConfig
+from dart.train.errors import CheckpointError, TrainerError
+
+
+def init_process_group(device_type: str) -> tuple[int, int, int]:
+    """Join torchrun's process group (or make a one-rank one); returns ``(rank, world_size, local_rank)``."""
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    # Followers wait in a broadcast until rank 0 gets its next batch: no 30-minute collective timeout.
+    timeout = datetime.timedelta(days=7)
+    if not dist.is_initialized():
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            # One process without torchrun: a private file store, nothing listens on the network.
+            fd, path = tempfile.mkstemp(prefix="dart-pg-")
+            os.close(fd)
+            dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+class FsdpBackend(TorchBackend):
+    """A Qwen2.5-VL policy sharded with FSDP2; see the module docstring. Same calls on every rank."""
+
+    @classmethod
+    def load(cls, config: TrainerConfig, *, image_source: ImageSource | None = None) -> FsdpBackend:
+        """Join the process group, load ``config.model_path`` on every rank, shard it, build the optimizer.
+
+        Raises:
+            FileNotFoundError: ``model_path`` holds no ``config.json``.
+            TrainerError: The settings cannot work (bf16 on CPU, a KL term, a rank count torchrun did not start).
+        """
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+        settings = config.backend
+        if not isinstance(settings, FsdpBackendSettings):
+            raise TrainerError(f"FsdpBackend needs train.backend.kind fsdp, got {settings.kind}")
+        if config.loss.kl_coef > 0.0:
+            raise TrainerError("train.backend fsdp keeps no reference model: set train.loss.kl_coef to 0")
+        path = Path(config.model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}: expected {path / 'config.json'}")
+        device_type = torch.device(config.device).type
+        if settings.mixed_precision == "bf16" and device_type != "cuda":
+            raise TrainerError("train.backend.mixed_precision bf16 needs a GPU (train.device cuda)")
+        rank, world, local_rank = init_process_group(device_type)
+        if world != settings.nproc:
+            raise TrainerError(
+                f"train.backend.nproc is {settings.nproc} but {world} processes started: launch with "
+                f"torchrun --nproc-per-node {settings.nproc} (dart serve train does)"
+            )
+        device = torch.device(f"cuda:{local_rank}") if device_type == "cuda" else torch.device("cpu")
+        if device_type == "cuda":
+            torch.cuda.set_device(device)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            path, local_files_only=True, dtype=_dtype(config.dtype)
+        )
+        model.to(device)  # type: ignore[arg-type]  # transformers stubs mistype .to
+        model.train()
+        kwargs: dict[str, Any] = {}
+        if settings.mixed_precision == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.model.visual.blocks:
+            fully_shard(block, **kwargs)
+        for layer in model.model.language_model.layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        backend = cls(config.model_copy(update={"device": str(device)}), model, processor, image_source)
+        backend.rank, backend.world_size, backend.is_main = rank, world, rank == 0
+        return backend
+
+    def optimizer_step(self) -> float:
+        """Clip the sharded gradients by their global norm, step AdamW on the shards; returns the pre-clip norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.grad_clip if self.config.grad_clip is not None else float("inf")
+        norm: Any = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        # The norm of DTensor gradients is a DTensor: materialize the (replicated) global value.
+        value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return value
+
+    clip_and_step = optimizer_step
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full Hugging Face state dict on CPU on rank 0 (``{}`` elsewhere); collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.contiguous() for k, v in full.items()} if self.is_main else {}
+
+    weights = full_state_dict
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write sharded weights and optimizer state with ``torch.distributed.checkpoint`` (collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote, resharding to this world size (collective).
+
+        Raises:
+            CheckpointError: ``path`` holds no distributed checkpoint.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if not (Path(path) / ".metadata").is_file():
+            raise CheckpointError(
+                str(path), "no torch.distributed.checkpoint metadata: not written by the fsdp backend"
+            )
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -1,0 +1,111 @@
+"""The seam between the trainer service / RL update and the model-parallel machinery: :class:`TrainerBackend`.
+
+A backend owns the model, its optimizer and its process group; it knows nothing of batches, losses or
+the bus. The shared RL update (:mod:`dart.train.update`) and the trainer service use only this
+interface, so ``train.backend: torch | fsdp | megatron`` swaps the machinery without touching either.
+
+Adding a backend is one entry in :data:`BACKENDS` (``kind -> "module:Class"``); the class provides
+``load(config, *, image_source=None)``.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dart.train.batching import ImageSource, ModelInputs
+from dart.train.config import TrainerConfig
+from dart.train.errors import TrainerError
+
+BACKENDS: dict[str, str] = {
+    "torch": "dart.train.backend:TorchBackend",
+    "fsdp": "dart.train.fsdp:FsdpBackend",
+    "megatron": "dart.train.megatron:MegatronBackend",
+}
+"""Backend kind -> ``module:Class``; imported lazily so optional dependencies load only when chosen."""
+
+
+class TrainerBackend(abc.ABC):
+    """A policy with its optimizer, possibly spread over several processes.
+
+    Lifecycle: loaded (step 0) -> repeated ``forward_logprobs`` (with gradient) ... ``optimizer_step``
+    -> ``save_checkpoint`` / ``load_checkpoint`` persist and restore everything a resume needs.
+    Every rank of a multi-process backend makes the same calls in the same order (collectives inside).
+
+    Attributes:
+        step: Optimizer steps taken.
+        rank: This process's rank in the backend's process group (0 in one process).
+        world_size: Processes of the backend.
+        is_main: Whether this process consumes batches and publishes (rank 0).
+    """
+
+    step: int
+    rank: int
+    world_size: int
+    is_main: bool
+
+    @abc.abstractmethod
+    def forward_logprobs(
+        self,
+        inputs: ModelInputs,
+        *,
+        temperature: float = 1.0,
+        excluded_token_ids: Sequence[int] = (),
+        top_p: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced ``(logp, entropy)`` of the response tokens, each ``(R,)`` float32.
+
+        ``logp`` is of the sampling distribution (see :func:`dart.train.loss.behaviour_logprobs`);
+        ``entropy`` that of the raw temperature-1 distribution. With gradient when autograd is enabled.
+        """
+
+    @abc.abstractmethod
+    def optimizer_step(self) -> float:
+        """Clip accumulated gradients, step the optimizer, zero gradients, ``step += 1``; returns the pre-clip norm."""
+
+    @abc.abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full Hugging Face state dict on CPU (complete on the main rank; collective on all ranks)."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Write weights, optimizer state and step to directory ``path`` (collective)."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (collective)."""
+
+    # --- optional, with defaults ------------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank: ranks of equal ``dp_rank`` see the same samples (tensor parallelism)."""
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks; samples of a mini-batch are spread over them."""
+        return self.world_size
+
+    def reference_logprobs(self, inputs: ModelInputs, **sampling: Any) -> torch.Tensor:
+        """Log-probs of the frozen initial policy (same sampling keywords as :meth:`forward_logprobs`), for
+        ``loss.kl_coef > 0``; backends without one raise."""
+        raise TrainerError(f"{type(self).__name__} keeps no reference model: set train.loss.kl_coef to 0")
+
+
+def load_backend(config: TrainerConfig, *, image_source: ImageSource | None = None) -> Any:
+    """Load the backend ``config.backend.kind`` names (call on every rank of a multi-process backend).
+
+    Raises:
+        TrainerError: The backend's module cannot be imported (a missing optional dependency).
+    """
+    module_name, _, cls_name = BACKENDS[config.backend.kind].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TrainerError(f"train.backend {config.backend.kind!r} cannot be loaded: {exc}") from exc
+    return getattr(module, cls_name).load(config, image_source=image_source)

@@ -1,0 +1,310 @@
+"""The RL update, written once over :class:`~dart.train.interface.TrainerBackend`: epochs, mini-batches,
+micro-batches, loss aggregation and high-entropy step selection.
+
+One batch goes through:
+
+1. **``logp_old`` pass** (no gradient, before any update): every sample's log-probs under its own
+   sampling distribution (``TrainingSample.sampling``) and exact per-token entropies from the trainer's
+   full logits. Spread over data-parallel ranks, then gathered so every rank holds all of them.
+2. **Selection**: the ``entropy_top_fraction`` of steps with the highest mean entropy (per batch or per
+   trajectory); the others are not trained on.
+3. **Token weights**: ``token_mean`` or ``trajectory_mean`` over the selected steps (see
+   :class:`~dart.train.config.TrainerConfig`).
+4. **``ppo_epochs`` x ``mini_batches`` optimizer steps**: each mini-batch's weights are renormalized to
+   sum to 1, its samples are spread over data-parallel ranks and cut into micro-batches, gradients of
+   the weighted-sum loss accumulate, then :meth:`optimizer_step`. From the second step on the policy is
+   no longer the one ``logp_old`` came from, so ratios leave 1 and clipping acts.
+
+Every rank makes the same number of forward/backward calls (FSDP all-gathers parameters inside them):
+a rank short of samples runs a dummy row with weight 0. Each sample is one unpadded row, and the loss
+is a weighted sum, so neither padding nor micro-batching changes the result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from dart.protocol.messages import TrainingSample
+from dart.train.batching import ImageSource, InputBuilder, ModelInputs, StoreImageSource, decode_screenshot, pad_rows
+from dart.train.config import TrainerConfig
+from dart.train.errors import TrainerError
+from dart.train.loss import grpo_loss
+
+
+@dataclass(frozen=True)
+class TrainStepMetrics:
+    """What one batch's update did (figures averaged over its optimizer steps unless said otherwise).
+
+    Attributes:
+        step: Optimizer steps taken so far, this batch's included.
+        loss: Mean over optimizer steps of the mini-batch's weighted GRPO loss.
+        clip_fraction: Token-weighted fraction of tokens whose ratio was clipped.
+        ratio_mean: Token-weighted mean of ``exp(logp - logp_old)`` (1 on a batch's first step).
+        tis_weight_mean: Token-weighted mean off-policy correction weight.
+        tis_truncated_fraction: Fraction of tokens whose weight was truncated (tis) or dropped (decoupled).
+        grad_norm: Mean pre-clip global gradient L2 norm.
+        tokens: Response tokens of the batch (all samples).
+        samples: Samples in the batch.
+        rollout_mismatch: Token-mean ``|logp_old - logp_rollout|`` in nats over the batch: engine-vs-trainer
+            numerics plus policy lag; near 0 for on-policy data served by the same weights.
+        entropy: Token-mean exact entropy of the policy on the batch's response tokens, nats.
+        advantage_mean: Mean sample advantage.
+        duration_s: Wall time of the update, seconds.
+        kl: k3 estimate of KL(policy || reference), when ``loss.kl_coef > 0``.
+        optimizer_steps: Optimizer steps taken on this batch (``ppo_epochs * mini_batches``).
+        selected_samples: Samples trained on after high-entropy selection.
+    """
+
+    step: int
+    loss: float
+    clip_fraction: float
+    ratio_mean: float
+    tis_weight_mean: float
+    tis_truncated_fraction: float
+    grad_norm: float
+    tokens: int
+    samples: int
+    rollout_mismatch: float
+    entropy: float
+    advantage_mean: float
+    duration_s: float
+    kl: float | None = None
+    optimizer_steps: int = 1
+    selected_samples: int = 0
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """Plain dict, for telemetry events."""
+        return asdict(self)
+
+
+def select_high_entropy(
+    samples: Sequence[TrainingSample], entropies: Sequence[float], fraction: float, scope: str = "batch"
+) -> list[int]:
+    """Indices of the ``fraction`` of samples with the highest mean entropy, in their original order.
+
+    ``ceil(fraction * n)`` are kept (at least one); ``trajectory`` ranks within each trajectory so every
+    trajectory keeps its own most uncertain steps. Ties go to the earlier step (deterministic).
+    """
+    if fraction >= 1.0 or not samples:
+        return list(range(len(samples)))
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.trajectory_id if scope == "trajectory" else "", []).append(i)
+    keep: set[int] = set()
+    for idx in groups.values():
+        n = math.ceil(fraction * len(idx))
+        keep.update(sorted(idx, key=lambda i: (-entropies[i], i))[:n])
+    return sorted(keep)
+
+
+def token_weights(samples: Sequence[TrainingSample], lengths: Sequence[int], aggregation: str) -> list[float]:
+    """Weight of each token of each sample; the weights of all tokens sum to 1."""
+    if aggregation == "token_mean":
+        total = sum(lengths)
+        return [1.0 / total] * len(samples)
+    per_traj: dict[str, int] = {}
+    for s, n in zip(samples, lengths, strict=True):
+        per_traj[s.trajectory_id] = per_traj.get(s.trajectory_id, 0) + n
+    return [1.0 / (len(per_traj) * per_traj[s.trajectory_id]) for s in samples]
+
+
+def _gather(obj: Any, dp_size: int) -> list[Any]:
+    if dp_size == 1:
+        return [obj]
+    out: list[Any] = [None] * dp_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def _all_sum(values: list[float], dp_size: int) -> list[float]:
+    if dp_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return [float(v) for v in t]
+
+
+def _shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int | None]:
+    """This rank's indices, padded with None so every rank gets the same count."""
+    per = math.ceil(len(indices) / dp_size)
+    mine: list[int | None] = list(indices[dp_rank::dp_size])
+    return mine + [None] * (per - len(mine))
+
+
+class SampleReader:
+    """Rebuilds a recorded sample's model inputs (its tokens, its screenshots fetched by reference).
+
+    Backend-independent: it needs only the checkpoint's processor and config, so the trainer service uses
+    it with any :class:`~dart.train.interface.TrainerBackend`.
+
+    Args:
+        config: Trainer configuration (``model_path``, ``image_size``).
+        image_source: Reads screenshot references (default: local ``file://`` URIs only).
+    """
+
+    def __init__(self, config: TrainerConfig, image_source: ImageSource | None = None) -> None:
+        from transformers import AutoConfig, AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(config.model_path, local_files_only=True)
+        model_config = AutoConfig.from_pretrained(config.model_path, local_files_only=True)
+        vision = getattr(model_config, "vision_config", None)
+        self.image_size = config.image_size
+        self.image_source: ImageSource = image_source or StoreImageSource()
+        self.builder = InputBuilder(
+            processor,
+            image_token_id=int(model_config.image_token_id),
+            image_size=config.image_size,
+            merge_size=int(getattr(vision, "spatial_merge_size", 2)),
+        )
+
+    def __call__(self, sample: TrainingSample) -> ModelInputs:
+        """Inputs of one sample.
+
+        Raises:
+            SampleError: Tokens and images disagree.
+            ImageFetchError: A screenshot cannot be read or fails its digest.
+        """
+        images = [decode_screenshot(self.image_source(ref), self.image_size) for ref in sample.images]
+        return self.builder.build(
+            sample.prompt_token_ids,
+            sample.response_token_ids,
+            images,
+            sample_id=(sample.trajectory_id, sample.step_index),
+        )
+
+
+class RLUpdate:
+    """Runs one batch's update on a backend; see the module docstring for the steps.
+
+    Args:
+        backend: A :class:`~dart.train.interface.TrainerBackend`.
+        config: Trainer configuration (epochs, mini-batches, micro-batch size, aggregation, selection, loss).
+    """
+
+    def __init__(self, backend: Any, config: TrainerConfig) -> None:
+        self.backend = backend
+        self.config = config
+        self.loss_config = config.loss.to_loss_config()
+
+    @staticmethod
+    def _sampling(sample: TrainingSample) -> dict[str, Any]:
+        s = sample.sampling
+        return {"temperature": s.temperature, "excluded_token_ids": s.excluded_token_ids, "top_p": s.top_p}
+
+    def _logp(self, inputs: ModelInputs, sample: TrainingSample) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.backend.forward_logprobs(inputs, **self._sampling(sample))  # type: ignore[no-any-return]
+
+    def run(self, samples: Sequence[TrainingSample], inputs: Sequence[ModelInputs]) -> TrainStepMetrics:
+        """Update on ``samples`` (every rank passes the same list) and return the batch's metrics.
+
+        Raises:
+            TrainerError: No samples.
+        """
+        started = time.perf_counter()
+        if not samples:
+            raise TrainerError("an update needs at least one sample")
+        cfg, backend = self.config, self.backend
+        dp_rank, dp_size = backend.dp_rank, backend.dp_size
+        kl = self.loss_config.kl_coef > 0.0
+
+        # 1. logp_old, entropies (and reference log-probs) of every sample, once, before any update.
+        local: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        with torch.no_grad():
+            for i in _shard(range(len(samples)), dp_rank, dp_size):
+                j = 0 if i is None else i
+                logp, ent = self._logp(inputs[j], samples[j])
+                ref = backend.reference_logprobs(inputs[j], **self._sampling(samples[j])).float().cpu() if kl else None
+                if i is not None:
+                    local[i] = (logp.float().cpu(), ent.float().cpu(), ref)
+        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        for part in _gather(local, dp_size):
+            old.update(part)
+        rollout = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
+        total_tokens = sum(x.response_len for x in inputs)
+        mismatch = sum(float((old[i][0] - rollout[i]).abs().sum()) for i in range(len(samples))) / total_tokens
+        entropy = sum(float(old[i][1].sum()) for i in range(len(samples))) / total_tokens
+
+        # 2-3. selection and token weights.
+        mean_entropy = [float(old[i][1].mean()) if inputs[i].response_len else 0.0 for i in range(len(samples))]
+        chosen = select_high_entropy(samples, mean_entropy, cfg.entropy_top_fraction, cfg.entropy_scope)
+        n_mini = min(cfg.mini_batches, len(chosen))
+        minis = [chosen[k::n_mini] for k in range(n_mini)]
+
+        keys = ("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction") + (
+            ("kl",) if kl else ()
+        )
+        sums = dict.fromkeys(keys, 0.0)
+        norms: list[float] = []
+        for _ in range(cfg.ppo_epochs):
+            for mini in minis:
+                step_sums = self._mini_batch(samples, inputs, mini, old, rollout, keys)
+                for key, value in zip(keys, _all_sum(step_sums, dp_size), strict=True):
+                    sums[key] += value
+                norms.append(backend.optimizer_step())
+        n_steps = len(norms)
+        return TrainStepMetrics(
+            step=backend.step,
+            loss=sums["loss"] / n_steps,
+            clip_fraction=sums["clip_fraction"] / n_steps,
+            ratio_mean=sums["ratio_mean"] / n_steps,
+            tis_weight_mean=sums["tis_weight_mean"] / n_steps,
+            tis_truncated_fraction=sums["tis_truncated_fraction"] / n_steps,
+            grad_norm=sum(norms) / n_steps,
+            tokens=total_tokens,
+            samples=len(samples),
+            rollout_mismatch=mismatch,
+            entropy=entropy,
+            advantage_mean=sum(s.advantage for s in samples) / len(samples),
+            duration_s=time.perf_counter() - started,
+            kl=sums["kl"] / n_steps if kl else None,
+            optimizer_steps=n_steps,
+            selected_samples=len(chosen),
+        )
+
+    def _mini_batch(
+        self,
+        samples: Sequence[TrainingSample],
+        inputs: Sequence[ModelInputs],
+        mini: Sequence[int],
+        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+        rollout: Sequence[torch.Tensor],
+        keys: Sequence[str],
+    ) -> list[float]:
+        """Accumulate one mini-batch's gradients on this rank; returns this rank's weighted metric sums."""
+        backend, dp_size = self.backend, self.backend.dp_size
+        weights = token_weights(
+            [samples[i] for i in mini], [inputs[i].response_len for i in mini], self.config.loss_aggregation
+        )
+        weight_of = dict(zip(mini, weights, strict=True))
+        mine = _shard(mini, backend.dp_rank, dp_size)
+        sums = dict.fromkeys(keys, 0.0)
+        mbs = self.config.micro_batch_size
+        for lo in range(0, len(mine), mbs):
+            rows = mine[lo : lo + mbs]
+            real = [mini[0] if i is None else i for i in rows]
+            outs = [self._logp(inputs[i], samples[i])[0] for i in real]
+            logp, mask = pad_rows(outs)
+            device = logp.device
+            logp_old = pad_rows([old[i][0] for i in real])[0].to(device)
+            roll = pad_rows([rollout[i] for i in real])[0].to(device)
+            ref_rows = [old[i][2] for i in real]
+            ref = pad_rows([r for r in ref_rows if r is not None])[0].to(device) if "kl" in keys else None
+            adv = torch.tensor([samples[i].advantage for i in real], dtype=torch.float32, device=device)
+            # Per-token weights ride in the mask; a padding row (None) weighs 0 but still runs its
+            # forward/backward so every rank makes the same collective calls.
+            row_w = torch.tensor([0.0 if i is None else weight_of[i] for i in rows], device=device)
+            loss, metrics = grpo_loss(
+                logp, logp_old, roll, adv, mask.to(device) * row_w[:, None], self.loss_config, ref, reduction="sum"
+            )
+            # Data-parallel backends average gradients over ranks; the weights already sum to 1 over the
+            # whole mini-batch, so undo the average.
+            (loss * dp_size).backward()
+            for key in keys:
+                sums[key] += metrics[key]
+        return [sums[k] for k in keys]

@@ -1,0 +1,132 @@
+"""The shared RL update on a real tiny model: clipping acts with several epochs, importance weights compare
+the same (tempered, nucleus) distribution, padding and micro-batching leave the loss alone."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from dart.protocol.messages import ImageRef, SamplingParams, TrainingSample
+from dart.protocol.store import LocalStore
+from dart.rollout.engine.base import GenerationRequest
+from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.model.prompt import build_prompt
+from dart.train.backend import TorchBackend
+from dart.train.batching import StoreImageSource
+from dart.train.config import TrainerConfig
+from dart.train.update import select_high_entropy
+
+pytestmark = pytest.mark.unit
+
+
+def store_png(store: LocalStore, key: str, image: Image.Image) -> ImageRef:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    info = store.put(key, buf.getvalue(), content_type="image/png")
+    assert info.sha256 is not None
+    return ImageRef(uri=info.uri, sha256=info.sha256, width=image.width, height=image.height)
+
+
+def _backend(checkpoint: Path, **overrides: object) -> TorchBackend:
+    config = TrainerConfig.model_validate({"model_path": str(checkpoint), "num_threads": 2, **overrides})
+    return TorchBackend.load(config, image_source=StoreImageSource())
+
+
+def test_clipping_acts_only_once_the_policy_has_moved(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    one = _backend(tiny_checkpoint, lr=1e-2, grad_clip=None).train_step(rollout_samples)
+    assert one.optimizer_steps == 1 and one.clip_fraction == 0.0 and one.ratio_mean == pytest.approx(1.0, abs=1e-6)
+    two = _backend(tiny_checkpoint, lr=1e-2, grad_clip=None, ppo_epochs=2).train_step(rollout_samples)
+    # The second epoch sees weights one step away from those logp_old came from.
+    assert two.optimizer_steps == 2 and two.step == 2
+    assert two.clip_fraction > 0.0
+    minis = _backend(tiny_checkpoint, lr=1e-2, grad_clip=None, mini_batches=2).train_step(rollout_samples)
+    assert minis.optimizer_steps == 2 and minis.ratio_mean != pytest.approx(1.0, abs=1e-6)
+
+
+async def _tempered(checkpoint: Path, store: LocalStore) -> TrainingSample:
+    engine = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), batch_wait_s=0.0, num_threads=2))
+    try:
+        image = Image.new("RGB", (224, 224), (200, 40, 40))
+        prompt = build_prompt("Press the red button.", image, [], max_images=1)
+        result = await engine.generate(GenerationRequest(prompt, max_new_tokens=16, temperature=0.7, top_p=0.9, seed=3))
+    finally:
+        await engine.close()
+    assert result.sampling == SamplingParams(
+        temperature=0.7, top_p=0.9, excluded_token_ids=result.sampling.excluded_token_ids
+    )
+    return TrainingSample(
+        trajectory_id="tempered",
+        step_index=0,
+        group_id="g",
+        task_id="task",
+        advantage=1.0,
+        reward=1.0,
+        policy_version=0,
+        prompt_token_ids=result.prompt_token_ids,
+        response_token_ids=result.response_token_ids,
+        rollout_logprobs=result.response_logprobs,
+        sampling=result.sampling,
+        images=[store_png(store, "shots/tempered.png", image)],
+    )
+
+
+def test_importance_weight_compares_the_sampled_distribution(tiny_checkpoint: Path, shot_store: LocalStore) -> None:
+    sample = asyncio.run(_tempered(tiny_checkpoint, shot_store))
+    backend = _backend(tiny_checkpoint)
+    rollout = torch.tensor(sample.rollout_logprobs)
+    matched = float((backend.compute_logprobs([sample])[0] - rollout).abs().max())
+    untempered = sample.model_copy(update={"sampling": SamplingParams()})
+    ignored = float((backend.compute_logprobs([untempered])[0] - rollout).abs().max())
+    print(f"max |trainer - engine| at T=0.7, top_p=0.9: {matched:.2e}; ignoring the sampling params: {ignored:.2e}")
+    assert matched < 1e-4
+    assert ignored > 1e-2
+    metrics = backend.train_step([sample])
+    assert metrics.rollout_mismatch < 1e-4 and metrics.tis_weight_mean == pytest.approx(1.0, abs=1e-3)
+
+
+def test_padding_and_micro_batching_leave_loss_and_gradients_unchanged(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    first, long_ = rollout_samples
+    # A response prefix is a valid teacher-forced sample of its own: a short row beside a longer one.
+    short = first.model_copy(
+        update={"response_token_ids": first.response_token_ids[:4], "rollout_logprobs": first.rollout_logprobs[:4]}
+    )
+    assert len(short.response_token_ids) < len(long_.response_token_ids)
+    alone = _backend(tiny_checkpoint, lr=1e-3, micro_batch_size=1, grad_clip=None)
+    padded = _backend(tiny_checkpoint, lr=1e-3, micro_batch_size=2, grad_clip=None)
+    a, b = alone.train_step([short, long_]), padded.train_step([short, long_])
+    assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-7)
+    assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5)
+    for (name, p), q in zip(alone.model.named_parameters(), padded.model.parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=0, atol=1e-6), name
+
+
+def test_high_entropy_selection_in_the_trainer(tiny_checkpoint: Path, rollout_samples: list[TrainingSample]) -> None:
+    s = rollout_samples[0]
+    samples = [s.model_copy(update={"trajectory_id": t, "step_index": i}) for t, i in (("a", 0), ("a", 1), ("b", 0))]
+    entropies = [0.1, 2.0, 0.5]
+    assert select_high_entropy(samples, entropies, 1.0) == [0, 1, 2]
+    assert select_high_entropy(samples, entropies, 0.5, "batch") == [1, 2]
+    assert select_high_entropy(samples, entropies, 0.5, "trajectory") == [1, 2]
+    assert select_high_entropy(samples, entropies, 0.01) == [1]  # ceil: at least one
+    metrics = _backend(tiny_checkpoint, entropy_top_fraction=0.5).train_step(rollout_samples)
+    assert metrics.samples == 2 and metrics.selected_samples == 1
+
+
+def test_policy_lag_counts_pool_samples_apart(rollout_samples: list[TrainingSample]) -> None:
+    from dart.train.service import policy_lag
+
+    s = rollout_samples[0]
+    fresh = [s.model_copy(update={"policy_version": v}) for v in (4, 5)]
+    pooled = [s.model_copy(update={"policy_version": 1, "from_experience_pool": True})]
+    lag = policy_lag(5, fresh + pooled)
+    assert lag["max_policy_lag"] == 1 and lag["mean_policy_lag"] == 0.5
+    assert lag["pool_samples"] == 1 and lag["pool_max_policy_lag"] == 4
