@@ -80,12 +80,14 @@ class MegatronBackendSettings(ConfigModel):
     tensor_parallel_size: int = Field(default=1, ge=1)
     """Ranks one layer's weights are split over."""
     pipeline_parallel_size: int = Field(default=1, ge=1)
-    """Pipeline stages."""
+    """Pipeline stages (only 1 is supported: see the dart-train README)."""
+    data_parallel_size: int = Field(default=1, ge=1)
+    """Replicas of the tensor-parallel group; each takes its share of a mini-batch's samples."""
 
     @property
     def world_size(self) -> int:
         """Processes the backend runs as."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
 
 BackendSettings = Annotated[

@@ -32,10 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dart.train import loss as loss_module
 from dart.train.batching import ModelInputs
-from dart.train.errors import CheckpointError, ParallelismError, TrainerError
-from dart.train.loss import token_logprobs
+from dart.train.errors import CheckpointError, ParallelismError
+from dart.train.loss import behaviour_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
 
@@ -248,19 +247,9 @@ class MegatronBackend:
         start = inputs.prompt_len - 1  # position t predicts token t + 1
         logits = self.model(inputs, start, inputs.response_len)
         targets = inputs.input_ids[0, inputs.prompt_len :].to(self.device)
-        shared = getattr(loss_module, "behaviour_logprobs", None)
-        if shared is not None:
-            logp, entropy = shared(
-                logits, targets, temperature=temperature, excluded_token_ids=excluded_token_ids, top_p=top_p
-            )
-            return logp, entropy
-        # Before the shared RL update lands beside this backend (it brings behaviour_logprobs): temperature only.
-        if excluded_token_ids or top_p < 1.0:
-            raise TrainerError("excluded_token_ids / top_p need dart.train.loss.behaviour_logprobs")
-        _, entropy = token_logprobs(logits, targets)
-        scaled = logits / temperature if temperature > 0 else logits
-        logp, _ = token_logprobs(scaled, targets)
-        return logp, entropy
+        return behaviour_logprobs(
+            logits, targets, temperature=temperature, excluded_token_ids=excluded_token_ids, top_p=top_p
+        )
 
     # --- optimization ----------------------------------------------------------------------------
     def grad_norm(self) -> float:
