@@ -51,7 +51,7 @@ async def test_concurrent_requests_share_one_batch_and_logprobs_recompute_exactl
     for prompt, request, result in zip(prompts, requests, results, strict=True):
         n = len(result.response_token_ids)
         assert 1 <= n <= request.max_new_tokens
-        assert n == len(result.response_logprobs) == len(result.response_entropy) == len(result.sampling_logprobs)
+        assert n == len(result.response_logprobs) == len(result.response_entropy)
         assert all(lp <= 0 for lp in result.response_logprobs)
         assert all(h >= 0 for h in result.response_entropy)
         assert result.timings.batch_size == 4 and result.policy_version == 0
@@ -75,7 +75,7 @@ async def test_greedy_is_deterministic(engine: HFEngine) -> None:
     first = await engine.generate(request)
     second = await engine.generate(request)
     assert first.response_token_ids == second.response_token_ids
-    assert first.sampling_logprobs == [0.0] * len(first.response_token_ids)
+    assert first.sampling.temperature == 0.0
 
 
 async def test_update_weights_changes_outputs_and_version(engine: HFEngine, tmp_path: Path) -> None:

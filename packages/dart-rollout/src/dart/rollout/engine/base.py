@@ -21,6 +21,7 @@ import abc
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from dart.protocol.messages import SamplingParams
 from dart.rollout.model.prompt import ChatPrompt
 
 
@@ -115,14 +116,12 @@ class GenerationResult:
     Attributes:
         prompt_token_ids: The exact prompt tokens the model consumed (image pads expanded).
         response_token_ids: Generated tokens, the stop token (``<|im_end|>``) included when generated.
-        response_logprobs: ``log softmax(logits)[token]`` of the raw, un-tempered, un-truncated logits, nats.
-            This is the rollout policy's log-prob the trainer's own forward pass reproduces, so it is
-            the behaviour log-prob for truncated importance sampling.
-        response_entropy: Entropy of ``softmax(logits)`` (raw, un-tempered) at each position, nats.
-        sampling_logprobs: Log-prob of each token under the distribution actually sampled from
-            (vision placeholders and ``<|im_start|>`` removed, temperature and top-p applied); 0.0 for
-            greedy steps. Differs from ``response_logprobs``
-            unless temperature is 1 and top_p is 1.
+        response_logprobs: Behaviour log-prob of each token: under the distribution it was sampled from, as
+            ``sampling`` describes it (temperature, excluded tokens, top-p nucleus), nats. For greedy
+            requests (temperature 0) the log-probs at temperature 1.
+        response_entropy: Entropy of the raw (temperature 1) next-token distribution at each position, nats;
+            empty when the engine cannot report it (vLLM).
+        sampling: The behaviour distribution ``response_logprobs`` belong to.
         text: Decoded response without special tokens.
         finish_reason: ``"stop"`` when the stop token was generated, ``"length"`` at max_new_tokens.
         policy_version: Version of the weights that produced every token of this response.
@@ -133,7 +132,7 @@ class GenerationResult:
     response_token_ids: list[int]
     response_logprobs: list[float]
     response_entropy: list[float]
-    sampling_logprobs: list[float]
+    sampling: SamplingParams
     text: str
     finish_reason: str
     policy_version: int

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from dart.protocol.messages import SamplingParams
 from dart.rollout.engine.base import (
     EngineClosedError,
     EngineState,
@@ -332,7 +333,9 @@ class HFEngine(InferenceEngine):
                     response_token_ids=tokens,
                     response_logprobs=sampler.logprobs[i][:end],
                     response_entropy=sampler.entropy[i][:end],
-                    sampling_logprobs=sampler.sampling_logprobs[i][:end],
+                    sampling=SamplingParams(
+                        temperature=req.temperature, top_p=req.top_p, excluded_token_ids=list(self._banned_ids)
+                    ),
                     text=self._processor.tokenizer.decode(tokens, skip_special_tokens=True),
                     finish_reason=finish,
                     policy_version=version,

@@ -182,6 +182,7 @@ class TrajectoryRunner:
                     response_token_ids=result.response_token_ids,
                     response_logprobs=result.response_logprobs,
                     response_entropy=result.response_entropy,
+                    sampling=result.sampling,
                     response_text=result.text,
                     action=parsed.action,
                     parse_error=parsed.error,

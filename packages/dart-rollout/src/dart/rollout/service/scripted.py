@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dart.protocol.messages import SamplingParams
 from dart.rollout.engine.base import (
     EngineClosedError,
     EngineError,
@@ -115,7 +116,7 @@ class ScriptedEngine(InferenceEngine):
                 response_token_ids=tokens,
                 response_logprobs=[-0.5] * len(tokens),
                 response_entropy=[1.0] * len(tokens),
-                sampling_logprobs=[-0.5] * len(tokens),
+                sampling=SamplingParams(temperature=request.temperature, top_p=request.top_p),
                 text=text,
                 finish_reason="stop",
                 policy_version=self._version,
