@@ -230,12 +230,13 @@ class VLLMEngine(InferenceEngine):
             await self._serving.wait()
             if self._state is EngineState.CLOSED:
                 raise EngineClosedError("engine closed before serving the request")
-            messages = await asyncio.to_thread(chat_messages, request.prompt)
+            # Counted from here: a ``wait`` update drains this request before it pauses the server.
             self._in_flight += 1
             self._idle.clear()
             epoch = self._epoch
             started = time.monotonic()
             try:
+                messages = await asyncio.to_thread(chat_messages, request.prompt)
                 reply = await self._call("POST", "/v1/chat/completions", json=self._body(request, messages))
             finally:
                 self._in_flight -= 1
