@@ -39,7 +39,7 @@ if not VLLM_PYTHON.is_file():
 
 
 def _launch_config(checkpoint: Path, log_dir: Path) -> VLLMEngineConfig:
-    launch = VLLMLaunchConfig(python=str(VLLM_PYTHON), kv_cache_gib=0.5, max_model_len=2048, log_dir=str(log_dir))
+    launch = VLLMLaunchConfig(python=str(VLLM_PYTHON), kv_cache_gib=1, max_model_len=2048, log_dir=str(log_dir))
     return VLLMEngineConfig(model_path=str(checkpoint), launch=launch, request_timeout_s=300)
 
 

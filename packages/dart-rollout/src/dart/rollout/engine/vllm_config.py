@@ -32,8 +32,8 @@ class VLLMLaunchConfig(BaseModel):
     """Address the servers listen on (ports are picked free)."""
     max_model_len: int = Field(default=4096, ge=256)
     """Longest prompt + response, tokens."""
-    kv_cache_gib: float = Field(default=1.0, gt=0)
-    """KV cache of a CPU server, GiB (``VLLM_CPU_KVCACHE_SPACE``); ignored by GPU builds."""
+    kv_cache_gib: int = Field(default=1, ge=1)
+    """KV cache of a CPU server, whole GiB (``VLLM_CPU_KVCACHE_SPACE``); ignored by GPU builds."""
     enforce_eager: bool = True
     """No graph compilation: faster start, slower decode."""
     extra_args: list[str] = Field(default_factory=list)

@@ -86,7 +86,7 @@ def server_env(launch: VLLMLaunchConfig, cache_root: Path) -> dict[str, str]:
         {
             "HF_HUB_OFFLINE": "1",
             "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": f"{launch.kv_cache_gib:g}",
+            "VLLM_CPU_KVCACHE_SPACE": str(launch.kv_cache_gib),
             "VLLM_CACHE_ROOT": str(cache_root),
             "VLLM_NO_USAGE_STATS": "1",
             "PYTHONUNBUFFERED": "1",
