@@ -89,6 +89,15 @@ def _recompute(model: object, processor: object, prompt: ChatPrompt, result: Gen
     return torch.log(probs[torch.arange(n), torch.tensor(result.response_token_ids)])
 
 
+def _perturbed_weights(checkpoint: Path, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The checkpoint's weights and a perturbed copy, saved at ``path``."""
+    original = load_file(str(checkpoint / "model.safetensors"))
+    generator = torch.Generator().manual_seed(1)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in original.items()}
+    save_file(perturbed, str(path))
+    return original, perturbed
+
+
 @pytest.fixture(scope="module")
 def policy(checkpoint: Path) -> tuple[object, object]:
     return load_policy(str(checkpoint), dtype=torch.float32)
@@ -112,7 +121,7 @@ async def test_image_chat_records_exact_prompt_ids_and_behaviour_logprobs(
     image_pad = engine.banned_token_ids[3]
     assert result.prompt_token_ids.count(image_pad) == 2 * 64  # two images, pads expanded
     model, processor = policy
-    recomputed = _recompute(model, processor, prompt, result)
+    recomputed = await asyncio.to_thread(_recompute, model, processor, prompt, result)
     assert torch.allclose(recomputed, torch.tensor(result.response_logprobs), atol=LOGPROB_TOLERANCE, rtol=0)
 
 
@@ -120,11 +129,8 @@ async def test_weight_update_in_place_serves_new_weights(
     engine: VLLMEngine, checkpoint: Path, policy: tuple[object, object], tmp_path: Path
 ) -> None:
     model, processor = policy
-    original = load_file(str(checkpoint / "model.safetensors"))
-    generator = torch.Generator().manual_seed(1)
-    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in original.items()}
+    original, perturbed = await asyncio.to_thread(_perturbed_weights, checkpoint, tmp_path / "v1.safetensors")
     new_path = tmp_path / "v1.safetensors"
-    save_file(perturbed, str(new_path))
     prompt = _prompt(2)
     request = GenerationRequest(prompt, max_new_tokens=12, temperature=1.0, seed=3)
     try:
@@ -133,16 +139,16 @@ async def test_weight_update_in_place_serves_new_weights(
         assert 0 < engine.stats.last_update_s < 60
         result = await engine.generate(request)
         assert result.policy_version == 1
-        old = _recompute(model, processor, prompt, result)
-        model.load_state_dict(perturbed, strict=False)  # type: ignore[attr-defined]
-        new = _recompute(model, processor, prompt, result)
+        old = await asyncio.to_thread(_recompute, model, processor, prompt, result)
+        await asyncio.to_thread(model.load_state_dict, perturbed, strict=False)  # type: ignore[attr-defined]
+        new = await asyncio.to_thread(_recompute, model, processor, prompt, result)
         recorded = torch.tensor(result.response_logprobs)
         assert torch.allclose(new, recorded, atol=LOGPROB_TOLERANCE, rtol=0)
         assert (old - recorded).abs().max() > 1e-3  # the old weights would give other log-probs
 
         # Weights of another architecture are refused before the server is touched; v1 keeps serving.
         bad_path = tmp_path / "bad.safetensors"
-        save_file({k: torch.zeros(3) for k in list(original)[:2]}, str(bad_path))
+        await asyncio.to_thread(save_file, {k: torch.zeros(3) for k in list(original)[:2]}, str(bad_path))
         with pytest.raises(WeightUpdateError, match="parameter names differ"):
             await engine.update_weights(bad_path, version=2)
         assert engine.version == 1 and engine.state is EngineState.SERVING
@@ -150,7 +156,7 @@ async def test_weight_update_in_place_serves_new_weights(
         assert again.policy_version == 1
         assert torch.allclose(torch.tensor(again.response_logprobs[:1]), recorded[:1], atol=LOGPROB_TOLERANCE)
     finally:
-        model.load_state_dict(original, strict=False)  # type: ignore[attr-defined]
+        await asyncio.to_thread(model.load_state_dict, original, strict=False)  # type: ignore[attr-defined]
         await engine.update_weights(checkpoint / "model.safetensors", version=3)  # later tests see version-0 weights
 
 
@@ -169,7 +175,7 @@ async def test_requests_during_an_update_wait_and_get_the_new_version(engine: VL
 
 async def test_sigkilled_server_is_restarted_and_keeps_its_version(checkpoint: Path, tmp_path: Path) -> None:
     config = _launch_config(checkpoint, tmp_path)
-    engine = await VLLMEngine.launch("engine-k", config)
+    engine = await VLLMEngine.launch("engine-k", config, index=1)
     try:
         await engine.update_weights(checkpoint / "model.safetensors", version=4)
         assert engine.server is not None and engine.server.pid is not None

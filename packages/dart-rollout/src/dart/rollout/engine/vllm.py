@@ -153,13 +153,13 @@ class VLLMEngine(InferenceEngine):
         self._monitor: asyncio.Task[None] | None = None
 
     @classmethod
-    async def launch(cls, engine_id: str, config: VLLMEngineConfig) -> VLLMEngine:
+    async def launch(cls, engine_id: str, config: VLLMEngineConfig, index: int = 0) -> VLLMEngine:
         """Start a server from ``config.launch`` and serve through it (it is restarted when it dies).
 
         Raises:
             EngineStartError: The server did not come up (its log says why).
         """
-        server = VLLMServerProcess(engine_id, config)
+        server = VLLMServerProcess(engine_id, config, index)
         await server.start()
         engine = cls(engine_id, config, server.url, server)
         try:
@@ -506,7 +506,7 @@ async def start_vllm_engines(config: VLLMEngineConfig, count: int) -> dict[str, 
         )
     else:
         results = await asyncio.gather(
-            *(VLLMEngine.launch(f"engine-{i}", config) for i in range(count)), return_exceptions=True
+            *(VLLMEngine.launch(f"engine-{i}", config, i) for i in range(count)), return_exceptions=True
         )
     engines = [r for r in results if isinstance(r, VLLMEngine)]
     errors = [r for r in results if isinstance(r, BaseException)]

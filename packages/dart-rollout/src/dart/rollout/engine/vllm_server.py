@@ -79,9 +79,15 @@ def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: i
     return args + list(launch.extra_args)
 
 
-def server_env(launch: VLLMLaunchConfig, cache_root: Path) -> dict[str, str]:
-    """Environment of a launched server: offline, dev-mode routes (pause / reload / resume) on."""
+def server_env(launch: VLLMLaunchConfig, cache_root: Path, index: int = 0) -> dict[str, str]:
+    """Environment of a launched server: offline, dev-mode routes (pause / reload / resume) on.
+
+    CPU builds bind their compute threads to cores; left to itself every server on a host picks the same
+    core, so server ``index`` gets core ``index mod cores`` (set ``VLLM_CPU_OMP_THREADS_BIND`` in
+    ``launch.env`` to choose otherwise).
+    """
     env = dict(os.environ)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
     env.update(
         {
             "HF_HUB_OFFLINE": "1",
@@ -108,13 +114,15 @@ class VLLMServerProcess:
 
     Args:
         name: Engine id, used in the log file name.
+        index: Which of the host's servers this is (spreads CPU servers over cores).
         config: The engine config (``launch`` and ``model_path`` set).
     """
 
-    def __init__(self, name: str, config: VLLMEngineConfig) -> None:
+    def __init__(self, name: str, config: VLLMEngineConfig, index: int = 0) -> None:
         if config.launch is None or not config.model_path:
             raise ValueError("launching a vLLM server needs `launch` settings and a `model_path`")
         self.name = name
+        self.index = index
         self.config = config
         self.launch = config.launch
         base = Path(self.launch.log_dir) if self.launch.log_dir else Path(tempfile.gettempdir()) / "dart-vllm"
@@ -166,7 +174,7 @@ class VLLMServerProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=server_env(self.launch, self.cache_root),
+                    env=server_env(self.launch, self.cache_root, self.index),
                     start_new_session=True,  # own process group: stop() reaches vLLM's children too
                 )
             except OSError as exc:
