@@ -38,7 +38,9 @@ class RunSection(ConfigModel):
     run_dir: Path | None = None
     """The run directory; set by ``dart run`` when it resolves the config."""
     rl_duration_s: float = Field(default=600.0, gt=0)
-    """Wall time of the RL phase, seconds (after warm start)."""
+    """Wall time of the RL phase, seconds (after warm start, from when the rollout service is ready)."""
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    """How long the rollout service may take to start its engines (vLLM servers take minutes), seconds."""
     embedded_nats: bool = True
     """Start an embedded nats-server (``bus.url`` is then replaced by its URL)."""
     torch_threads: int = Field(default=1, ge=1)

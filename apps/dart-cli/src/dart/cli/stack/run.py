@@ -214,6 +214,26 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
+async def _wait_rollout_ready(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) -> str | None:
+    """Wait for the rollout service's ``service.ready`` event (its engines are serving); why not, if not."""
+    from dart.protocol.telemetry import read_jsonl
+
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    path = run_dir / "telemetry" / "rollout.jsonl"
+    deadline = time.monotonic() + config.run.ready_timeout_s
+    while time.monotonic() < deadline:
+        dead = [name for name, p in procs.items() if p.poll() is not None]
+        if dead:
+            return f"service(s) exited early: {', '.join(dead)} (see {run_dir / 'logs'})"
+        if path.is_file():
+            events = await asyncio.to_thread(lambda: list(read_jsonl(path, types={"event"})))
+            if any(r["name"] == "service.ready" for r in events):
+                return None
+        await asyncio.sleep(1.0)
+    return f"the rollout service was not ready within {config.run.ready_timeout_s:g}s (see {run_dir / 'logs'})"
+
+
 async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, Any]:
     """Show progress for the RL phase, then stop the services in order; returns the summary figures."""
     run_dir = config.run.run_dir
@@ -221,10 +241,10 @@ async def monitor(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) 
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
     try:
         state = await ensure_topology(bus)
+        failed = await _wait_rollout_ready(config, procs)
         start_ns = time.time_ns()
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
-        deadline = time.monotonic() + config.run.rl_duration_s
-        failed: str | None = None
+        deadline = time.monotonic() + (config.run.rl_duration_s if failed is None else 0.0)
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while time.monotonic() < deadline:
                 await asyncio.sleep(1.0)
