@@ -31,12 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 from dart.rollout.engine.base import GenerationRequest, InferenceEngine
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt
 from dart.rollout.model.tiny import write_tiny_checkpoint
 
@@ -104,9 +107,10 @@ async def bench(kind: str, checkpoint: Path, args: argparse.Namespace, log_dir: 
             figures["levels"].append(result)
             print(f"{kind:5s} c={c:<3d} {result['tokens_per_s']:8.1f} tok/s  latency mean {result['latency_mean_s']}s")
         updates = []
+        weights = log_dir.parent / "published.safetensors"  # the checkpoint as the trainer publishes it
         for version in range(1, args.updates + 1):
             t = time.monotonic()
-            await engine.update_weights(checkpoint / "model.safetensors", version)
+            await engine.update_weights(weights, version)
             updates.append(time.monotonic() - t)
         figures["update_s_mean"] = round(statistics.mean(updates), 3)
         figures["update_s_max"] = round(max(updates), 3)
@@ -122,6 +126,9 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         if not args.checkpoint:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             write_tiny_checkpoint(checkpoint, seed=0)
+        model, _ = load_policy(str(checkpoint), dtype=torch.float32)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(Path(tmp) / "published.safetensors"))
+        del model
         results = {}
         for kind in args.engines:
             results[kind] = await bench(kind, checkpoint, args, Path(tmp) / "logs")

@@ -12,11 +12,12 @@ import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import EngineUnavailableError, VLLMEngine
@@ -89,9 +90,10 @@ def _recompute(model: object, processor: object, prompt: ChatPrompt, result: Gen
     return torch.log(probs[torch.arange(n), torch.tensor(result.response_token_ids)])
 
 
-def _perturbed_weights(checkpoint: Path, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The checkpoint's weights and a perturbed copy, saved at ``path``."""
-    original = load_file(str(checkpoint / "model.safetensors"))
+def _perturbed_weights(model: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The model's weights and a perturbed copy saved at ``path``, named as the trainer publishes them
+    (``model.state_dict()``, not the checkpoint's names)."""
+    original = {k: v.detach().clone() for k, v in model.state_dict().items()}
     generator = torch.Generator().manual_seed(1)
     perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in original.items()}
     save_file(perturbed, str(path))
@@ -129,7 +131,7 @@ async def test_weight_update_in_place_serves_new_weights(
     engine: VLLMEngine, checkpoint: Path, policy: tuple[object, object], tmp_path: Path
 ) -> None:
     model, processor = policy
-    original, perturbed = await asyncio.to_thread(_perturbed_weights, checkpoint, tmp_path / "v1.safetensors")
+    original, perturbed = await asyncio.to_thread(_perturbed_weights, model, tmp_path / "v1.safetensors")
     new_path = tmp_path / "v1.safetensors"
     prompt = _prompt(2)
     request = GenerationRequest(prompt, max_new_tokens=12, temperature=1.0, seed=3)
@@ -140,7 +142,7 @@ async def test_weight_update_in_place_serves_new_weights(
         result = await engine.generate(request)
         assert result.policy_version == 1
         old = await asyncio.to_thread(_recompute, model, processor, prompt, result)
-        await asyncio.to_thread(model.load_state_dict, perturbed, strict=False)  # type: ignore[attr-defined]
+        await asyncio.to_thread(model.load_state_dict, perturbed, strict=True)  # type: ignore[attr-defined]
         new = await asyncio.to_thread(_recompute, model, processor, prompt, result)
         recorded = torch.tensor(result.response_logprobs)
         assert torch.allclose(new, recorded, atol=LOGPROB_TOLERANCE, rtol=0)
@@ -156,7 +158,7 @@ async def test_weight_update_in_place_serves_new_weights(
         assert again.policy_version == 1
         assert torch.allclose(torch.tensor(again.response_logprobs[:1]), recorded[:1], atol=LOGPROB_TOLERANCE)
     finally:
-        await asyncio.to_thread(model.load_state_dict, original, strict=False)  # type: ignore[attr-defined]
+        await asyncio.to_thread(model.load_state_dict, original, strict=True)  # type: ignore[attr-defined]
         await engine.update_weights(checkpoint / "model.safetensors", version=3)  # later tests see version-0 weights
 
 

@@ -85,12 +85,24 @@ class VLLMEngineStats:
     last_update_s: float = 0.0
 
 
+_NAME_FORMS = (("model.language_model.", "model."), ("model.visual.", "visual."))
+"""transformers' module names (what the trainer publishes) -> checkpoint names (what ``save_pretrained``
+writes); vLLM loads both, so weights are compared in one form."""
+
+
+def _checkpoint_name(name: str) -> str:
+    for module_prefix, checkpoint_prefix in _NAME_FORMS:
+        if name.startswith(module_prefix):
+            return checkpoint_prefix + name[len(module_prefix) :]
+    return name
+
+
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name -> (dtype, shape) from a ``.safetensors`` file's header (the tensors are not read)."""
+    """Tensor name (checkpoint form) -> (dtype, shape) from a ``.safetensors`` header (tensors are not read)."""
     with path.open("rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(size))
-    return {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
+    return {_checkpoint_name(k): (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
 
 
 def _png_data_url(image: Any) -> str:
