@@ -52,6 +52,8 @@ from dart.rollout.engine.vllm_server import VLLMServerProcess
 from dart.rollout.model.prompt import IMAGE_PLACEHOLDER, ChatPrompt
 
 log = logging.getLogger("dart.rollout.vllm")
+# httpx logs every request at INFO: thousands of lines per run in the rollout log; failures are ours to report.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class EngineUnavailableError(EngineError):
