@@ -167,7 +167,8 @@ async def test_requests_during_an_update_wait_and_get_the_new_version(engine: VL
     in_flight = asyncio.create_task(engine.generate(request))
     await asyncio.sleep(0)  # the request is on its way before the update starts
     update = asyncio.create_task(engine.update_weights(checkpoint / "model.safetensors", version=5))
-    await asyncio.sleep(0)
+    while engine.state is EngineState.SERVING:  # noqa: ASYNC110  (the update checks the file header first)
+        await asyncio.sleep(0.001)
     late = asyncio.create_task(engine.generate(request))
     first, _, second = await asyncio.gather(in_flight, update, late)
     # wait mode: the in-flight response finished on the old version, the late one ran on the new one.
