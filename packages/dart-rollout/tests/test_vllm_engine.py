@@ -20,9 +20,10 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
-from dart.rollout.engine.vllm import EngineUnavailableError, VLLMEngine
+from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
+from dart.rollout.errors import EngineUnavailableError
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
 

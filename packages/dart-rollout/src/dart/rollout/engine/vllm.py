@@ -20,10 +20,7 @@ flight fail with :class:`EngineUnavailableError`); the weights it served are rel
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import io
-import json
 import logging
 import struct
 import tempfile
@@ -49,19 +46,12 @@ from dart.rollout.engine.base import (
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
-from dart.rollout.model.prompt import IMAGE_PLACEHOLDER, ChatPrompt
+from dart.rollout.engine.vllm_wire import chat_messages, safetensors_header, weights_dir
+from dart.rollout.errors import EngineRequestError, EngineUnavailableError
 
 log = logging.getLogger("dart.rollout.vllm")
 # httpx logs every request at INFO: thousands of lines per run in the rollout log; failures are ours to report.
 logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-class EngineUnavailableError(EngineError):
-    """The vLLM server could not be reached or broke the connection (crashed, restarting, network)."""
-
-
-class EngineRequestError(EngineError):
-    """The vLLM server refused or failed a request (HTTP error status, aborted or malformed answer)."""
 
 
 @dataclass
@@ -85,46 +75,6 @@ class VLLMEngineStats:
     restarts: int = 0
     straddled: int = 0
     last_update_s: float = 0.0
-
-
-_NAME_FORMS = (("model.language_model.", "model."), ("model.visual.", "visual."))
-"""transformers' module names (what the trainer publishes) -> checkpoint names (what ``save_pretrained``
-writes); vLLM loads both, so weights are compared in one form."""
-
-
-def _checkpoint_name(name: str) -> str:
-    for module_prefix, checkpoint_prefix in _NAME_FORMS:
-        if name.startswith(module_prefix):
-            return checkpoint_prefix + name[len(module_prefix) :]
-    return name
-
-
-def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name (checkpoint form) -> (dtype, shape) from a ``.safetensors`` header (tensors are not read)."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    return {_checkpoint_name(k): (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
-
-
-def _png_data_url(image: Any) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def chat_messages(prompt: ChatPrompt) -> list[dict[str, Any]]:
-    """One user message whose parts, rendered by the pass-through template, give exactly ``prompt.text``."""
-    pieces = prompt.text.split(IMAGE_PLACEHOLDER)
-    if len(pieces) - 1 != len(prompt.images):
-        raise ValueError(f"prompt has {len(pieces) - 1} placeholders for {len(prompt.images)} images")
-    content: list[dict[str, Any]] = []
-    for i, piece in enumerate(pieces):
-        if piece:
-            content.append({"type": "text", "text": piece})
-        if i < len(prompt.images):
-            content.append({"type": "image_url", "image_url": {"url": _png_data_url(prompt.images[i])}})
-    return [{"role": "user", "content": content}]
 
 
 class VLLMEngine(InferenceEngine):
@@ -373,7 +323,7 @@ class VLLMEngine(InferenceEngine):
     async def _swap(self, path: Path, version: int) -> None:
         """Pause, reload from ``path``, reset the prefix cache, set the version; always resume."""
         timeout = self.config.control_timeout_s
-        directory = _weights_dir(Path(self._tmp.name) / f"v{version}", path)
+        directory = weights_dir(Path(self._tmp.name) / f"v{version}", path)
         await self._call("POST", "/pause", params={"mode": self.config.pause_mode}, timeout=timeout)
         try:
             try:
@@ -490,15 +440,6 @@ class VLLMEngine(InferenceEngine):
             await self.server.stop()
         await self._client.aclose()
         self._tmp.cleanup()
-
-
-def _weights_dir(directory: Path, path: Path) -> Path:
-    """``directory`` holding a link to ``path``: vLLM reloads from a directory of safetensors files."""
-    directory.mkdir(exist_ok=True)
-    link = directory / "model.safetensors"
-    link.unlink(missing_ok=True)
-    link.symlink_to(path.resolve())
-    return directory
 
 
 def _event(name: str, **attrs: object) -> None:

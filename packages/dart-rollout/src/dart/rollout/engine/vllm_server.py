@@ -28,15 +28,11 @@ from pathlib import Path
 
 import httpx
 
-from dart.rollout.engine.base import EngineError
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.errors import EngineStartError
 
 CHAT_TEMPLATE = "vllm_chat_template.jinja"
 """Shipped template that renders DART's already-rendered prompt text verbatim (images as placeholders)."""
-
-
-class EngineStartError(EngineError):
-    """A vLLM server did not come up: it exited or did not answer ``/health`` in time (see its log)."""
 
 
 def chat_template_path() -> Path:
