@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "dart-protocol": ["dart.protocol.messages", "dart.protocol.bus", "dart.protocol.store", "dart.protocol.telemetry"],
     "dart-env": ["dart.env.sim", "dart.env.service"],
-    "dart-rollout": ["dart.rollout.action_grammar", "dart.rollout.engine.hf"],
+    "dart-rollout": ["dart.rollout.action_grammar", "dart.rollout.engine.hf", "dart.rollout.engine.vllm"],
     "dart-data": ["dart.data.groups"],
     "dart-train": ["dart.train.loss"],
 }

@@ -93,3 +93,13 @@ def test_python_version_gate() -> None:
     assert check_python((3, 10, 14)).status == "fail"
     assert check_python((3, 11, 0)).status == "ok"
     assert check_python((3, 13, 1)).required
+
+
+def test_vllm_environment_is_reported(tmp_path: Path) -> None:
+    _, summary, _ = run_doctor("--vllm-python", str(tmp_path / "missing" / "python"))
+    vllm = summary["checks"]["vllm"]
+    assert vllm["status"] == "warn" and "install-vllm-cpu.sh" in vllm["detail"] and not vllm["required"]
+    venv_python = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+    if venv_python.is_file():  # where the vLLM environment exists, it is reported usable
+        _, summary, _ = run_doctor("--vllm-python", str(venv_python))
+        assert summary["checks"]["vllm"]["status"] == "ok" and "vllm 0." in summary["checks"]["vllm"]["detail"]

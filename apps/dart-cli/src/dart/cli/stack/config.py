@@ -38,12 +38,14 @@ class RunSection(ConfigModel):
     run_dir: Path | None = None
     """The run directory; set by ``dart run`` when it resolves the config."""
     rl_duration_s: float = Field(default=600.0, gt=0)
-    """Wall time of the RL phase, seconds (after warm start)."""
+    """Wall time of the RL phase, seconds (after warm start, from when the rollout service is ready)."""
     min_versions: int = Field(default=0, ge=0)
     """The RL phase goes on past ``rl_duration_s`` until this many versions are published (a condition, not
     a wall-clock guess: a loaded machine trains slower but still shows training), up to ``max_rl_duration_s``."""
     max_rl_duration_s: float | None = Field(default=None, gt=0)
     """Hard limit of the RL phase when ``min_versions`` is not reached, seconds; None: 4 x ``rl_duration_s``."""
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    """How long the rollout service may take to start its engines (vLLM servers take minutes), seconds."""
     embedded_nats: bool = True
     """Start an embedded nats-server (``bus.url`` is then replaced by its URL)."""
     nats_auth: bool = True

@@ -125,7 +125,18 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
     assert run_dir is not None
     threads = config.run.torch_threads
     engine = config.rollout.engine or HFEngineConfig(model_path=str(policy))
-    engine = engine.model_copy(update={"model_path": str(policy), "num_threads": engine.num_threads or threads})
+    if isinstance(engine, HFEngineConfig):
+        engine = engine.model_copy(update={"model_path": str(policy), "num_threads": engine.num_threads or threads})
+    elif engine.launch is not None:
+        # Launched vLLM servers serve the run's policy and log next to the services.
+        python = Path(engine.launch.python)
+        launch = engine.launch.model_copy(
+            update={
+                "python": str(python.absolute()) if python.parent != Path() else str(python),
+                "log_dir": engine.launch.log_dir or str(run_dir / "logs"),
+            }
+        )
+        engine = engine.model_copy(update={"model_path": str(policy), "launch": launch})
     train = config.train.model_copy(
         update={
             "model_path": str(policy),
@@ -216,6 +227,26 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
+async def _wait_rollout_ready(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) -> str | None:
+    """Wait for the rollout service's ``service.ready`` event (its engines are serving); why not, if not."""
+    from dart.protocol.telemetry import read_jsonl
+
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    path = run_dir / "telemetry" / "rollout.jsonl"
+    deadline = time.monotonic() + config.run.ready_timeout_s
+    while time.monotonic() < deadline:
+        dead = [name for name, p in procs.items() if p.poll() is not None]
+        if dead:
+            return f"service(s) exited early: {', '.join(dead)} (see {run_dir / 'logs'})"
+        if path.is_file():
+            events = await asyncio.to_thread(lambda: list(read_jsonl(path, types={"event"})))
+            if any(r["name"] == "service.ready" for r in events):
+                return None
+        await asyncio.sleep(1.0)
+    return f"the rollout service was not ready within {config.run.ready_timeout_s:g}s (see {run_dir / 'logs'})"
+
+
 async def monitor(
     config: RunConfig, procs: dict[str, subprocess.Popen[bytes]], credentials: Mapping[Role, Path] | None = None
 ) -> dict[str, Any]:
@@ -227,7 +258,9 @@ async def monitor(
     validation_buses: list[Bus] = []
     try:
         state = await ensure_topology(bus)
-        if config.validation.enabled:
+        # vLLM servers take minutes to start: the RL window opens when the rollout service is ready.
+        failed = await _wait_rollout_ready(config, procs)
+        if config.validation.enabled and failed is None:
             from dart.cli.stack.validation import HeldOutValidator
 
             # The validator hosts an env pool and drives it: with NATS users, as the env and eval roles.
@@ -239,9 +272,9 @@ async def monitor(
         start_ns = time.time_ns()
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
         began = time.monotonic()
-        deadline = began + config.run.rl_duration_s
-        hard_deadline = began + (config.run.max_rl_duration_s or 4 * config.run.rl_duration_s)
-        failed: str | None = None
+        deadline = began + (config.run.rl_duration_s if failed is None else 0.0)
+        limit = config.run.max_rl_duration_s or 4 * config.run.rl_duration_s
+        hard_deadline = began + (limit if failed is None else 0.0)
         version = 0
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while (now_s := time.monotonic()) < deadline or (

@@ -130,6 +130,7 @@ async def _run_service(
 
         handle = RolloutService(config.rollout, bus, telemetry=telemetry, store_config=store_config(config))
         await handle.start()
+        telemetry.event("service.ready", service=service)  # engines are up: `dart run` starts its RL clock
         await stop.wait()
         await handle.stop()
     else:  # pragma: no cover - typer restricts the choice

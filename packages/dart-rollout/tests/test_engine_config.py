@@ -1,0 +1,51 @@
+"""``rollout.engine`` is kind-discriminated: hf (the default when ``kind`` is left out) or vllm."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.rollout.engine.vllm_server import chat_template_path, server_args
+from dart.rollout.service.config import RolloutConfig
+
+pytestmark = pytest.mark.unit
+
+
+def test_engine_without_kind_is_hf() -> None:
+    config = RolloutConfig.model_validate({"engine": {"model_path": "/ckpt", "device": "cpu"}})
+    assert isinstance(config.engine, HFEngineConfig) and config.engine.kind == "hf"
+
+
+def test_vllm_kind_alone_launches_with_defaults() -> None:
+    config = RolloutConfig.model_validate({"engine": {"kind": "vllm"}, "num_engines": 2})
+    assert isinstance(config.engine, VLLMEngineConfig)
+    assert config.engine.launch is not None and config.engine.attach is None
+    assert config.engine.pause_mode == "wait"
+
+
+def test_vllm_attach_gives_one_engine_per_url() -> None:
+    urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    config = RolloutConfig.model_validate({"engine": {"kind": "vllm", "attach": {"urls": urls}}, "num_engines": 2})
+    assert isinstance(config.engine, VLLMEngineConfig) and config.engine.attach is not None
+    with pytest.raises(ValidationError, match="num_engines is 3"):
+        RolloutConfig.model_validate({"engine": {"kind": "vllm", "attach": {"urls": urls}}, "num_engines": 3})
+
+
+def test_bad_engine_configs_are_refused() -> None:
+    with pytest.raises(ValidationError, match="not both"):
+        VLLMEngineConfig.model_validate({"launch": {}, "attach": {"urls": ["http://127.0.0.1:1"]}})
+    with pytest.raises(ValidationError):
+        RolloutConfig.model_validate({"engine": {"kind": "tgi"}})
+    with pytest.raises(ValidationError):
+        RolloutConfig.model_validate({"engine": {"kind": "vllm", "pause_mode": "abort"}})
+    with pytest.raises(ValidationError):  # hf settings do not leak into vllm configs
+        RolloutConfig.model_validate({"engine": {"kind": "vllm", "num_threads": 2}})
+
+
+def test_server_args_carry_the_token_contract() -> None:
+    args = server_args(VLLMEngineConfig(), model_path="/ckpt", host="127.0.0.1", port=8000)
+    assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert args[args.index("--chat-template") + 1] == str(chat_template_path())
+    assert chat_template_path().is_file()

