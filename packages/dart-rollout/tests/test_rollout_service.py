@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,14 @@ async def publish_work(bus: Bus, n: int, max_steps: int = 2) -> list[WorkItem]:
     return items
 
 
+async def stats_reach(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Wait until the service's counters satisfy ``condition``: a trajectory is on the stream before the
+    service that published it has counted it."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110  (stats have no event)
+            await asyncio.sleep(0.02)
+
+
 async def collect_trajectories(bus: Bus, n: int, timeout_s: float) -> list[Trajectory]:
     consumer = await bus.pull_consumer("traj", durable_name(bus, "traj"), Trajectory)
     found: list[Trajectory] = []
@@ -93,6 +101,7 @@ async def test_two_hf_engines_four_runners_turn_eight_items_into_eight_trajector
         async with RolloutService(config, bus) as service:
             items = await publish_work(bus, 8)
             trajectories = await collect_trajectories(bus, 8, timeout_s=60)
+            await stats_reach(lambda: sum(service.stats.trajectories.values()) == 8)
             stats = service.stats
     finally:
         await env.stop()
@@ -113,7 +122,7 @@ async def test_env_failure_publishes_env_failed_and_acks(bus: Bus) -> None:
         async with RolloutService(config, bus, engines={"scripted": engine}) as service:
             await publish_work(bus, 1, max_steps=3)
             (trajectory,) = await collect_trajectories(bus, 1, timeout_s=20)
-            assert service.stats.trajectories == {"env_failed": 1}
+            await stats_reach(lambda: service.stats.trajectories == {"env_failed": 1})
     finally:
         await env.stop()
     assert trajectory.status is TrajectoryStatus.ENV_FAILED and not trajectory.trainable
