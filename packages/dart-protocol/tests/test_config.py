@@ -212,3 +212,27 @@ def test_dump_config_roundtrips(tmp_path: Path) -> None:
     assert dump_config(cfg, exclude_defaults=True).splitlines()[0] == "run_id: r1"
     masked = dump_config(RunConfig(bus=BusSection(secret=SecretStr("s3cr3t"))))
     assert "s3cr3t" not in masked
+
+
+def test_a_file_extends_another_and_states_only_what_differs(tmp_path: Path) -> None:
+    base = "run_id: base\nbus:\n  url: nats://base:4222\n  retries: 5\nenv:\n  tags: [a]\n"
+    (tmp_path / "base.yaml").write_text(base)
+    (tmp_path / "variants").mkdir()
+    variant = tmp_path / "variants" / "v.yaml"
+    variant.write_text("extends: ../base.yaml\nbus:\n  retries: 7\nenv:\n  tags: [b]\n")
+    config = load_config(RunConfig, variant, environ={})
+    assert (config.run_id, config.bus.url, config.bus.retries) == ("base", "nats://base:4222", 7)
+    assert config.env.tags == ["b"]  # lists are replaced, not appended
+
+
+def test_extends_cycles_and_bad_values_name_the_file(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(RunConfig, tmp_path / "a.yaml", environ={})
+    (tmp_path / "c.yaml").write_text("extends: 3\n")
+    with pytest.raises(ConfigError, match="c.yaml.*extends"):
+        load_config(RunConfig, tmp_path / "c.yaml", environ={})
+    (tmp_path / "d.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(RunConfig, tmp_path / "d.yaml", environ={})

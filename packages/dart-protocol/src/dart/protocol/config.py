@@ -104,7 +104,37 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_CoreLoader)  # safe: _CoreLoader derives from SafeLoader
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+EXTENDS_KEY = "extends"
+"""Top-level key of a config file naming another file (relative to it) whose settings it starts from."""
+
+
+def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` deep-merged onto ``base``: mappings merge key by key, any other value replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_file(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's settings; a file with ``extends: other.yaml`` is that file's settings with its own
+    deep-merged on top (so a variant of a config states only what differs)."""
+    data = _read_one_file(path)
+    parent = data.pop(EXTENDS_KEY, None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(str(path), EXTENDS_KEY, "must be the path of another config file, relative to this one")
+    base_path = (path.parent / parent).resolve()
+    if base_path in _seen or base_path == path.resolve():
+        raise ConfigError(str(path), EXTENDS_KEY, f"{parent} extends this file again (a cycle)")
+    return _merged(_read_file(base_path, (*_seen, path.resolve())), data)
+
+
+def _read_one_file(path: Path) -> dict[str, Any]:
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
