@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -51,16 +50,18 @@ def serve_command(
         raise typer.Exit(2) from None
     if service == "train" and cfg.train.backend.world_size > 1:
         if "RANK" not in os.environ:
-            # Relaunch under torchrun, one process per rank; rank 0 becomes the trainer service.
-            n = cfg.train.backend.world_size
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-            os.execv(sys.executable, [*argv, "-m", "dart.cli", "serve", "train", "--config", str(config)])
-        from dart.cli.stack.services import die_with_parent, follow_trainer
+            from dart.cli.stack.services import launch_trainer_ranks
+
+            raise typer.Exit(launch_trainer_ranks(config, cfg.train.backend.world_size))
+        from dart.cli.stack.services import die_with_parent, follow_trainer, rank_status
 
         die_with_parent()
-        if os.environ["RANK"] != "0":
-            follow_trainer(cfg)
-            return
+        with rank_status():
+            if os.environ["RANK"] != "0":
+                follow_trainer(cfg)
+            else:
+                asyncio.run(serve(cfg, service))  # type: ignore[arg-type]
+        return
     asyncio.run(serve(cfg, service))  # type: ignore[arg-type]
 
 

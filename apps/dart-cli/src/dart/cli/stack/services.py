@@ -9,8 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from dart.cli.stack.config import RunConfig, ServiceName, load_tasks, store_config
@@ -31,6 +37,42 @@ def service_telemetry(config: RunConfig, service: ServiceName) -> Telemetry:
     if config.run.run_dir is not None and tel_config.run_dir is None:
         tel_config = tel_config.model_copy(update={"run_dir": config.run.run_dir})  # trackers write under it
     return setup_telemetry(f"dart-{service}", version=__version__, run_id=config.run.name, config=tel_config)
+
+
+STATUS_DIR_ENV = "DART_TRAIN_RANK_STATUS_DIR"
+
+
+def launch_trainer_ranks(config_file: Path, nproc: int) -> int:
+    """Run ``dart serve train`` as ``nproc`` torchrun ranks until they end; returns the exit code.
+
+    SIGTERM/SIGINT are passed on to torchrun, which passes SIGTERM to the ranks: rank 0 stops
+    gracefully and tells the others to stop. torchrun itself exits non-zero whenever it was signalled,
+    so the code returned is the ranks' own: each records it in a status directory (missing = failed).
+    """
+    status = Path(tempfile.mkdtemp(prefix="dart-train-ranks-"))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    argv += ["-m", "dart.cli", "serve", "train", "--config", str(config_file)]
+    proc = subprocess.Popen(argv, env={**os.environ, STATUS_DIR_ENV: str(status)})
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: proc.send_signal(signal.SIGTERM))
+    code = proc.wait()
+    ranks = [status / f"rank-{r}" for r in range(nproc)]
+    codes = [int(p.read_text()) if p.is_file() else 1 for p in ranks]
+    shutil.rmtree(status, ignore_errors=True)
+    return 0 if all(c == 0 for c in codes) else (code or 1)
+
+
+@contextlib.contextmanager
+def rank_status() -> Iterator[None]:
+    """Record this rank's outcome (0, or 1 on an exception) for :func:`launch_trainer_ranks`."""
+    code = 1
+    try:
+        yield
+        code = 0
+    finally:
+        directory = os.environ.get(STATUS_DIR_ENV)
+        if directory:
+            (Path(directory) / f"rank-{os.environ.get('RANK', '0')}").write_text(str(code))
 
 
 def die_with_parent() -> None:
