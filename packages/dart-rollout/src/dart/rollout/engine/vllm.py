@@ -111,7 +111,7 @@ class VLLMEngine(InferenceEngine):
         self._weights_dir: Path | None = None  # what the server serves when not its start checkpoint
         self._reference: dict[str, tuple[str, tuple[int, ...]]] | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix=f"dart-vllm-{engine_id}-")
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(config.request_timeout_s, connect=10.0))
+        self._client: httpx.AsyncClient | None = None  # made off the loop: loading CA certificates takes a while
         self._stop_ids: list[int] = []
         self._banned_ids: list[int] = []
         self._monitor: asyncio.Task[None] | None = None
@@ -362,6 +362,9 @@ class VLLMEngine(InferenceEngine):
         params: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
+        if self._client is None:
+            timeout_config = httpx.Timeout(self.config.request_timeout_s, connect=10.0)
+            self._client = await asyncio.to_thread(httpx.AsyncClient, timeout=timeout_config)
         try:
             reply = await self._client.request(
                 method,
@@ -438,7 +441,8 @@ class VLLMEngine(InferenceEngine):
                 await self._monitor
         if self.server is not None:
             await self.server.stop()
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
         self._tmp.cleanup()
 
 

@@ -181,7 +181,8 @@ class VLLMServerProcess:
 
     async def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.launch.startup_timeout_s
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        client = await asyncio.to_thread(httpx.AsyncClient, timeout=5.0)  # CA loading stays off the loop
+        async with client:
             while True:
                 if self.exited:
                     code = self._proc.returncode if self._proc is not None else None
