@@ -22,12 +22,12 @@ import torch
 from PIL import Image
 
 from dart.protocol.messages import TrainingBatch, TrainingSample
-from dart.train.batching import ImageSource, InputBuilder, ModelInputs, StoreImageSource, decode_screenshot
+from dart.train.batching import ImageSource, ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.errors import CheckpointError
 from dart.train.interface import TrainerBackend
 from dart.train.loss import behaviour_logprobs
-from dart.train.update import RLUpdate, TrainStepMetrics
+from dart.train.update import RLUpdate, SampleReader, TrainStepMetrics
 
 __all__ = ["TorchBackend", "TrainStepMetrics"]
 
@@ -71,12 +71,8 @@ class TorchBackend(TrainerBackend):
         self.dtype = _dtype(config.dtype)
         self.step = 0
         self.rank, self.world_size, self.is_main = 0, 1, True
-        vision = getattr(model.config, "vision_config", None)
-        self.inputs = InputBuilder(
-            processor,
-            image_token_id=int(model.config.image_token_id),
-            merge_size=int(getattr(vision, "spatial_merge_size", 2)),
-        )
+        self.reader = SampleReader(config, self.image_source, processor=processor)
+        self.inputs = self.reader.builder
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=config.lr,
@@ -117,13 +113,7 @@ class TorchBackend(TrainerBackend):
             SampleError: Tokens and images disagree.
             ImageFetchError: A screenshot cannot be read or fails its digest.
         """
-        images = [decode_screenshot(self.image_source(ref)) for ref in sample.images]
-        return self.inputs.build(
-            sample.prompt_token_ids,
-            sample.response_token_ids,
-            images,
-            sample_id=(sample.trajectory_id, sample.step_index),
-        )
+        return self.reader(sample)
 
     def raw_inputs(
         self, prompt_token_ids: Sequence[int], response_token_ids: Sequence[int], images: Sequence[Image.Image]

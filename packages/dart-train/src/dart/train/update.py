@@ -138,28 +138,31 @@ def _shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int | Non
 
 
 class SampleReader:
-    """Rebuilds a recorded sample's model inputs (its tokens, its screenshots fetched by reference).
+    """Rebuilds a recorded sample's model inputs: its exact tokens and the images its prompt was fed,
+    fetched by reference and decoded as they were fed (the record carries the pixels; no rule is re-derived).
 
     Backend-independent: it needs only the checkpoint's processor and config, so the trainer service uses
     it with any :class:`~dart.train.interface.TrainerBackend`.
 
     Args:
-        config: Trainer configuration (``model_path``, ``image_size``).
+        config: Trainer configuration (its ``model_path`` gives the processor).
         image_source: Reads screenshot references (default: local ``file://`` URIs only).
+        processor: An already loaded processor of the checkpoint (loaded from ``model_path`` when None).
     """
 
-    def __init__(self, config: TrainerConfig, image_source: ImageSource | None = None) -> None:
+    def __init__(
+        self, config: TrainerConfig, image_source: ImageSource | None = None, *, processor: Any = None
+    ) -> None:
         from transformers import AutoConfig, AutoProcessor
 
-        processor = AutoProcessor.from_pretrained(config.model_path, local_files_only=True)
+        if processor is None:
+            processor = AutoProcessor.from_pretrained(config.model_path, local_files_only=True)
         model_config = AutoConfig.from_pretrained(config.model_path, local_files_only=True)
         vision = getattr(model_config, "vision_config", None)
-        self.image_size = config.image_size
         self.image_source: ImageSource = image_source or StoreImageSource()
         self.builder = InputBuilder(
             processor,
             image_token_id=int(model_config.image_token_id),
-            image_size=config.image_size,
             merge_size=int(getattr(vision, "spatial_merge_size", 2)),
         )
 
@@ -170,7 +173,7 @@ class SampleReader:
             SampleError: Tokens and images disagree.
             ImageFetchError: A screenshot cannot be read or fails its digest.
         """
-        images = [decode_screenshot(self.image_source(ref), self.image_size) for ref in sample.images]
+        images = [decode_screenshot(self.image_source(ref)) for ref in sample.images]
         return self.builder.build(
             sample.prompt_token_ids,
             sample.response_token_ids,
