@@ -1,5 +1,7 @@
-"""End to end with the FSDP2 trainer on 2 ranks: `dart run examples/smoke-fsdp.yaml` trains, publishes full
-checkpoints the engines load unchanged, and the engines' log-probs on the new weights match the trainer's."""
+"""End to end with the trainers that span processes: FSDP2 on 2 ranks (`examples/smoke-fsdp.yaml`) and
+megatron-core at tensor-parallel size 2 (`examples/smoke-megatron.yaml`). Each run trains, publishes full
+Hugging Face checkpoints the engines load unchanged, and the engines' log-probs on the new weights match
+the trainer's."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_fsdp_two_ranks_train_publish_and_engines_match(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> None:
-    summary, run_dir = dart_run(ROOT / "examples" / "smoke-fsdp.yaml", timeout_s=1150)
+@pytest.mark.parametrize("example", ["smoke-fsdp.yaml", "smoke-megatron.yaml"])
+def test_two_rank_trainer_trains_publishes_and_engines_match(
+    example: str, dart_run: Callable[..., tuple[dict[str, Any], Path]]
+) -> None:
+    summary, run_dir = dart_run(ROOT / "examples" / example, timeout_s=1150)
     assert summary["error"] is None
     assert summary["versions_published"] >= 2
     assert summary["trajectories_lost"] == 0
