@@ -14,6 +14,7 @@ What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` 
                            $JS.API.INFO                                        account limits (read)
     stream publishers      P.<kind>.<run>                                      js_publish
     consumer members       $JS.API.CONSUMER.MSG.NEXT.S.C, $JS.ACK.S.C.>        fetch, ack/nak/in-progress
+    message readers        $JS.API.STREAM.MSG.GET.S                            read stored messages (run: traj)
     bucket readers         $JS.API.DIRECT.GET.KV_B(.>), STREAM.MSG.GET.KV_B    get
                            $JS.API.CONSUMER.{CREATE,INFO,DELETE}.KV_B.>        watch (ephemeral consumer)
     bucket writers         $KV.B.>                                             put / update
@@ -86,6 +87,8 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
             pub += [f"{JS_API}.STREAM.{op}.{name}" for op in ("INFO", "CREATE", "UPDATE")]
             if role in spec.publishers:
                 pub.append(subjects.stream_subject(kind))
+            if role in spec.message_readers:
+                pub.append(f"{JS_API}.STREAM.MSG.GET.{name}")
             if spec.consumer is None:
                 continue
             durable = subjects.consumer_name(kind, spec.consumer.group)

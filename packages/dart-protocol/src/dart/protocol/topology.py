@@ -69,6 +69,9 @@ class StreamSpec:
     max_age_s: float | None = None
     publishers: tuple[Role, ...] = ()
     """Roles allowed to publish to the stream's subject."""
+    message_readers: tuple[Role, ...] = ()
+    """Roles allowed to read stored messages by sequence (``Bus.largest_message``: the run summary's
+    largest trajectory message)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ STREAMS: dict[StreamKind, StreamSpec] = {
         "limits",
         ConsumerSpec("data", ack_wait_s=60.0, max_deliver=10, consumers=("data",)),
         publishers=("rollout",),
+        message_readers=("run",),
     ),
     "batch": StreamSpec(
         "batch",
