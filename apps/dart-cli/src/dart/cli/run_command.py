@@ -53,9 +53,12 @@ def serve_command(
             from dart.cli.stack.services import launch_trainer_ranks
 
             raise typer.Exit(launch_trainer_ranks(config, cfg.train.backend.world_size))
-        from dart.cli.stack.services import die_with_parent, follow_trainer, rank_status
+        from dart.cli.stack.services import follow_trainer, rank_status
+        from dart.protocol.lifetime import exit_with_parent
 
-        die_with_parent()
+        # torchrun starts each rank in its own session: a SIGKILL of its agent would leave ranks waiting in a
+        # collective forever, so each rank goes when the agent goes.
+        exit_with_parent()
         with rank_status():
             if os.environ["RANK"] != "0":
                 follow_trainer(cfg)

@@ -40,6 +40,15 @@ def _libc() -> ctypes.CDLL | None:
 _LIBC = _libc()
 
 
+def exit_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux; elsewhere a no-op).
+
+    For a process started by someone else's launcher (a torchrun rank): it arms itself.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies.
 

@@ -75,22 +75,6 @@ def rank_status() -> Iterator[None]:
             (Path(directory) / f"rank-{os.environ.get('RANK', '0')}").write_text(str(code))
 
 
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent (torchrun's agent) dies (Linux; else a no-op).
-
-    torchrun starts each rank in its own session, so a SIGKILL of the agent's process group (``dart run``'s
-    last resort) would leave the ranks running; a rank waiting in a collective would wait forever.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not sys.platform.startswith("linux") or name is None:
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(name, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 def follow_trainer(config: RunConfig) -> None:
     """A non-main rank of a multi-process trainer (started by torchrun): load the backend, follow rank 0."""
     from dart.train.batching import StoreImageSource
