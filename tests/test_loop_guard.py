@@ -9,12 +9,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-import conftest as root_conftest
-
 pytestmark = pytest.mark.unit
+
+# The root conftest's module is not reliably importable by name (import-mode importlib, one conftest per
+# package), so its guard is reached through the function it installed on asyncio's Handle.
+root_conftest = SimpleNamespace(**asyncio.events.Handle._run.__globals__)
+assert root_conftest.__file__ == str(Path(__file__).resolve().parents[1] / "conftest.py"), "guard not installed"
 
 
 def _run_in_fresh_loop(callback: Callable[[], None], setup: Callable[[], None] = lambda: None) -> list[str]:
