@@ -28,7 +28,6 @@ from pathlib import Path
 
 import httpx
 
-from dart.protocol.lifetime import die_with_parent
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.errors import EngineStartError
 
@@ -172,10 +171,9 @@ class VLLMServerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=server_env(self.launch, self.cache_root, self.index),
-                    start_new_session=True,  # own process group: stop() reaches vLLM's children too
-                    # A SIGKILLed rollout service takes its servers along (the executor thread that
-                    # forks lives as long as the service's event loop).
-                    preexec_fn=die_with_parent(),
+                    # Own process group: stop() reaches vLLM's children too. No parent-death signal: it would
+                    # fire when the worker thread that forks exits, not when the rollout service does.
+                    start_new_session=True,
                 )
             except OSError as exc:
                 raise EngineStartError(
