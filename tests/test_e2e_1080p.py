@@ -3,7 +3,6 @@ travel by reference through the artifact store, and each stored step records the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ def test_screenshots_went_by_reference_and_steps_record_what_was_fed(run_1080p: 
     stored_shots = list((artifacts / "screenshots").glob("*.png"))
     assert stored_shots, "the env service stored no screenshot by reference"
     blob = next(iter(sorted((artifacts / "trajectories").glob("*/trajectory-*.json"))))
-    trajectory = Trajectory.model_validate(json.loads(blob.read_text()))
+    trajectory = Trajectory.model_validate_json(blob.read_text())
     steps = [s for s in trajectory.steps if s.response_token_ids]
     assert steps
     for step in steps:
