@@ -79,7 +79,6 @@ def test_a_starved_callback_is_not_blamed() -> None:
     finally:
         hog.kill()
         hog.wait()
+    # The test shows something only if starvation really stretched the burst past the limit.
+    assert walls[0] > root_conftest.BLOCKING_LIMIT_S, f"the burst was not starved (wall {walls[0]:.2f}s)"
     assert slow == []
-    # The premise held only if starvation really stretched the burst past the limit.
-    if walls[0] <= root_conftest.BLOCKING_LIMIT_S:
-        pytest.skip(f"the burst was not starved past the limit (wall {walls[0]:.2f}s); premise not met here")
