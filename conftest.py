@@ -90,8 +90,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[dict[str, Any], Path]]:
-    """Runs ``dart run CONFIG`` in a subprocess (run directory under a temp dir); returns its JSON
-    summary (the last stdout line) and run directory. A non-zero exit fails with the output's tail."""
+    """Runs ``dart run CONFIG`` in a subprocess (run directory under a temp dir, warm starts cached for
+    the session); returns its JSON summary (the last stdout line) and run directory. A non-zero exit
+    fails with the output's tail."""
+
+    # Runs whose warm start has the same inputs (a smoke run and its FSDP, megatron and vLLM variants)
+    # share one warm-started policy: the first run stores it, the others copy it.
+    warm_start_cache = tmp_path_factory.mktemp("warm-start-cache")
 
     def run(
         config: Path, *, env: dict[str, str] | None = None, timeout_s: float = E2E_TIMEOUT_S
@@ -101,7 +106,12 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
             [sys.executable, "-m", "dart.cli", "run", str(config)],
             capture_output=True,
             text=True,
-            env={**os.environ, "DART_RUN__RUNS_ROOT": str(runs), **(env or {})},
+            env={
+                **os.environ,
+                "DART_RUN__RUNS_ROOT": str(runs),
+                "DART_WARM_START__CACHE_DIR": str(warm_start_cache),
+                **(env or {}),
+            },
             timeout=timeout_s,
             check=False,
         )

