@@ -1,20 +1,25 @@
-"""Shared fixtures of dart-rollout's tests: one tiny checkpoint per session, a bus per test, a crashing env."""
+"""Shared fixtures of dart-rollout's tests: one tiny checkpoint per session, a bus per test, env services on
+test-unique pools, a crashing env."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dart.env.service import register_backend, unregister_backend
-from dart.env.sim import SimEnv
+from dart.env.service import EnvService, EnvServiceConfig, register_backend, unregister_backend
+from dart.env.sim import LatencyConfig, SimConfig, SimEnv
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import Action, Observation, Wait
 from dart.protocol.messages.observation import MetadataValue
 from dart.rollout.model.tiny import write_tiny_checkpoint
+
+FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
+"""The sim without simulated latency."""
 
 CRASH_BACKEND = "rollout-crash-on-wait"
 """Env backend name of :class:`CrashOnWait`, registered for every test."""
@@ -51,3 +56,21 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
     config = BusConfig(url=nats_url, run=f"r{uuid.uuid4().hex[:8]}", connect_timeout_s=2.0, request_timeout_s=5.0)
     async with await Bus.connect(config) as connected:
         yield connected
+
+
+@pytest.fixture
+async def env_pool(bus: Bus) -> AsyncIterator[Callable[..., Any]]:
+    """Starts env services on pools unique to the test; returns the pool name."""
+    services: list[EnvService] = []
+
+    async def start(**overrides: Any) -> str:
+        fields: dict[str, Any] = {"pool": f"p{uuid.uuid4().hex[:8]}", "instances": 1, "sim": FAST_SIM}
+        fields.update(overrides)
+        service = EnvService(EnvServiceConfig(**fields), bus)
+        await service.start()
+        services.append(service)
+        return str(fields["pool"])
+
+    yield start
+    for service in services:
+        await service.stop()

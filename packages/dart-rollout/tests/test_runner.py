@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dart.env.service import EnvService, EnvServiceConfig
-from dart.env.sim import LatencyConfig, SimConfig, sim_task
+from dart.env.sim import sim_task
 from dart.protocol.bus import Bus
 from dart.protocol.messages import Trajectory, TrajectoryStatus, WorkItem
 from dart.protocol.messages.codec import decode, encode
@@ -29,26 +28,6 @@ from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration
-
-FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
-
-
-@pytest.fixture
-async def env_pool(bus: Bus) -> AsyncIterator[Callable[..., Any]]:
-    """Starts env services on pools unique to the test; returns the pool name."""
-    services: list[EnvService] = []
-
-    async def start(**overrides: Any) -> str:
-        fields: dict[str, Any] = {"pool": f"p{uuid.uuid4().hex[:8]}", "instances": 1, "sim": FAST_SIM}
-        fields.update(overrides)
-        service = EnvService(EnvServiceConfig(**fields), bus)
-        await service.start()
-        services.append(service)
-        return str(fields["pool"])
-
-    yield start
-    for service in services:
-        await service.stop()
 
 
 def work_item(max_steps: int = 3, *, min_policy_version: int = 0) -> WorkItem:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,18 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from dart.env.sim import sim_task
+from dart.protocol.bus import Bus
+from dart.protocol.messages import TrajectoryStatus, WorkItem
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
-from dart.rollout.errors import EngineUnavailableError
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
+from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.router import EngineRouter
+from dart.rollout.service.runner import TrajectoryRunner
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -177,25 +184,46 @@ async def test_requests_during_an_update_wait_and_get_the_new_version(engine: VL
     assert engine.stats.straddled == 0
 
 
-async def test_sigkilled_server_is_restarted_and_keeps_its_version(checkpoint: Path, tmp_path: Path) -> None:
+async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_version(
+    checkpoint: Path, tmp_path: Path, bus: Bus, env_pool: Callable[..., Any]
+) -> None:
+    """A server SIGKILLed mid-request: the runner's trajectory ends FAILED with the reason (so the work
+    item is answered, not lost), the engine restarts on the version it served, and the next work item
+    runs to the end on it."""
+    pool = await env_pool()
     config = _launch_config(checkpoint, tmp_path)
     engine = await VLLMEngine.launch("engine-k", config, index=1)
     try:
         await engine.update_weights(checkpoint / "model.safetensors", version=4)
         assert engine.server is not None and engine.server.pid is not None
-        long_request = GenerationRequest(_prompt(1), max_new_tokens=1500, temperature=1.0, seed=0)
-        pending = asyncio.create_task(engine.generate(long_request))
+        runner = TrajectoryRunner("runner-k", bus, EngineRouter([engine]), RunnerConfig(pool=pool, max_new_tokens=1500))
+        item = WorkItem(
+            work_id=f"w-{uuid.uuid4().hex[:8]}",
+            task=sim_task("click-button", "easy", 1),
+            group_id="g-k",
+            rollout_index=0,
+            group_size=1,
+            max_steps=2,
+            temperature=1.0,
+            created_at=time.time(),
+        )
+        pending = asyncio.create_task(runner.run(item))
         while engine.load == 0:  # noqa: ASYNC110  (the engine has no event for "request arrived")
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         os.kill(engine.server.pid, signal.SIGKILL)
-        with pytest.raises(EngineUnavailableError):
-            await pending
+        failed = await pending
+        assert failed.work_id == item.work_id
+        assert failed.status is TrajectoryStatus.FAILED and not failed.trainable
+        assert (failed.error or "").startswith("engine: "), failed.error  # the engine's error, named
         async with asyncio.timeout(600):
             while not (engine.stats.restarts == 1 and engine.state is EngineState.SERVING):  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
-        result = await engine.generate(GenerationRequest(_prompt(1), max_new_tokens=4, temperature=0.0))
-        assert result.policy_version == 4 and engine.version == 4
+        assert engine.version == 4
+        short = TrajectoryRunner("runner-k2", bus, EngineRouter([engine]), RunnerConfig(pool=pool, max_new_tokens=8))
+        after = await short.run(item.model_copy(update={"work_id": f"w-{uuid.uuid4().hex[:8]}"}))
+        assert after.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED), after.error
+        assert after.steps and all(s.policy_version == 4 for s in after.steps)
         assert "start #2" in (tmp_path / "vllm-engine-k.log").read_text()
     finally:
         await engine.close()
