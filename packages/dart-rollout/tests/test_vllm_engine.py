@@ -8,8 +8,11 @@ a minute); the restart test launches its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -228,3 +231,52 @@ async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_vers
     finally:
         await engine.close()
     assert engine.server is not None and engine.server.exited
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            members.append(int(entry.name))
+    return members
+
+
+def test_servers_die_with_a_sigkilled_rollout_process(checkpoint: Path, tmp_path: Path) -> None:
+    """The process that launched a server (the rollout service) is SIGKILLed: no finally runs, yet the
+    server and its engine-core processes go too, instead of holding the port and memory as orphans."""
+    code = f"""
+import asyncio, json, time
+from pathlib import Path
+from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.engine.vllm_server import VLLMServerProcess
+launch = VLLMLaunchConfig(python={str(VLLM_PYTHON)!r}, kv_cache_gib=1, max_model_len=2048, log_dir={str(tmp_path)!r})
+server = VLLMServerProcess("orphan", VLLMEngineConfig(model_path={str(checkpoint)!r}, launch=launch))
+asyncio.run(server.start())
+print(json.dumps({{"server": server.pid}}), flush=True)
+time.sleep(900)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert parent.stdout is not None
+    try:
+        line = parent.stdout.readline()
+        assert line, f"the launching process exited with {parent.wait()}; see {tmp_path}"
+        pgid = json.loads(line)["server"]
+        assert pgid in _group_members(pgid)
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        parent.stdout.close()
+    deadline = time.monotonic() + 120  # vLLM shuts its engine core down on SIGTERM; a busy machine is slow
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _group_members(pgid)
+    for pid in left:  # do not leak them into the rest of the session
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"vLLM server processes {left} outlived the SIGKILLed rollout process"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from dart.protocol.lifetime import die_with_parent
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.errors import EngineStartError
 
@@ -156,7 +157,9 @@ class VLLMServerProcess:
         cmd = [self.launch.python, "-m", "vllm.entrypoints.openai.api_server"]
         cmd += server_args(self.config, model_path=str(self.config.model_path), host=self.launch.host, port=self.port)
         self.starts += 1
-        self._proc = await asyncio.to_thread(self._spawn, cmd)
+        # Forked from the loop's thread (it lives as long as the service), so the parent-death signal
+        # below fires when the rollout service dies, not when some worker thread exits.
+        self._proc = self._spawn(cmd)
         await self._wait_healthy()
 
     def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -171,9 +174,10 @@ class VLLMServerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=server_env(self.launch, self.cache_root, self.index),
-                    # Own process group: stop() reaches vLLM's children too. No parent-death signal: it would
-                    # fire when the worker thread that forks exits, not when the rollout service does.
+                    # Own process group: stop() reaches vLLM's children too. SIGTERM when the rollout service
+                    # dies, even by SIGKILL (vLLM then stops its engine-core processes itself).
                     start_new_session=True,
+                    preexec_fn=die_with_parent(),
                 )
             except OSError as exc:
                 raise EngineStartError(
