@@ -19,6 +19,8 @@ STRICT_TYPED = [
     "packages/dart-protocol/src",
     "packages/dart-data/src",
     "packages/dart-env/src",
+    "packages/dart-rollout/src",
+    "packages/dart-train/src",
     "packages/dart-embedded/src",
     "apps/dart-cli/src",
 ]

@@ -96,7 +96,7 @@ class TorchBackend(TrainerBackend):
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
-        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             path, local_files_only=True, dtype=_dtype(config.dtype)
         )

@@ -83,7 +83,7 @@ class FsdpBackend(TorchBackend):
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
-        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             path, local_files_only=True, dtype=_dtype(config.dtype)
         )
@@ -120,17 +120,20 @@ class FsdpBackend(TorchBackend):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v.contiguous() for k, v in full.items()} if self.is_main else {}
+        if not self.is_main:
+            return {}
+        # A model's state dict holds tensors only (get_model_state_dict's type allows any state value).
+        return {k: v.contiguous() for k, v in full.items() if isinstance(v, torch.Tensor)}
 
     weights = full_state_dict
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Write sharded weights and optimizer state with ``torch.distributed.checkpoint`` (collective)."""
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import state_dict_saver
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        state_dict_saver.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore what :meth:`save_checkpoint` wrote, resharding to this world size (collective).
@@ -138,7 +141,7 @@ class FsdpBackend(TorchBackend):
         Raises:
             CheckpointError: ``path`` holds no distributed checkpoint.
         """
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import state_dict_loader
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         if not (Path(path) / ".metadata").is_file():
@@ -146,6 +149,6 @@ class FsdpBackend(TorchBackend):
                 str(path), "no torch.distributed.checkpoint metadata: not written by the fsdp backend"
             )
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # Loaded in place: dcp fills the tensors of the dicts it is given.
+        state_dict_loader.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)

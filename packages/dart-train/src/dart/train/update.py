@@ -156,7 +156,7 @@ class SampleReader:
         from transformers import AutoConfig, AutoProcessor
 
         if processor is None:
-            processor = AutoProcessor.from_pretrained(config.model_path, local_files_only=True)
+            processor = AutoProcessor.from_pretrained(config.model_path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         model_config = AutoConfig.from_pretrained(config.model_path, local_files_only=True)
         vision = getattr(model_config, "vision_config", None)
         self.image_source: ImageSource = image_source or StoreImageSource()

@@ -314,7 +314,7 @@ class HFEngine(InferenceEngine):
         )
         inputs = {k: v.to(self._model.device) for k, v in inputs.items()}
         sampler = _RowSampler(requests, self._stop_ids[0], self._banned_ids)
-        gen_config = GenerationConfig(
+        gen_config = GenerationConfig(  # type: ignore[no-untyped-call]  # an unannotated transformers API
             max_new_tokens=max(r.max_new_tokens for r in requests) + 1,  # +1: room for the forced stop
             do_sample=False,
             eos_token_id=self._stop_ids,

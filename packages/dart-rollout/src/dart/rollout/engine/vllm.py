@@ -157,6 +157,10 @@ class VLLMEngine(InferenceEngine):
     def state(self) -> EngineState:
         return self._state
 
+    def _closed(self) -> bool:
+        # A method, not the attribute: re-checked after awaits, where close() may have run meanwhile.
+        return self._state is EngineState.CLOSED
+
     @property
     def banned_token_ids(self) -> list[int]:
         """Token ids the server never samples (vision placeholders, ``<|im_start|>``)."""
@@ -192,7 +196,7 @@ class VLLMEngine(InferenceEngine):
         try:
             # A request routed here just before an update or restart waits until the engine serves again.
             await self._serving.wait()
-            if self._state is EngineState.CLOSED:
+            if self._closed():
                 raise EngineClosedError("engine closed before serving the request")
             # Counted from here: a ``wait`` update drains this request before it pauses the server.
             self._in_flight += 1
@@ -285,7 +289,7 @@ class VLLMEngine(InferenceEngine):
             raise WeightUpdateError(version, f"cannot read {path}: {exc}") from exc
         self._check_against_reference(header, version)
         async with self._lock:
-            if self._state is EngineState.CLOSED:
+            if self._closed():
                 raise EngineClosedError("engine is closed")
             started = time.monotonic()
             self._state = EngineState.DRAINING
@@ -394,10 +398,10 @@ class VLLMEngine(InferenceEngine):
         backoff = launch.restart_backoff_s
         while self._state is not EngineState.CLOSED:
             await asyncio.sleep(0.2)
-            if not self.server.exited or self._state is EngineState.CLOSED:
+            if not self.server.exited or self._closed():
                 continue
             async with self._lock:
-                if self._state is EngineState.CLOSED:
+                if self._closed():
                     return
                 self._state = EngineState.LOADING
                 self._serving.clear()

@@ -35,7 +35,7 @@ def _load(local: Path, dtype: Any, device: str) -> tuple[Any, Any]:
         raise FileNotFoundError(f"no checkpoint at {local}: expected {local / 'config.json'}; write one first")
     # A local path never needs the hub; make sure nothing tries to reach it.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    processor = AutoProcessor.from_pretrained(local, local_files_only=True)
+    processor = AutoProcessor.from_pretrained(local, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
         local, local_files_only=True, dtype=dtype or torch.float32
     )

@@ -329,7 +329,7 @@ def write_tiny_checkpoint(
     image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels)
     # The processor requires a video processor even though DART only sends screenshots.
     video_processor = Qwen2VLVideoProcessor(min_pixels=pixels, max_pixels=pixels)
-    processor = Qwen2_5_VLProcessor(
+    processor = Qwen2_5_VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         logp, _ = backend.forward_logprobs(row)
         loss = -logp.mean()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward is unannotated here
         norms.append(backend.optimizer_step())
         if backend.device.type == "cuda":
             torch.cuda.synchronize()

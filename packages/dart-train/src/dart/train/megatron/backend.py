@@ -215,7 +215,7 @@ class MegatronBackend:
         model = QwenVLMegatron(hf, gpt, ps.get_tensor_model_parallel_group()).to(device)
         # No dropout anywhere; train mode changes nothing numerically but says what this module is for.
         model.train()
-        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         return cls(settings, model, processor, device)
 
     # --- forward ---------------------------------------------------------------------------------
