@@ -4,6 +4,7 @@ test-unique pools, a crashing env."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -12,9 +13,9 @@ from typing import Any
 import pytest
 
 from dart.env.service import EnvService, EnvServiceConfig, register_backend, unregister_backend
-from dart.env.sim import LatencyConfig, SimConfig, SimEnv
+from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import Action, Observation, Wait
+from dart.protocol.messages import Action, Observation, Wait, WorkItem
 from dart.protocol.messages.observation import MetadataValue
 from dart.rollout.model.tiny import write_tiny_checkpoint
 
@@ -74,3 +75,23 @@ async def env_pool(bus: Bus) -> AsyncIterator[Callable[..., Any]]:
     yield start
     for service in services:
         await service.stop()
+
+
+def _work_item(max_steps: int = 3, *, min_policy_version: int = 0) -> WorkItem:
+    return WorkItem(
+        work_id=f"w-{uuid.uuid4().hex[:8]}",
+        task=sim_task("click-button", "easy", 1),
+        group_id="g-1",
+        rollout_index=0,
+        group_size=1,
+        max_steps=max_steps,
+        min_policy_version=min_policy_version,
+        temperature=1.0,
+        created_at=time.time(),
+    )
+
+
+@pytest.fixture
+def work_item() -> Callable[..., WorkItem]:
+    """Makes work items for the sim's easy click-button task (``max_steps``, ``min_policy_version``), new ids each."""
+    return _work_item

@@ -7,15 +7,12 @@ it drives the runner's status logic with oracle-like outputs; bus and env servic
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dart.env.sim import sim_task
 from dart.protocol.bus import Bus
 from dart.protocol.messages import Trajectory, TrajectoryStatus, WorkItem
 from dart.protocol.messages.codec import decode, encode
@@ -30,26 +27,12 @@ from dart.rollout.service.scripted import ScriptedEngine
 pytestmark = pytest.mark.integration
 
 
-def work_item(max_steps: int = 3, *, min_policy_version: int = 0) -> WorkItem:
-    return WorkItem(
-        work_id=f"w-{uuid.uuid4().hex[:8]}",
-        task=sim_task("click-button", "easy", 1),
-        group_id="g-1",
-        rollout_index=0,
-        group_size=1,
-        max_steps=max_steps,
-        min_policy_version=min_policy_version,
-        temperature=1.0,
-        created_at=time.time(),
-    )
-
-
 def runner_for(bus: Bus, pool: str, *engines: Any, **config: Any) -> TrajectoryRunner:
     return TrajectoryRunner("runner-t", bus, EngineRouter(list(engines)), RunnerConfig(pool=pool, **config))
 
 
 async def test_hf_engine_trajectory_has_aligned_versioned_steps(
-    bus: Bus, env_pool: Callable[..., Any], checkpoint: Path, tmp_path: Path
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem], checkpoint: Path, tmp_path: Path
 ) -> None:
     pool = await env_pool()
     telemetry = setup_telemetry("dart-rollout", version="t", run_id="t", config=TelemetryConfig(run_dir=tmp_path))
@@ -88,7 +71,7 @@ async def test_hf_engine_trajectory_has_aligned_versioned_steps(
 
 
 async def test_parse_error_is_a_step_without_env_step_then_finished_is_ok(
-    bus: Bus, env_pool: Callable[..., Any]
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
 ) -> None:
     pool = await env_pool()
     engine = ScriptedEngine(["Thought: hmm\nAction: dance()", "Action: finished(content='done')"], version=2)
@@ -102,7 +85,9 @@ async def test_parse_error_is_a_step_without_env_step_then_finished_is_ok(
     assert trajectory.min_policy_version == trajectory.max_policy_version == 2
 
 
-async def test_max_steps_truncates_and_env_failure_ends_as_env_failed(bus: Bus, env_pool: Callable[..., Any]) -> None:
+async def test_max_steps_truncates_and_env_failure_ends_as_env_failed(
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
+) -> None:
     pool = await env_pool()
     waiting = ScriptedEngine(["Action: wait()"])
     truncated = await runner_for(bus, pool, waiting).run(work_item(max_steps=2))
@@ -116,7 +101,7 @@ async def test_max_steps_truncates_and_env_failure_ends_as_env_failed(bus: Bus, 
 
 
 async def test_engine_failure_is_failed_and_cancel_is_aborted_with_env_released(
-    bus: Bus, env_pool: Callable[..., Any]
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
 ) -> None:
     pool = await env_pool()  # one instance: the abort below must give it back for the next run
     broken = ScriptedEngine(["x"], fail_with=EngineError("CUDA error: device lost"))
@@ -137,7 +122,9 @@ async def test_engine_failure_is_failed_and_cancel_is_aborted_with_env_released(
     assert after.status is TrajectoryStatus.OK
 
 
-async def test_waits_briefly_for_min_policy_version(bus: Bus, env_pool: Callable[..., Any]) -> None:
+async def test_waits_briefly_for_min_policy_version(
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
+) -> None:
     pool = await env_pool()
     old = ScriptedEngine(["Action: finished(content='a')"])
     new = ScriptedEngine(["Action: finished(content='b')"], update_s=0.2)
@@ -151,7 +138,9 @@ async def test_waits_briefly_for_min_policy_version(bus: Bus, env_pool: Callable
     assert trajectory.steps[0].policy_version == 1 and old.calls == []
 
 
-async def test_runner_time_is_accounted_lease_to_release(bus: Bus, env_pool: Callable[..., Any]) -> None:
+async def test_runner_time_is_accounted_lease_to_release(
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
+) -> None:
     """The runner's tracker (read by the idle breakdown) covers lease wait, the lease and its parts."""
     pool = await env_pool()
     engine = ScriptedEngine(["Action: wait()", "Action: finished(content='done')"])

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from dart.env.sim import sim_task
 from dart.protocol.bus import Bus
 from dart.protocol.messages import TrajectoryStatus, WorkItem
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
@@ -188,7 +186,7 @@ async def test_requests_during_an_update_wait_and_get_the_new_version(engine: VL
 
 
 async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_version(
-    checkpoint: Path, tmp_path: Path, bus: Bus, env_pool: Callable[..., Any]
+    checkpoint: Path, tmp_path: Path, bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
 ) -> None:
     """A server SIGKILLed mid-request: the runner's trajectory ends FAILED with the reason (so the work
     item is answered, not lost), the engine restarts on the version it served, and the next work item
@@ -200,16 +198,7 @@ async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_vers
         await engine.update_weights(checkpoint / "model.safetensors", version=4)
         assert engine.server is not None and engine.server.pid is not None
         runner = TrajectoryRunner("runner-k", bus, EngineRouter([engine]), RunnerConfig(pool=pool, max_new_tokens=1500))
-        item = WorkItem(
-            work_id=f"w-{uuid.uuid4().hex[:8]}",
-            task=sim_task("click-button", "easy", 1),
-            group_id="g-k",
-            rollout_index=0,
-            group_size=1,
-            max_steps=2,
-            temperature=1.0,
-            created_at=time.time(),
-        )
+        item = work_item(max_steps=2)
         pending = asyncio.create_task(runner.run(item))
         while engine.load == 0:  # noqa: ASYNC110  (the engine has no event for "request arrived")
             await asyncio.sleep(0.01)
@@ -224,7 +213,7 @@ async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_vers
                 await asyncio.sleep(0.2)
         assert engine.version == 4
         short = TrajectoryRunner("runner-k2", bus, EngineRouter([engine]), RunnerConfig(pool=pool, max_new_tokens=8))
-        after = await short.run(item.model_copy(update={"work_id": f"w-{uuid.uuid4().hex[:8]}"}))
+        after = await short.run(work_item(max_steps=2))
         assert after.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED), after.error
         assert after.steps and all(s.policy_version == 4 for s in after.steps)
         assert "start #2" in (tmp_path / "vllm-engine-k.log").read_text()
