@@ -1,4 +1,5 @@
-"""Weights announced by URI are fetched from the artifact store and verified before any engine loads them."""
+"""Weights announced by URI are fetched from the artifact store and verified before any engine loads them, and
+staged so that what an engine serves survives the store's retention."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from dart.protocol.messages import ModelVersion
 from dart.protocol.store import S3Store, StoreConfig
+from dart.rollout.engine.vllm_wire import stage_weights
 from dart.rollout.errors import WeightFetchError
 from dart.rollout.service.sync import fetch_weights
 
@@ -54,3 +56,18 @@ async def test_s3_weights_are_downloaded_once_and_verified(
 async def test_unsupported_scheme_is_refused() -> None:
     with pytest.raises(WeightFetchError, match="file:// or s3://"):
         await fetch_weights(_version("http://example.invalid/w.safetensors", "0" * 64))
+
+
+def test_staged_weights_outlive_their_deletion_from_the_store(tmp_path: Path) -> None:
+    """A vLLM engine stages what it loads: the store's retention deleting the version afterwards (seen in a
+    run: the server's reload then failed on a dangling link and its engine core died) changes nothing."""
+    published = tmp_path / "artifacts" / "weights" / "v11" / "model.safetensors"
+    published.parent.mkdir(parents=True)
+    published.write_bytes(PAYLOAD)
+    directory = stage_weights(tmp_path / "engine" / "v11", published)
+    published.unlink()  # retention
+    staged = directory / "model.safetensors"
+    assert not staged.is_symlink() and staged.read_bytes() == PAYLOAD
+    # A source already gone when staging starts is an OSError, which the engine reports as a failed update.
+    with pytest.raises(FileNotFoundError):
+        stage_weights(tmp_path / "engine" / "v12", published)

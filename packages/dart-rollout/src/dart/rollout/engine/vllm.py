@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import struct
 import tempfile
 import time
@@ -46,7 +47,7 @@ from dart.rollout.engine.base import (
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
-from dart.rollout.engine.vllm_wire import chat_messages, safetensors_header, weights_dir
+from dart.rollout.engine.vllm_wire import chat_messages, safetensors_header, stage_weights
 from dart.rollout.errors import EngineRequestError, EngineUnavailableError
 
 log = logging.getLogger("dart.rollout.vllm")
@@ -283,11 +284,18 @@ class VLLMEngine(InferenceEngine):
         if not isinstance(weights, str | Path):
             raise WeightUpdateError(version, f"the vllm engine loads a .safetensors path, not {type(weights)}")
         path = Path(weights)
+        # Staged first (a hard link into the engine's own directory): from here on the bytes stay
+        # readable for the load and for reloads after a restart, whatever the store's retention deletes.
+        directory = Path(self._tmp.name) / f"v{version}"
         try:
-            header = await asyncio.to_thread(safetensors_header, path)
-        except (OSError, ValueError, struct.error) as exc:
+            await asyncio.to_thread(stage_weights, directory, path)
+            header = await asyncio.to_thread(safetensors_header, directory / "model.safetensors")
+            self._check_against_reference(header, version)
+        except (OSError, ValueError, struct.error, WeightUpdateError) as exc:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+            if isinstance(exc, WeightUpdateError):
+                raise
             raise WeightUpdateError(version, f"cannot read {path}: {exc}") from exc
-        self._check_against_reference(header, version)
         async with self._lock:
             if self._closed():
                 raise EngineClosedError("engine is closed")
@@ -298,12 +306,14 @@ class VLLMEngine(InferenceEngine):
                 if self.config.pause_mode == "wait":
                     await asyncio.wait_for(self._idle.wait(), self.config.control_timeout_s)
                 self._state = EngineState.LOADING
-                await self._swap(path, version)
+                await self._swap(directory, version)
                 self._reference = header
                 self.stats.weight_updates += 1
                 self.stats.last_update_s = time.monotonic() - started
             except (EngineError, TimeoutError) as exc:
                 self.stats.failed_updates += 1
+                if self._weights_dir != directory:
+                    await asyncio.to_thread(shutil.rmtree, directory, True)
                 if isinstance(exc, WeightUpdateError):
                     raise
                 raise WeightUpdateError(version, f"{type(exc).__name__}: {exc}") from exc
@@ -324,10 +334,9 @@ class VLLMEngine(InferenceEngine):
         if bad:
             raise WeightUpdateError(version, f"shapes differ for {bad[:5]}")
 
-    async def _swap(self, path: Path, version: int) -> None:
-        """Pause, reload from ``path``, reset the prefix cache, set the version; always resume."""
+    async def _swap(self, directory: Path, version: int) -> None:
+        """Pause, reload from the staged ``directory``, reset the prefix cache, set the version; always resume."""
         timeout = self.config.control_timeout_s
-        directory = weights_dir(Path(self._tmp.name) / f"v{version}", path)
         await self._call("POST", "/pause", params={"mode": self.config.pause_mode}, timeout=timeout)
         try:
             try:
@@ -338,7 +347,9 @@ class VLLMEngine(InferenceEngine):
             self._epoch += 1
             await self._call("POST", "/reset_prefix_cache", timeout=timeout)
             self._version = version
-            self._weights_dir = directory
+            previous, self._weights_dir = self._weights_dir, directory
+            if previous is not None and previous != directory:  # the server no longer needs those bytes
+                await asyncio.to_thread(shutil.rmtree, previous, True)
         finally:
             await self._call("POST", "/resume", timeout=timeout)
 

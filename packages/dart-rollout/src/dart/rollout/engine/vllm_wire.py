@@ -1,10 +1,13 @@
-"""What the vllm engine sends and checks: chat messages from DART prompts, safetensors headers, weight dirs."""
+"""What the vllm engine sends and checks: chat messages from DART prompts, safetensors headers, staged weights."""
 
 from __future__ import annotations
 
 import base64
+import errno
 import io
 import json
+import os
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -51,10 +54,23 @@ def chat_messages(prompt: ChatPrompt) -> list[dict[str, Any]]:
     return [{"role": "user", "content": content}]
 
 
-def weights_dir(directory: Path, path: Path) -> Path:
-    """``directory`` holding a link to ``path``: vLLM reloads from a directory of safetensors files."""
-    directory.mkdir(exist_ok=True)
-    link = directory / "model.safetensors"
-    link.unlink(missing_ok=True)
-    link.symlink_to(path.resolve())
+def stage_weights(directory: Path, path: Path) -> Path:
+    """``directory`` holding ``path``'s bytes as ``model.safetensors`` (vLLM reloads from a directory).
+
+    A hard link where ``directory`` and ``path`` share a filesystem, else a copy: never a symbolic
+    link, because the artifact store's retention may delete ``path`` while the server still needs the
+    weights (loading them, or reloading them after a restart), and a hard link keeps the bytes alive.
+
+    Raises:
+        OSError: ``path`` is gone or unreadable, or ``directory`` cannot be written.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    staged = directory / "model.safetensors"
+    staged.unlink(missing_ok=True)
+    try:
+        os.link(path, staged)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copyfile(path, staged)
     return directory
