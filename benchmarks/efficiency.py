@@ -29,9 +29,11 @@ screenshot prompt and 50-150 output tokens); docs/benchmarks.md discusses what t
 
 Figures, over each run's RL window (from the first env reset, so the engines' start-up is left out):
 - env utilization: busy reset/step/evaluate seconds / (instances x wall);
-- engine utilization: busy generate seconds / (engines x wall);
+- engine utilization: seconds with a generate request in flight / (engines x wall), queueing for a
+  batch slot included; engine generating utilization: seconds a batch (hf) or call (vllm) was
+  serving requests / (engines x wall), queueing excluded;
 - training throughput: trained step samples per minute (``samples`` of ``trainer.step`` events);
-- trajectories per minute (messages on the trajectory stream);
+- trajectories per minute: trajectories published inside the window (the stop phase's are not);
 - the idle breakdown (:mod:`dart.cli.analytics.idle`): where env, engine, trainer and runner
   time went, and how long the coupled pipeline waited for weights;
 - mean GPU utilization from the services' NVML samples, or "no GPU".
@@ -61,7 +63,7 @@ from typing import Any
 import yaml
 
 from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
-from dart.protocol.telemetry import gpu_summary, read_jsonl
+from dart.protocol.telemetry import busy_ns, gpu_summary, read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("coupled", "decoupled")
@@ -202,6 +204,28 @@ def rl_window(summary: dict[str, Any]) -> tuple[int, int]:
     return (min(resets), end) if resets and min(resets) < end else (start, end)
 
 
+def window_counts(tel: Path, start: int, end: int) -> tuple[int, dict[str, list[tuple[int, int]]]]:
+    """Trajectories published inside ``[start, end)`` and, per engine, the intervals it spent generating.
+
+    A trajectory counts when its publish span ended inside the window (the stop phase's stragglers do
+    not). An engine generates during ``[end - generate_s, end]`` of each of its ``engine.generate``
+    spans: the batch (hf) or HTTP call (vllm) that served the request, without the time the request
+    queued for a batch slot (``dart.queued_s``); requests of one batch share one interval.
+    """
+    published: set[str] = set()
+    generating: dict[str, list[tuple[int, int]]] = {}
+    for r in read_jsonl(tel / "rollout.jsonl", types={"span"}):
+        name, attrs = r["name"], r["attributes"]
+        if name.startswith("publish ") and ".traj." in name and start <= int(r["end_unix_ns"]) < end:
+            published.add(str(attrs.get("messaging.message.id", r["span_id"])))
+        elif name == "engine.generate" and "dart.generate_s" in attrs:
+            stop = int(r["end_unix_ns"])
+            generating.setdefault(str(attrs["dart.engine_id"]), []).append(
+                (stop - int(float(attrs["dart.generate_s"]) * 1e9), stop)
+            )
+    return len(published), generating
+
+
 def figures(summary: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """The compared figures of one run, from its summary and telemetry."""
     run_dir = Path(summary["run_dir"])
@@ -219,6 +243,8 @@ def figures(summary: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
         if r["name"] == "trainer.step" and start <= int(r["ts_unix_ns"]) <= end
     ]
     samples = sum(int(a["samples"]) for a in steps)
+    in_window, generating = window_counts(tel, start, end)
+    engine_generating = sum(busy_ns(spans, start, end) for spans in generating.values()) / 1e9
     # How much of the policy's output acts on the env: a weak policy's unparseable outputs are
     # generations without an env step, which makes any run generation-bound.
     runner_ops = [
@@ -235,11 +261,13 @@ def figures(summary: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
         "rl_seconds": round(wall, 1),
         "env_utilization": round(util["env"], 4),
         "engine_utilization": round(util["engine"], 4),
+        "engine_generating_utilization": round(engine_generating / (counts["engine"] * wall), 4),
         "trainer_utilization": round(util["trainer"], 4),
         "train_samples_per_minute": round(samples / wall * 60, 2),
         "train_steps": len(steps),
-        "trajectories_per_minute": round(summary["trajectories_produced"] / wall * 60, 2),
-        "trajectories": summary["trajectories_produced"],
+        "trajectories_per_minute": round(in_window / wall * 60, 2),
+        "trajectories": in_window,
+        "trajectories_with_stop_phase": summary["trajectories_produced"],
         "versions_published": summary["versions_published"],
         "success_rate_overall": summary["success_rate_overall"],
         "env_steps_per_generation": round(runner_ops.count("step") / generations, 3) if generations else None,
@@ -311,7 +339,13 @@ def plot(
     plt.close(fig)
 
 
-RATIO_KEYS = ("env_utilization", "engine_utilization", "train_samples_per_minute", "trajectories_per_minute")
+RATIO_KEYS = (
+    "env_utilization",
+    "engine_utilization",
+    "engine_generating_utilization",
+    "train_samples_per_minute",
+    "trajectories_per_minute",
+)
 
 
 def compare(

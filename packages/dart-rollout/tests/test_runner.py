@@ -68,6 +68,11 @@ async def test_hf_engine_trajectory_has_aligned_versioned_steps(
     children = {s["name"] for s in spans if s["parent_span_id"] == root["span_id"]}
     assert {"env.lease", "env.reset", "engine.generate", "env.evaluate"} <= children
     assert all(s["trace_id"] == root["trace_id"] for s in spans if s["name"].startswith(("env.", "engine.")))
+    # Each generate span says how long the request queued for a batch and how long its batch ran.
+    for g in (s for s in spans if s["name"] == "engine.generate"):
+        a = g["attributes"]
+        assert a["dart.generate_s"] > 0 and a["dart.queued_s"] >= 0 and a["dart.batch_size"] >= 1
+        assert a["dart.queued_s"] + a["dart.generate_s"] <= g["duration_s"] + 1e-3
 
 
 async def test_parse_error_is_a_step_without_env_step_then_finished_is_ok(

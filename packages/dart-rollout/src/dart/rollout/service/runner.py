@@ -245,6 +245,10 @@ class TrajectoryRunner:
                 result = await engine.generate(request)
             span.set_attribute("dart.policy_version", result.policy_version)
             span.set_attribute("dart.response_tokens", len(result.response_token_ids))
+            # Where the engine's time went: waiting for a batch slot vs the batch (or HTTP call) serving it.
+            span.set_attribute("dart.queued_s", result.timings.queued_s)
+            span.set_attribute("dart.generate_s", result.timings.generate_s)
+            span.set_attribute("dart.batch_size", result.timings.batch_size)
         return prompt, result
 
     def _start_version(self) -> int:
