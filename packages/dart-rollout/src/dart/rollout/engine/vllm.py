@@ -292,7 +292,8 @@ class VLLMEngine(InferenceEngine):
             header = await asyncio.to_thread(safetensors_header, directory / "model.safetensors")
             self._check_against_reference(header, version)
         except (OSError, ValueError, struct.error, WeightUpdateError) as exc:
-            await asyncio.to_thread(shutil.rmtree, directory, True)
+            if directory != self._weights_dir:  # never the directory the server serves from
+                await asyncio.to_thread(shutil.rmtree, directory, True)
             if isinstance(exc, WeightUpdateError):
                 raise
             raise WeightUpdateError(version, f"cannot read {path}: {exc}") from exc
