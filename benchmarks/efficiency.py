@@ -143,8 +143,8 @@ def base_config(
                 "dynamic_max_steps": False,
             },
             "emission": {
-                "max_outstanding": 2 * instances,
-                "coupled_tasks_per_round": tasks_per_round,
+                "decoupled": {"max_outstanding": 2 * instances},
+                "coupled": {"tasks_per_round": tasks_per_round},
                 "work_timeout_s": 300,
             },
             # Batches of B groups in both modes (the coupled round's batch is its B groups).

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from dart.data.config import BatchingConfig, CurationConfig, DataConfig, EmissionConfig, GroupingConfig
+from dart.data.config import (
+    BatchingConfig,
+    CoupledConfig,
+    CurationConfig,
+    DataConfig,
+    DecoupledConfig,
+    EmissionConfig,
+    GroupingConfig,
+)
 from dart.data.service import DataService
 from dart.protocol import messages as m
 from dart.protocol.bus import Bus, BusConfig, Delivery
@@ -36,12 +44,14 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
 def coupled_config(tmp_path: Path, *, work_timeout_s: float = 60.0) -> DataConfig:
     return DataConfig(
         database_url=f"sqlite:///{tmp_path / 'data.sqlite3'}",
-        poll_interval_s=0.05,
-        grouping=GroupingConfig(timeout_s=60, max_staleness=2),
+        grouping=GroupingConfig(timeout_s=60, max_staleness=2, poll_interval_s=0.05),
         # Two rollouts per group and batch limits far below a round: coupled mode must ignore them.
         curation=CurationConfig(default_rollouts=2, min_rollouts=2, max_rollouts=2, experience_pool=False),
         emission=EmissionConfig(
-            mode="coupled", coupled_tasks_per_round=3, max_outstanding=2, work_timeout_s=work_timeout_s
+            mode="coupled",
+            coupled=CoupledConfig(tasks_per_round=3),
+            decoupled=DecoupledConfig(max_outstanding=2),
+            work_timeout_s=work_timeout_s,
         ),
         batching=BatchingConfig(min_samples=2, max_groups=1),
     )

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from dart.data.config import BatchingConfig, CurationConfig, DataConfig, EmissionConfig, GroupingConfig
+from dart.data.config import (
+    BatchingConfig,
+    CurationConfig,
+    DataConfig,
+    DecoupledConfig,
+    EmissionConfig,
+    GroupingConfig,
+)
 from dart.data.service import DataService
 from dart.protocol import messages as m
 from dart.protocol.bus import Bus, BusConfig
@@ -43,8 +50,7 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
 def config(tmp_path: Path, **updates: object) -> DataConfig:
     base = DataConfig(
         database_url=f"sqlite:///{tmp_path / 'data.sqlite3'}",
-        poll_interval_s=0.05,
-        grouping=GroupingConfig(timeout_s=30),
+        grouping=GroupingConfig(timeout_s=30, poll_interval_s=0.05),
         curation=CurationConfig(default_rollouts=2, min_rollouts=2, max_rollouts=2),
         emission=EmissionConfig(enabled=False),
         batching=BatchingConfig(min_samples=8, max_groups=8),
@@ -105,10 +111,10 @@ async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, databa
     again = DataService(config(tmp_path, database_url=database_url), bus, store, [TASK])
     await again.start()
     await wait_for(lambda: again.stats.duplicates == 1)
-    assert again.assembler.open_groups == 0
-    assert again.index.count_trajectories() == 4
-    assert again.task_stats[TASK.task_id].attempts == 4
-    group = again.index.group("g1")
+    assert again.former.groups.open_groups == 0
+    assert again.state.index.count_trajectories() == 4
+    assert again.state.task_stats[TASK.task_id].attempts == 4
+    group = again.state.index.group("g1")
     assert group is not None and (group["status"], group["batch_id"]) == ("emitted", batch.batch_id)
     await again.stop()
     await again.stop()  # idempotent
@@ -119,8 +125,8 @@ async def test_work_emission_respects_max_outstanding(bus: Bus, tmp_path: Path, 
     tasks = [TASK, TASK.model_copy(update={"task_id": "sim/click/2"})]
     cfg = config(
         tmp_path,
-        emission=EmissionConfig(max_outstanding=4, poll_interval_s=0.05),
-        grouping=GroupingConfig(timeout_s=30, max_staleness=2),
+        emission=EmissionConfig(decoupled=DecoupledConfig(max_outstanding=4, poll_interval_s=0.05)),
+        grouping=GroupingConfig(timeout_s=30, max_staleness=2, poll_interval_s=0.05),
     )
     service = DataService(cfg, bus, LocalStore(tmp_path / "store"), tasks)
     runner = await bus.pull_consumer("work", durable_name(bus, "work"), m.WorkItem)
@@ -185,7 +191,7 @@ async def test_experience_pool_fills_a_hard_tasks_failed_group(bus: Bus, tmp_pat
     assert all(s.advantage < 0 for s in batch.samples if s.group_id == "g1" and not s.from_experience_pool)
     restarted = DataService(cfg, bus, store, [TASK])
     await restarted.start()
-    assert restarted.pool.size(TASK.task_id) == 1  # reloaded from the index and the blob
+    assert restarted.state.pool.size(TASK.task_id) == 1  # reloaded from the index and the blob
     await restarted.stop()
     await trainer.close()
 

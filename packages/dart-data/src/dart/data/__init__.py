@@ -12,7 +12,16 @@ Example::
         ...
 """
 
-from dart.data.config import BatchingConfig, CurationConfig, DataConfig, EmissionConfig, GroupingConfig
+from dart.data.config import (
+    BatchingConfig,
+    CoupledConfig,
+    CurationConfig,
+    DataConfig,
+    DecoupledConfig,
+    EmissionConfig,
+    GroupingConfig,
+    IngestConfig,
+)
 from dart.data.service import DataService, DataStats
 from dart.data.tasks import load_task_suite
 
@@ -20,11 +29,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchingConfig",
+    "CoupledConfig",
     "CurationConfig",
     "DataConfig",
     "DataService",
     "DataStats",
+    "DecoupledConfig",
     "EmissionConfig",
     "GroupingConfig",
+    "IngestConfig",
     "load_task_suite",
 ]

@@ -4,9 +4,10 @@ Example (YAML, the ``data:`` section of a run file)::
 
     data:
       database_url: sqlite:///runs/r1/data.sqlite3
+      ingest: {fetch_batch: 16, upload_concurrency: 8}
       grouping: {timeout_s: 120, max_staleness: 4}
       curation: {min_rollouts: 4, max_rollouts: 8}
-      emission: {max_outstanding: 64}
+      emission: {mode: decoupled, decoupled: {max_outstanding: 64}}
       batching: {min_samples: 64}
 """
 
@@ -17,6 +18,17 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dart.protocol.config import ConfigModel
+
+
+class IngestConfig(ConfigModel):
+    """Trajectory ingestion (:class:`dart.data.ingest.Ingestor`)."""
+
+    fetch_batch: int = Field(default=16, ge=1)
+    """Trajectories fetched from the stream at once."""
+    upload_concurrency: int = Field(default=8, ge=1)
+    """Screenshots of one trajectory uploaded to the store at once."""
+    retry_delay_s: float = Field(default=1.0, gt=0)
+    """How long the stream waits before redelivering a trajectory whose storing failed, seconds."""
 
 
 class GroupingConfig(ConfigModel):
@@ -31,6 +43,8 @@ class GroupingConfig(ConfigModel):
     ``min_policy_version = 0``)."""
     drop_zero_variance: bool = True
     """Drop groups whose rewards are all equal (every advantage would be zero)."""
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    """How often open groups are checked for timeouts and staleness, seconds."""
 
 
 class CurationConfig(ConfigModel):
@@ -72,36 +86,48 @@ class CurationConfig(ConfigModel):
         return self
 
 
+class DecoupledConfig(ConfigModel):
+    """The decoupled emitter (:class:`dart.data.emit.DecoupledEmitter`): work with backpressure."""
+
+    max_outstanding: int = Field(default=64, ge=1)
+    """Most trajectories requested but not yet received; a whole group is emitted at once, so a
+    group larger than this is emitted only when nothing is outstanding."""
+    poll_interval_s: float = Field(default=0.2, gt=0)
+    """How often a waiting emitter re-checks the outstanding count, seconds."""
+
+
+class CoupledConfig(ConfigModel):
+    """The coupled emitter (:class:`dart.data.coupled.CoupledEmitter`), the synchronous baseline."""
+
+    tasks_per_round: int = Field(default=8, ge=1)
+    """Groups (tasks) per round, B; a round requests B x the rollout count of each group
+    (``curation.default_rollouts`` unless ``dynamic_rollouts`` varies it)."""
+    sync_timeout_s: float = Field(default=600.0, gt=0)
+    """How long to wait for the model version trained on a round before emitting the next round at
+    the old version anyway (logged and counted as ``sync_timeouts``), seconds."""
+
+
 class EmissionConfig(ConfigModel):
-    """Work-item emission with backpressure."""
+    """Work-item emission: what both emitters share, and each one's own settings."""
 
     enabled: bool = True
     """Emit work items (off: some other component feeds the rollout service)."""
     mode: Literal["decoupled", "coupled"] = "decoupled"
-    """``decoupled`` keeps the rollout service saturated; ``coupled`` is the synchronous batch-RL
-    baseline: rounds of ``coupled_tasks_per_round`` groups, a barrier until every trajectory of the
-    round arrived, one training batch per round, and the next round only after the trainer
-    published a new version (see :mod:`dart.data.coupled`). Coupled mode ignores
-    ``max_outstanding`` and ``grouping.max_staleness`` for emission (work items require the current
-    version) and needs the trainer to publish after every batch (``train.publish_every: 1``)."""
-    max_outstanding: int = Field(default=64, ge=1)
-    """Most trajectories requested but not yet received; a whole group is emitted at once, so a
-    group larger than this is emitted only when nothing is outstanding."""
+    """``decoupled`` keeps the rollout service saturated (settings in ``decoupled``); ``coupled`` is
+    the synchronous batch-RL baseline (settings in ``coupled``): rounds of ``coupled.tasks_per_round``
+    groups, a barrier until every trajectory of the round arrived, one training batch per round, and
+    the next round only after the trainer published a new version (see :mod:`dart.data.coupled`).
+    Coupled work items require the current version whatever ``grouping.max_staleness`` says, and the
+    trainer must publish after every batch (``train.publish_every: 1``)."""
     work_timeout_s: float = Field(default=900.0, gt=0)
-    """Stop counting a group's missing trajectories as outstanding this long after emission
-    (a runner that died for good must not stall emission forever)."""
-    poll_interval_s: float = Field(default=0.2, gt=0)
-    """How often the emitter re-checks the outstanding count, seconds."""
+    """Stop waiting for a group's missing trajectories this long after emission (a runner that died
+    for good must not stall emission forever); in coupled mode, the round's barrier timeout."""
     temperature: float = Field(default=1.0, ge=0, le=10)
     """Sampling temperature put on work items."""
     max_groups: int | None = Field(default=None, ge=0)
     """Stop after emitting this many groups; None cycles the task list forever."""
-    coupled_tasks_per_round: int = Field(default=8, ge=1)
-    """Coupled mode: groups (tasks) per round, B; a round requests B x the rollout count of each
-    group (``curation.default_rollouts`` unless ``dynamic_rollouts`` varies it)."""
-    coupled_sync_timeout_s: float = Field(default=600.0, gt=0)
-    """Coupled mode: how long to wait for the model version trained on a round before emitting the
-    next round at the old version anyway (logged and counted as ``sync_timeouts``), seconds."""
+    decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig)
+    coupled: CoupledConfig = Field(default_factory=CoupledConfig)
 
 
 class BatchingConfig(ConfigModel):
@@ -124,14 +150,9 @@ class DataConfig(ConfigModel):
     """SQLAlchemy URL of the index (SQLite embedded, ``postgresql+psycopg://...`` in the stack)."""
     blob_prefix: str = "trajectories"
     """Artifact-store key prefix of trajectory blobs (``<prefix>/<trajectory_id>/...``)."""
-    upload_concurrency: int = Field(default=8, ge=1)
-    """Screenshots of one trajectory uploaded to the store at once."""
-    ingest_batch: int = Field(default=16, ge=1)
-    """Trajectories fetched from the stream at once."""
-    poll_interval_s: float = Field(default=0.5, gt=0)
-    """How often open groups are checked for timeouts and staleness, seconds."""
     stats_interval_s: float = Field(default=10.0, gt=0)
     """How often a ``data.stats`` telemetry event is written, seconds."""
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
     grouping: GroupingConfig = Field(default_factory=GroupingConfig)
     curation: CurationConfig = Field(default_factory=CurationConfig)
     emission: EmissionConfig = Field(default_factory=EmissionConfig)

@@ -1,0 +1,110 @@
+"""Work emission: the seam between the data manager and its two emitters, and the decoupled one.
+
+An emitter plans work groups (:class:`dart.data.work.WorkPlanner`), publishes their work items to
+the ``work`` stream and keeps an account of what it still waits for; the ingestor tells it which
+groups' trajectories arrived. ``emission.mode`` picks the emitter: :class:`DecoupledEmitter` here
+(DART: keep ``decoupled.max_outstanding`` trajectories requested, never wait for training) or
+:class:`dart.data.coupled.CoupledEmitter` (the synchronous baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from dart.data.config import EmissionConfig
+from dart.data.state import DataState
+from dart.data.work import OutstandingWork, WorkPlanner, min_policy_version
+from dart.protocol.bus import Bus
+from dart.protocol.messages import WorkItem
+
+log = logging.getLogger("dart.data")
+
+
+class Emitter(Protocol):
+    """What the data manager needs of an emitter."""
+
+    outstanding: OutstandingWork
+    """Trajectories requested and not yet received."""
+
+    def arrived(self, group_id: str) -> None:
+        """A new trajectory of this work group was ingested (and its group handled)."""
+
+    async def run(self) -> None:
+        """Emit work until ``emission.max_groups`` groups were emitted, or forever."""
+
+
+async def publish_work(state: DataState, bus: Bus, items: list[WorkItem]) -> None:
+    """Record one group ``open`` in the index and publish its work items, retrying until the bus
+    took them (work ids are dedupe ids, so publishing an item again is harmless)."""
+    subject = bus.subjects.stream_subject("work")
+    head = items[0]
+    while True:
+        try:
+            await state.db(state.index.record_group, head.group_id, head.task.task_id, len(items), "open")
+            for item in items:
+                await bus.js_publish(subject, item, msg_id=item.work_id)
+            break
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("emitting work failed; retrying")
+            await asyncio.sleep(1.0)
+    state.counters["work_groups"] += 1
+    state.counters["work_items"] += len(items)
+
+
+class DecoupledEmitter:
+    """Keeps the rollout service saturated with work at a bounded policy lag.
+
+    Work lifecycle: ``planned`` at the current version (``min_policy_version`` = version -
+    ``grouping.max_staleness``) -> ``waiting`` while emitting the whole group would exceed
+    ``max_outstanding`` (the floor is refreshed afterwards: a newer version may have come meanwhile)
+    -> ``emitted`` -> its trajectories arrive, or it expires ``work_timeout_s`` after emission.
+    """
+
+    def __init__(self, emission: EmissionConfig, state: DataState, bus: Bus, planner: WorkPlanner) -> None:
+        """Create the emitter.
+
+        Args:
+            emission: Emission settings (``emission.decoupled`` for this emitter's own).
+            state: The data manager's shared state (version, counters, index).
+            bus: A connected bus (work goes to its ``work`` stream).
+            planner: Plans each group's task, size and step budget.
+        """
+        self._emission = emission
+        self._state = state
+        self._bus = bus
+        self._planner = planner
+        self.outstanding = OutstandingWork(state.clock)
+        self._capacity = asyncio.Event()
+
+    def arrived(self, group_id: str) -> None:
+        """A trajectory arrived: room for more work, if it was one this emitter waited for."""
+        if self.outstanding.received(group_id):
+            self._capacity.set()
+
+    async def run(self) -> None:
+        """Emit until ``max_groups`` groups were emitted (forever when None)."""
+        emission, own = self._emission, self._emission.decoupled
+        staleness = self._state.config.grouping.max_staleness
+        items: list[WorkItem] | None = None
+        while emission.max_groups is None or self._planner.groups_planned < emission.max_groups or items:
+            items = items or self._planner.next_group(self._state.version, staleness)
+            outstanding = self.outstanding.count
+            if outstanding and outstanding + len(items) > own.max_outstanding:
+                self._capacity.clear()
+                try:
+                    await asyncio.wait_for(self._capacity.wait(), own.poll_interval_s)
+                except TimeoutError:
+                    self.outstanding.expire(emission.work_timeout_s)
+                continue
+            # Items planned before a wait may predate a new policy version: refresh their floor.
+            floor = min_policy_version(self._state.version, staleness)
+            if items[0].min_policy_version != floor:
+                items = [w.model_copy(update={"min_policy_version": floor}) for w in items]
+            # Counted before publishing: a fast runner's trajectory may arrive mid-group.
+            self.outstanding.emitted(items[0].group_id, len(items))
+            await publish_work(self._state, self._bus, items)
+            items = None
