@@ -99,12 +99,19 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
     warm_start_cache = tmp_path_factory.mktemp("warm-start-cache")
 
     def run(
-        config: Path, *, env: dict[str, str] | None = None, timeout_s: float = E2E_TIMEOUT_S
+        config: Path,
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float = E2E_TIMEOUT_S,
+        during: Callable[[subprocess.Popen[str], Path], None] | None = None,
     ) -> tuple[dict[str, Any], Path]:
+        """``during(process, runs_root)``, when given, runs on a thread while the run goes on (fault
+        injection); an exception it raises fails the test once the run ended."""
         runs = tmp_path_factory.mktemp("runs")
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "dart.cli", "run", str(config)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env={
                 **os.environ,
@@ -112,11 +119,30 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
                 "DART_WARM_START__CACHE_DIR": str(warm_start_cache),
                 **(env or {}),
             },
-            timeout=timeout_s,
-            check=False,
         )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        errors: list[BaseException] = []
+
+        def inject() -> None:
+            assert during is not None
+            try:
+                during(proc, runs)
+            except BaseException as exc:  # reported after the run, with its output
+                errors.append(exc)
+
+        injector = threading.Thread(target=inject, daemon=True) if during is not None else None
+        if injector is not None:
+            injector.start()
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            raise AssertionError(f"dart run exceeded {timeout_s:g}s: " + stdout[-3000:] + stderr[-5000:]) from None
+        if injector is not None:
+            injector.join(timeout=60)
+        assert not errors, f"fault injection failed: {errors[0]!r}\n" + stdout[-3000:] + stderr[-5000:]
+        assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
+        summary = json.loads(stdout.strip().splitlines()[-1])
         return summary, Path(summary["run_dir"])
 
     return run

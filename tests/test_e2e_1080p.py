@@ -57,6 +57,8 @@ def test_a_1080p_run_completes_with_nothing_lost(run_1080p: tuple[dict[str, Any]
     assert summary["store_uri"] == "s3://dart/artifacts"
     assert summary["store_bytes"] > 0 and summary["store_objects"] > 0
     assert not (run_dir / "artifacts").exists()  # nothing went to the local store
+    # validation.at_start is off: only the final version was evaluated, on the whole held-out split.
+    assert [(h["version"], h["n"]) for h in summary["heldout"]] == [(summary["versions_published"], 32)]
 
 
 def test_a_plain_s3_client_reads_the_runs_weights_and_trajectories(

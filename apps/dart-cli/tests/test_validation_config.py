@@ -18,6 +18,16 @@ def test_the_quickstart_split_is_disjoint_and_accepted() -> None:
     assert len(held) == 32 and all(t.backend == "sim" for t in held)
 
 
+def test_the_miniwob_split_is_disjoint_and_accepted() -> None:
+    config = RunConfig(
+        suite="builtin:miniwob/train",
+        env={"backend": "miniwob", "pool": "miniwob"},
+        validation={"enabled": True, "suite": "builtin:miniwob/heldout"},
+    )
+    held = heldout_tasks(config)
+    assert len(held) == 16 and all(t.backend == "miniwob" for t in held)
+
+
 def test_a_held_out_suite_that_shares_a_training_task_is_refused() -> None:
     config = RunConfig(suite="builtin:train", validation={"enabled": True, "suite": "builtin:train"})
     with pytest.raises(ConfigError, match="held-out task\\(s\\) are training tasks too"):

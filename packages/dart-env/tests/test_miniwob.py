@@ -177,3 +177,20 @@ async def test_lifecycle_of_an_instance() -> None:
     await env.close()
     with pytest.raises(EpisodeStateError):
         await env.reset(miniwob_task("click-test"))
+
+
+@needs_chromium
+async def test_train_and_heldout_splits_share_task_types_on_disjoint_seeds(env: MiniWoBEnv) -> None:
+    from dart.env.miniwob.catalog import load_builtin_suite
+
+    train, held = load_builtin_suite("train").tasks, load_builtin_suite("heldout").tasks
+    smoke = load_builtin_suite("smoke").tasks
+    kinds = {t.params["env_id"] for t in smoke}
+    assert {t.params["env_id"] for t in train} == kinds == {t.params["env_id"] for t in held}
+    train_seeds, held_seeds = {t.params["seed"] for t in train}, {t.params["seed"] for t in held}
+    assert len(train_seeds) == 3 and len(held_seeds) == 2
+    assert not train_seeds & held_seeds and not held_seeds & {t.params["seed"] for t in smoke}
+    # The shipped instructions are what the page shows for each held-out seed.
+    for task in held:
+        _, instruction = await env.reset(task)
+        assert instruction == task.instruction, task.task_id

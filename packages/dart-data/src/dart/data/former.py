@@ -129,6 +129,7 @@ class BatchFormer:
                 batch_id=batch.batch_id,
                 samples=len(batch.samples),
                 groups=len(groups),
+                group_ids=[g.group_id for g in groups],
                 min_policy_version=batch.min_policy_version,
                 max_policy_version=batch.max_policy_version,
                 staleness=state.version - batch.min_policy_version,

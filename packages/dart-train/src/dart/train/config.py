@@ -149,7 +149,8 @@ class TrainerConfig(ConfigModel):
     checkpoint_every: int | None = Field(default=None, ge=1)
     """Write a resumable checkpoint every this many optimizer steps; None never does."""
     checkpoint_dir: str | None = None
-    """Directory of resumable checkpoints (``step-<n>/`` under it); needed when ``checkpoint_every`` is set."""
+    """Directory of resumable checkpoints (``step-<n>/`` under it); needed when ``checkpoint_every`` is set
+    (``dart run`` fills in ``<run_dir>/checkpoints``; a trainer started without one refuses to start)."""
     device: str = "cpu"
     """Torch device, ``cpu`` or ``cuda[:n]``."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -170,9 +171,3 @@ class TrainerConfig(ConfigModel):
         if isinstance(data, dict) and isinstance(data.get("backend"), str):
             data = {**data, "backend": {"kind": data["backend"]}}
         return data
-
-    @model_validator(mode="after")
-    def _checkpoint_dir_given(self) -> TrainerConfig:
-        if self.checkpoint_every is not None and self.checkpoint_dir is None:
-            raise ValueError("checkpoint_every needs checkpoint_dir: set the directory checkpoints go to")
-        return self

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dart.protocol.bus import Bus, Delivery, KeyValueStore, PullConsumer
+from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.store import ArtifactStore, StoreConfig
 from dart.protocol.telemetry import BusyTracker, GpuSampler, Telemetry
@@ -146,7 +147,12 @@ class TrainerService:
             store_config: Store config used to read ``s3://`` screenshot references.
             telemetry: Service telemetry.
             instance_id: This trainer's id.
+
+        Raises:
+            ConfigError: ``checkpoint_every`` is set without ``checkpoint_dir``.
         """
+        if config.checkpoint_every is not None and config.checkpoint_dir is None:
+            raise ConfigError("TrainerConfig", "checkpoint_dir", "checkpoint_every needs a directory to write to")
         state: KeyValueStore = await ensure_topology(bus)
         backend = await asyncio.to_thread(load_backend, config, image_source=StoreImageSource(store_config))
         version = 0

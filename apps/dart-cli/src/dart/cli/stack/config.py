@@ -59,6 +59,11 @@ class RunSection(ConfigModel):
     """Intra-op threads for each torch process (engines, trainer, warm start)."""
     stop_timeout_s: float = Field(default=60.0, gt=0)
     """How long services get to stop gracefully before they are killed."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Restarts per service when one dies during the run (see ``dart.cli.stack.supervisor``); 0 fails the run
+    at the first death."""
+    restart_backoff_s: float = Field(default=2.0, gt=0)
+    """Wait before restarting a service that died, seconds; doubled for each further death (at most 60)."""
     seed: int = 0
 
 
@@ -104,6 +109,10 @@ class ValidationSection(ConfigModel):
     every_versions: int = Field(default=10, ge=1)
     """Evaluate version 0, then the newest version at least this many versions after the last
     one evaluated, and the final version after RL."""
+    at_start: bool = True
+    """Evaluate version 0 when RL starts; off when version 0 is known already (runs that share one
+    warm-started policy, as ``benchmarks/ablation.py``'s): the validator then never competes with
+    early RL for the machine's cores."""
     episodes_per_task: int = Field(default=1, ge=1)
     temperature: float = Field(default=0.0, ge=0.0)
     """0 = greedy."""

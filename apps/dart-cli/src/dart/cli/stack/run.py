@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tas
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
+from dart.cli.stack.supervisor import ServiceSupervisor
 from dart.cli.stack.validation import heldout_summary
 from dart.protocol.bus import Bus
 from dart.protocol.config import dump_config
@@ -238,7 +239,7 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
-async def _wait_rollout_ready(config: RunConfig, procs: dict[str, subprocess.Popen[bytes]]) -> str | None:
+async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor) -> str | None:
     """Wait for the rollout service's ``service.ready`` event (its engines are serving); why not, if not."""
     from dart.protocol.telemetry import read_jsonl
 
@@ -247,9 +248,9 @@ async def _wait_rollout_ready(config: RunConfig, procs: dict[str, subprocess.Pop
     path = run_dir / "telemetry" / "rollout.jsonl"
     deadline = time.monotonic() + config.run.ready_timeout_s
     while time.monotonic() < deadline:
-        dead = [name for name, p in procs.items() if p.poll() is not None]
-        if dead:
-            return f"service(s) exited early: {', '.join(dead)} (see {run_dir / 'logs'})"
+        failed = supervisor.check()
+        if failed is not None:
+            return f"{failed} (see {run_dir / 'logs'})"
         if path.is_file():
             events = await asyncio.to_thread(lambda: list(read_jsonl(path, types={"event"})))
             if any(r["name"] == "service.ready" for r in events):
@@ -259,18 +260,25 @@ async def _wait_rollout_ready(config: RunConfig, procs: dict[str, subprocess.Pop
 
 
 async def monitor(
-    config: RunConfig, procs: dict[str, subprocess.Popen[bytes]], credentials: Mapping[Role, Path] | None = None
+    config: RunConfig,
+    procs: dict[str, subprocess.Popen[bytes]],
+    respawn: Callable[[str], subprocess.Popen[bytes]],
+    credentials: Mapping[Role, Path] | None = None,
 ) -> dict[str, Any]:
-    """Show progress for the RL phase, then stop the services in order; returns the summary figures."""
+    """Show progress for the RL phase (restarting services that die, ``run.max_restarts`` times each),
+    then stop the services in order; returns the summary figures."""
     run_dir = config.run.run_dir
     assert run_dir is not None
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
     validator = None
     validation_buses: list[Bus] = []
+    supervisor = ServiceSupervisor(
+        procs, respawn, max_restarts=config.run.max_restarts, backoff_s=config.run.restart_backoff_s, notify=console.log
+    )
     try:
         state = await ensure_topology(bus)
         # vLLM servers take minutes to start: the RL window opens when the rollout service is ready.
-        failed = await _wait_rollout_ready(config, procs)
+        failed = await _wait_rollout_ready(config, supervisor)
         if config.validation.enabled and failed is None:
             from dart.cli.stack.validation import HeldOutValidator
 
@@ -298,9 +306,9 @@ async def monitor(
                 version = latest.version if latest else 0
                 now = time.time_ns()
                 live.update(_table(progress, (now - start_ns) / 1e9, produced, version, now))
-                dead = [name for name, p in procs.items() if p.poll() is not None]
-                if dead:
-                    failed = f"service(s) exited early: {', '.join(dead)} (see {run_dir / 'logs'})"
+                gave_up = supervisor.check()
+                if gave_up is not None:
+                    failed = f"{gave_up} (see {run_dir / 'logs'})"
                     break
         end_ns = time.time_ns()
         # Stop producing first, then let dart-data ingest everything that was published.
@@ -330,6 +338,7 @@ async def monitor(
             "rl_end_ns": end_ns,
             "failed": failed,
             "exit_codes": {"rollout": procs["rollout"].returncode, **codes},
+            "restarts": supervisor.report(),
             "engine_updates": progress.updates,
             "heldout": heldout,
         }
@@ -399,13 +408,18 @@ def run(config_path: Path) -> dict[str, Any]:
         config = finalize(config, policy, nats.url if nats else None)
         config_file = run_dir / "config.yaml"
         config_file.write_text(dump_config(config))
-        for service in SERVICES:
+
+        def respawn(name: str) -> subprocess.Popen[bytes]:
+            service = next(s for s in SERVICES if s == name)
             env = service_environment(service, credentials[service]) if credentials else None
-            procs[service] = spawn(service, config_file, run_dir, env)
+            return spawn(service, config_file, run_dir, env)
+
+        for service in SERVICES:
+            procs[service] = respawn(service)
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
         if credentials:  # the supervisor connects as the ``run`` role
             config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
-        figures = asyncio.run(monitor(config, procs, credentials))
+        figures = asyncio.run(monitor(config, procs, respawn, credentials))
         storage = store_usage(store_config(config), config.train.weights_prefix)
     finally:
         for proc in procs.values():
@@ -429,6 +443,7 @@ def run(config_path: Path) -> dict[str, Any]:
             "rl_end_unix_ns": figures["rl_end_ns"],
             **storage,
             "service_exit_codes": figures["exit_codes"],
+            "service_restarts": figures["restarts"],
             **heldout_summary(figures.get("heldout")),
             "error": figures["failed"],
             "total_seconds": round(time.monotonic() - started, 1),

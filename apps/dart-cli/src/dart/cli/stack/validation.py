@@ -9,8 +9,8 @@ more model in memory and CPU time shared with the services on a small machine.
 Validator lifecycle::
 
     start() -> env pool ``validation.pool`` serving, engine loaded with version 0
-      -> running: evaluate version 0; then whenever the newest published version is at least
-         ``every_versions`` past the last evaluated one, load it and evaluate it
+      -> running: evaluate version 0 (unless ``at_start`` is off); then whenever the newest published
+         version is at least ``every_versions`` past the last evaluated one, load it and evaluate it
          (versions published during an evaluation are skipped, never queued)
     finish(final_version) -> the running evaluation completes, the final version is evaluated
          unless it already was -> engine closed, env pool stopped
@@ -133,7 +133,7 @@ class HeldOutValidator:
         return [int(r["version"]) for r in self.results]
 
     async def start(self) -> None:
-        """Start the env pool and the engine, then the evaluation loop (version 0 first)."""
+        """Start the env pool and the engine, then the evaluation loop (version 0 first, if ``at_start``)."""
         from dart.cli import __version__
 
         run_dir = self._config.run.run_dir
@@ -185,11 +185,13 @@ class HeldOutValidator:
             self._telemetry = None
 
     async def _loop(self) -> None:
-        await self._evaluate(None)
+        if self._config.validation.at_start:
+            await self._evaluate(None)
         every = self._config.validation.every_versions
         while not self._stop.is_set():
             latest = await self._state.get(LATEST_MODEL_KEY, ModelVersion)
-            if latest is not None and latest.version >= self.evaluated[-1] + every:
+            last = self.evaluated[-1] if self.evaluated else 0
+            if latest is not None and latest.version >= last + every:
                 await self._evaluate(latest)
                 continue
             with contextlib.suppress(TimeoutError):

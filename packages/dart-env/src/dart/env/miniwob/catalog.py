@@ -5,6 +5,8 @@ Shipped suites live in ``dart/env/miniwob/suites/`` (included in the wheel):
 - ``smoke``: 8 tasks with scripted oracles (click-test, click-test-2, click-button, focus-text,
   click-link, click-dialog, enter-text, click-checkboxes), each pinned to one seed so every
   rollout of a task sees the same episode (GRPO compares rollouts of one task).
+- ``train`` and ``heldout``: the same 8 task types on disjoint seeds (train 1-3, held-out 100-101),
+  for training on one split and validating on episodes (labels, positions, texts) never trained on.
 
 Each task's ``instruction`` is a copy of what MiniWoB++ shows for that seed (the page is
 authoritative; the copy feeds tokenizer training and reports). They are generated files:
@@ -31,7 +33,21 @@ SMOKE_TASKS: tuple[tuple[str, int, int], ...] = (
 )
 """``(task name, seed, max_steps)`` of the ``smoke`` suite: the oracle's solution plus slack."""
 
-BUILTIN_SUITES: dict[str, tuple[tuple[str, int, int], ...]] = {"smoke": SMOKE_TASKS}
+TRAIN_SEEDS = (1, 2, 3)
+"""Seeds of the ``train`` split."""
+HELDOUT_SEEDS = (100, 101)
+"""Seeds of the ``heldout`` split (disjoint from ``TRAIN_SEEDS`` and from ``smoke``'s seed 0)."""
+
+
+def _on_seeds(seeds: tuple[int, ...]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((name, seed, max_steps) for seed in seeds for name, _, max_steps in SMOKE_TASKS)
+
+
+BUILTIN_SUITES: dict[str, tuple[tuple[str, int, int], ...]] = {
+    "smoke": SMOKE_TASKS,
+    "train": _on_seeds(TRAIN_SEEDS),
+    "heldout": _on_seeds(HELDOUT_SEEDS),
+}
 """Name -> tasks of each shipped suite."""
 
 

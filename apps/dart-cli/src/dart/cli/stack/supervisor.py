@@ -1,0 +1,131 @@
+"""Supervision of a run's service processes: a service that dies is restarted with backoff.
+
+Every service is written to survive its own restart: the trainer resumes from its newest
+checkpoint and gets the batches it had not acknowledged again (durable consumer), dart-data reloads
+task statistics and the pool from its index and ingests the trajectories it had not acknowledged
+(idempotent by trajectory id), the rollout service reloads the newest published version and its
+unacknowledged work items are redelivered, the env service registers fresh instances (the runners'
+leases on the old ones fail, and those trajectories end FAILED with the reason). So a death costs
+work in flight, never data already acknowledged.
+
+Per service::
+
+    running -> died (exit code recorded in ``restarts``)
+      -> waiting ``restart_backoff_s * 2**(deaths - 1)`` seconds (at most 60)
+      -> running again (same command, config and environment)
+      ...
+      -> given up at death number ``max_restarts + 1``: :meth:`ServiceSupervisor.check` returns why,
+         and the run fails as an unsupervised one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 60.0
+"""Longest wait before a restart, seconds."""
+
+
+@dataclass
+class Restart:
+    """One death of a service and what was done about it.
+
+    Attributes:
+        service: The service's name.
+        exit_code: Its exit code (negative: killed by that signal).
+        died_after_s: Seconds from supervision start to when the death was seen.
+        restarted_after_s: Seconds from supervision start to the respawn; None when given up (or not yet).
+    """
+
+    service: str
+    exit_code: int
+    died_after_s: float
+    restarted_after_s: float | None = None
+
+
+class ServiceSupervisor:
+    """Watches service processes and restarts the ones that die.
+
+    Example::
+
+        supervisor = ServiceSupervisor(procs, lambda name: spawn(name, ...), max_restarts=3, backoff_s=2.0)
+        while running:
+            if (why := supervisor.check()) is not None:
+                fail(why)
+            await asyncio.sleep(1.0)
+
+    ``procs`` is shared with the caller: a restart replaces the entry, so the caller always stops the
+    live process.
+    """
+
+    def __init__(
+        self,
+        procs: dict[str, subprocess.Popen[bytes]],
+        respawn: Callable[[str], subprocess.Popen[bytes]],
+        *,
+        max_restarts: int,
+        backoff_s: float,
+        notify: Callable[[str], None] = log.warning,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Supervise ``procs``.
+
+        Args:
+            procs: Service name -> its running process (updated in place on restart).
+            respawn: Starts a service again by name.
+            max_restarts: Restarts allowed per service; 0 gives up at the first death.
+            backoff_s: Wait before the first restart of a service, seconds; doubled per death.
+            notify: Told of every death and restart, in words (``dart run`` prints them).
+            clock: Monotonic seconds.
+        """
+        self._procs = procs
+        self._respawn = respawn
+        self._max = max_restarts
+        self._backoff = backoff_s
+        self._notify = notify
+        self._clock = clock
+        self._started = clock()
+        self._due: dict[str, float] = {}
+        self._given_up: set[str] = set()
+        self.restarts: list[Restart] = []
+
+    def deaths(self, service: str) -> int:
+        """How often ``service`` died so far."""
+        return sum(1 for r in self.restarts if r.service == service)
+
+    def check(self) -> str | None:
+        """Record deaths, restart the services whose backoff is over; why the run must fail, if it must."""
+        now = self._clock()
+        for name, proc in self._procs.items():
+            if name in self._due or name in self._given_up or proc.poll() is None:
+                continue
+            self.restarts.append(Restart(name, int(proc.returncode), round(now - self._started, 2)))
+            deaths = self.deaths(name)
+            if deaths > self._max:
+                self._given_up.add(name)
+                return (
+                    f"service {name} exited with code {proc.returncode} and was restarted "
+                    f"{self._max} time(s) already: giving up"
+                )
+            wait = min(MAX_BACKOFF_S, self._backoff * 2 ** (deaths - 1))
+            self._notify(f"service {name} exited with code {proc.returncode}; restarting it in {wait:.1f}s")
+            self._due[name] = now + wait
+        for name, due in list(self._due.items()):
+            if now >= due:
+                del self._due[name]
+                self._procs[name] = self._respawn(name)
+                last = next(r for r in reversed(self.restarts) if r.service == name)
+                last.restarted_after_s = round(self._clock() - self._started, 2)
+                self._notify(f"service {name} restarted (pid {self._procs[name].pid})")
+        return None
+
+    def report(self) -> list[dict[str, Any]]:
+        """The restarts as JSON-ready dicts (the summary's ``service_restarts``)."""
+        return [asdict(r) for r in self.restarts]

@@ -1,0 +1,299 @@
+"""The paper's cumulative ablation: each adaptive-curation feature added in turn, measured end to end.
+
+DART-GUI (arXiv 2509.23866) reports a cumulative table: baseline GRPO, then + dynamic rollout count,
++ dynamic trajectory length, + high-entropy step selection, + truncated importance sampling,
++ experience pool. This script runs that table on our pipeline (``python -m dart.cli run``: embedded
+nats-server, the four services as processes, decoupled mode), each row for the same RL wall time
+and on the same seeds, all rows from ONE warm-started version-0 policy:
+
+- ``grpo``: n = ``ROLLOUTS`` rollouts per task, the task's full step budget, every step trained,
+  no correction of the rollout/trainer policy mismatch (``train.loss.tis_cap: null``), no pool;
+- ``+dyn_rollouts``: ``data.curation.dynamic_rollouts`` (2-``ROLLOUTS`` rollouts by success rate);
+- ``+dyn_length``: ``data.curation.dynamic_max_steps`` (step budget from successful lengths);
+- ``+entropy``: ``train.entropy_top_fraction`` (train on the steps with the highest mean entropy);
+- ``+tis``: ``train.loss.tis_cap: 2.0`` (truncated importance sampling);
+- ``+pool``: ``data.curation.experience_pool`` (successes of hard tasks fill all-failure groups).
+
+Per row and seed: held-out greedy success of the final version (``validation``, on a split whose
+layout seeds never appear in warm start or RL; ``at_start: false`` because version 0 is the same
+policy for every run and is evaluated once, up front, with ``dart eval``), and the throughput
+figures of ``benchmarks/efficiency.py`` (trained samples and trajectories per minute in the RL
+window, versions published). Per row: mean and sample standard deviation over seeds, and each
+feature's effect (the row minus the row above).
+
+Suites: ``--suite sim`` (default) trains on ``builtin:train`` and validates on ``builtin:heldout``;
+``--suite miniwob`` trains on ``builtin:miniwob/train`` and validates on ``builtin:miniwob/heldout``
+(MiniWoB++ in headless Chromium, other seeds of the same task types).
+
+Usage::
+
+    uv run python benchmarks/ablation.py --quick                 # 6 rows x 3 seeds, 40 s of RL each
+    uv run python benchmarks/ablation.py --seeds 0,1,2,3,4 --rl-seconds 300
+    uv run python benchmarks/ablation.py --quick --suite miniwob
+
+It prints the table and, as the last line, one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from efficiency import figures, run_mode
+
+REPO = Path(__file__).resolve().parent.parent
+ROLLOUTS = 4
+"""Rollouts per group of the baseline (and the most a dynamic count gives)."""
+
+ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "grpo",
+        {
+            "data": {
+                "curation": {
+                    "dynamic_rollouts": False,
+                    "default_rollouts": ROLLOUTS,
+                    "dynamic_max_steps": False,
+                    "experience_pool": False,
+                }
+            },
+            "train": {"entropy_top_fraction": 1.0, "loss": {"tis_cap": None}},
+        },
+    ),
+    ("+dyn_rollouts", {"data": {"curation": {"dynamic_rollouts": True}}}),
+    ("+dyn_length", {"data": {"curation": {"dynamic_max_steps": True}}}),
+    ("+entropy", {"train": {"entropy_top_fraction": 0.5}}),
+    ("+tis", {"train": {"loss": {"tis_cap": 2.0}}}),
+    ("+pool", {"data": {"curation": {"experience_pool": True}}}),
+)
+"""The cumulative rows: each applies its overrides on top of the row above."""
+
+SUITES = {
+    "sim": {"suite": "builtin:train", "heldout": "builtin:heldout", "example": "quickstart.yaml"},
+    "miniwob": {
+        "suite": "builtin:miniwob/train",
+        "heldout": "builtin:miniwob/heldout",
+        "example": "miniwob.yaml",
+    },
+}
+"""Per ``--suite``: the training split, the held-out split and the example config the runs start from."""
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` applied recursively (mappings merge, everything else replaces)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def base_config(suite: str, rl_s: float, runs_root: Path, cache: Path) -> dict[str, Any]:
+    """The example config of ``suite`` set up for the ablation (RL time, splits, final-only validation)."""
+    spec = SUITES[suite]
+    cfg: dict[str, Any] = yaml.safe_load((REPO / "examples" / spec["example"]).read_text())
+    cfg.pop("extends", None)
+    cfg.pop("telemetry", None)  # no TensorBoard files: the figures come from the JSONL telemetry
+    return merged(
+        cfg,
+        {
+            "run": {"name": "abl", "runs_root": str(runs_root), "rl_duration_s": rl_s},
+            "suite": spec["suite"],
+            "validation": {
+                "enabled": True,
+                "suite": spec["heldout"],
+                "every_versions": 1_000_000,  # the final version only
+                "at_start": False,
+                "instances": 2,
+            },
+            "warm_start": {"cache_dir": str(cache)},
+            "data": {"curation": {"max_rollouts": ROLLOUTS, "min_rollouts": 2}},
+        },
+    )
+
+
+def row_configs(base: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each row's full config, cumulative."""
+    out, cfg = [], base
+    for name, over in ROWS:
+        cfg = merged(cfg, over)
+        out.append((name, cfg))
+    return out
+
+
+def warm_start(base: dict[str, Any], work: Path) -> Path:
+    """Warm-start version 0 once (a run with the shortest RL phase); returns the checkpoint."""
+    cfg = merged(base, {"run": {"name": "abl-warm", "rl_duration_s": 1}, "validation": {"enabled": False}})
+    summary = run_mode(cfg, work)
+    policy = Path(summary["run_dir"]) / "model" / "sft"
+    if not (policy / "config.json").is_file():
+        raise RuntimeError(f"the warm start left no checkpoint at {policy}: {summary.get('error')}")
+    return policy
+
+
+def evaluate_v0(base: dict[str, Any], policy: Path, work: Path) -> dict[str, Any]:
+    """Held-out greedy success of version 0, with ``dart eval`` on the same settings as validation."""
+    path = work / "abl-eval.yaml"
+    path.write_text(yaml.safe_dump(merged(base, {"run": {"name": "abl-eval"}}), sort_keys=False))
+    v = base["validation"]
+    cmd = [sys.executable, "-m", "dart.cli", "eval", str(policy), "--config", str(path), "--suite", v["suite"]]
+    cmd += ["--instances", str(v["instances"])]
+    print(f"[ablation] evaluating version 0 on {v['suite']}", file=sys.stderr, flush=True)
+    with open(work / "abl-eval.log", "wb") as err:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, env={**os.environ, "TERM": "dumb"})
+    lines = [ln for ln in proc.stdout.decode().splitlines() if ln.strip().startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"`dart eval` failed with exit code {proc.returncode}; see {work / 'abl-eval.log'}")
+    report: dict[str, Any] = json.loads(lines[-1])
+    return {k: report.get(k) for k in ("success", "ci95", "n")}
+
+
+def run_row(cfg: dict[str, Any], policy: Path, seed: int, work: Path, label: str) -> dict[str, Any]:
+    """One row on one seed: its held-out success and throughput figures."""
+    cfg = merged(
+        cfg,
+        {
+            "run": {"name": f"abl-{label}-s{seed}", "seed": seed},
+            "model": {"path": str(policy)},
+            "warm_start": {"enabled": False},
+        },
+    )
+    summary = run_mode(cfg, work)
+    fig = figures(summary, cfg)
+    final = (summary.get("heldout") or [{}])[-1]
+    return {
+        "seed": seed,
+        "heldout_success": summary.get("heldout_success_final"),
+        "heldout_ci95": final.get("ci95"),
+        "heldout_n": final.get("n"),
+        "heldout_version": final.get("version"),
+        "train_success_first_quarter": summary.get("success_rate_first_quarter"),
+        "train_success_last_quarter": summary.get("success_rate_last_quarter"),
+        "train_samples_per_minute": fig["train_samples_per_minute"],
+        "trajectories_per_minute": fig["trajectories_per_minute"],
+        "train_steps": fig["train_steps"],
+        "versions_published": fig["versions_published"],
+        "trajectories_lost": summary.get("trajectories_lost"),
+        "run_dir": fig["run_dir"],
+        "error": summary.get("error"),
+    }
+
+
+def spread(values: list[float | None]) -> dict[str, float | None]:
+    """Mean and sample standard deviation of the values that exist."""
+    xs = [float(v) for v in values if v is not None]
+    return {
+        "mean": round(statistics.fmean(xs), 4) if xs else None,
+        "sd": round(statistics.stdev(xs), 4) if len(xs) > 1 else None,
+        "n": len(xs),
+    }
+
+
+def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per row: held-out success and throughput over seeds, and the effect of the row's feature."""
+    out: list[dict[str, Any]] = []
+    previous: dict[str, Any] | None = None
+    for name, runs in rows.items():
+        entry: dict[str, Any] = {"row": name, "runs": runs}
+        for key in ("heldout_success", "train_samples_per_minute", "trajectories_per_minute", "versions_published"):
+            entry[key] = spread([r[key] for r in runs])
+        if previous is not None:
+            entry["effect"] = {
+                key: None
+                if entry[key]["mean"] is None or previous[key]["mean"] is None
+                else round(entry[key]["mean"] - previous[key]["mean"], 4)
+                for key in ("heldout_success", "train_samples_per_minute", "trajectories_per_minute")
+            }
+        out.append(entry)
+        previous = entry
+    return out
+
+
+def table(summary: list[dict[str, Any]], v0: dict[str, Any]) -> str:
+    """The ablation as a text table (mean ± sd over seeds; effect = this row minus the row above)."""
+
+    def cell(s: dict[str, float | None], pct: bool = False) -> str:
+        if s["mean"] is None:
+            return "-"
+        scale = 100.0 if pct else 1.0
+        sd = "" if s["sd"] is None else f" ± {s['sd'] * scale:.1f}"
+        return f"{s['mean'] * scale:.1f}{sd}"
+
+    v0_success = "-" if v0["success"] is None else f"{100 * v0['success']:.1f}"
+    lines = [
+        f"held-out success of version 0 (shared by every row): {v0_success} % (n={v0['n']})",
+        f"{'row':<15}{'held-out %':>16}{'effect':>9}{'samples/min':>17}{'effect':>9}{'traj/min':>15}{'versions':>13}",
+    ]
+    for e in summary:
+        eff = e.get("effect", {})
+        held = eff.get("heldout_success")
+        samples = eff.get("train_samples_per_minute")
+        lines.append(
+            f"{e['row']:<15}{cell(e['heldout_success'], True):>16}"
+            f"{'' if held is None else f'{100 * held:+.1f}':>9}"
+            f"{cell(e['train_samples_per_minute']):>17}{'' if samples is None else f'{samples:+.0f}':>9}"
+            f"{cell(e['trajectories_per_minute']):>15}{cell(e['versions_published']):>13}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="40 s of RL per run, seeds 0,1,2 (about 30 minutes)")
+    parser.add_argument("--suite", choices=tuple(SUITES), default="sim", help="sim (default) or miniwob")
+    parser.add_argument("--seeds", type=str, default=None, help="comma-separated run seeds (default 0,1,2)")
+    parser.add_argument("--rl-seconds", type=float, default=None, help="RL wall time per run (40 quick, else 240)")
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="a warm-started version-0 checkpoint to reuse (<run_dir>/model/sft); skips the warm start",
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "ablation", help="output folder")
+    args = parser.parse_args()
+    rl_s = args.rl_seconds or (40.0 if args.quick else 240.0)
+    seeds = [int(s) for s in (args.seeds or "0,1,2").split(",")]
+    out: Path = args.out.resolve() / args.suite
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    base = base_config(args.suite, rl_s, out / "runs", out.parent / "warm-start-cache")
+    policy = args.policy.resolve() if args.policy else warm_start(base, out)
+    v0 = evaluate_v0(base, policy, out)
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in ROWS}
+    for seed in seeds:  # seed-major: an interrupted benchmark still has every row on its first seeds
+        for name, cfg in row_configs(base):
+            label = name.lstrip("+").replace("_", "-")
+            rows[name].append(run_row(cfg, policy, seed, out, label))
+            print(f"[ablation] {name} seed {seed}: {rows[name][-1]['heldout_success']}", file=sys.stderr, flush=True)
+    summary = summarize(rows)
+    print(table(summary), flush=True)
+    print(
+        json.dumps(
+            {
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "platform": platform.platform(),
+                    "python": platform.python_version(),
+                },
+                "suite": args.suite,
+                "rl_seconds_per_run": rl_s,
+                "seeds": seeds,
+                "policy": str(policy),
+                "heldout_v0": v0,
+                "rows": summary,
+                "total_seconds": round(time.monotonic() - started, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

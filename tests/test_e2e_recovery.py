@@ -1,0 +1,128 @@
+"""Supervision end to end: services SIGKILLed in the middle of `dart run` are restarted and the run goes on.
+
+The trainer is killed once it has checkpointed (it must resume from the checkpoint and publish newer
+versions), then dart-data (it must reload its index and ingest what it had not acknowledged). The run
+must end normally with every produced trajectory stored once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dart.protocol.telemetry import read_jsonl
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+WAIT_S = 900.0
+"""Limit of one wait for a condition (catches a hung run; a loaded machine is slow, not stuck)."""
+
+
+def service_pid(parent: int, service: str) -> int | None:
+    """The pid of ``dart serve <service>`` started by process ``parent``, from /proc."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"serve" in argv and service.encode() in argv:
+            return int(entry.name)
+    return None
+
+
+def wait_for(run: subprocess.Popen[str], condition: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if run.poll() is not None:
+            raise AssertionError(f"dart run ended (code {run.returncode}) before {what}")
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"no {what} within {WAIT_S:g}s")
+
+
+def events(run_dir: Path, service: str, name: str) -> list[dict[str, Any]]:
+    path = run_dir / "telemetry" / f"{service}.jsonl"
+    if not path.is_file():
+        return []
+    return [r for r in read_jsonl(path, types={"event"}) if r["name"] == name]
+
+
+def kill_and_await_restart(run: subprocess.Popen[str], service: str) -> None:
+    old = wait_for(run, lambda: service_pid(run.pid, service), f"`dart serve {service}` process")
+    os.kill(old, signal.SIGKILL)
+    wait_for(run, lambda: (pid := service_pid(run.pid, service)) is not None and pid != old, f"restarted {service}")
+
+
+@pytest.fixture(scope="module")
+def killed_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path, dict[str, int]]:
+    seen: dict[str, int] = {}
+
+    def inject(run: subprocess.Popen[str], runs: Path) -> None:
+        run_dir = wait_for(run, lambda: next(runs.glob("*/config.yaml"), None), "run directory").parent
+        wait_for(run, lambda: list((run_dir / "checkpoints").glob("step-*")), "trainer checkpoint")
+        seen["steps_before_kill"] = len(events(run_dir, "train", "trainer.step"))
+        kill_and_await_restart(run, "train")
+        # The new trainer trains: a step event after the ones seen before the kill.
+        wait_for(
+            run, lambda: len(events(run_dir, "train", "trainer.step")) > seen["steps_before_kill"], "step after restart"
+        )
+        seen["published_before_data_kill"] = len(events(run_dir, "train", "trainer.published"))
+        kill_and_await_restart(run, "data")
+
+    summary, run_dir = dart_run(
+        ROOT / "examples" / "smoke.yaml",
+        env={
+            "DART_RUN__NAME": "recovery",
+            "DART_RUN__MIN_VERSIONS": "6",  # training goes on after both restarts
+            "DART_RUN__RESTART_BACKOFF_S": "1",
+            "DART_TRAIN__CHECKPOINT_EVERY": "1",
+            "DART_VALIDATION__ENABLED": "false",
+        },
+        during=inject,
+    )
+    return summary, run_dir, seen
+
+
+def test_killed_services_are_restarted_and_the_run_completes(
+    killed_run: tuple[dict[str, Any], Path, dict[str, int]],
+) -> None:
+    summary, run_dir, seen = killed_run
+    assert summary["error"] is None
+    restarts = summary["service_restarts"]
+    assert [(r["service"], r["exit_code"]) for r in restarts] == [("train", -9), ("data", -9)]
+    assert all(r["restarted_after_s"] >= r["died_after_s"] for r in restarts)
+    assert summary["service_exit_codes"] == {"rollout": 0, "data": 0, "train": 0, "env": 0}
+    assert seen["steps_before_kill"] >= 1
+    # The restarted trainer resumed from its checkpoint and went on publishing.
+    assert "resumed from" in (run_dir / "logs" / "train.log").read_text()
+    assert summary["versions_published"] >= 6
+
+
+def test_nothing_lost_and_nothing_stored_twice(killed_run: tuple[dict[str, Any], Path, dict[str, int]]) -> None:
+    summary, run_dir, _ = killed_run
+    assert summary["trajectories_produced"] > 0
+    assert summary["trajectories_lost"] == 0
+    assert summary["trajectories_produced"] == summary["trajectories_stored"]
+    con = sqlite3.connect(f"file:{run_dir / 'data.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows, distinct = con.execute("SELECT COUNT(*), COUNT(DISTINCT trajectory_id) FROM trajectories").fetchone()
+    finally:
+        con.close()
+    assert rows == distinct == summary["trajectories_stored"]
+    # No group went into a second batch after dart-data's restart (both processes' events are in data.jsonl).
+    batched = [gid for e in events(run_dir, "data", "data.batch") for gid in e["attributes"]["group_ids"]]
+    assert batched and len(batched) == len(set(batched))
