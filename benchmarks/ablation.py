@@ -203,14 +203,26 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     previous: dict[str, Any] | None = None
     for name, runs in rows.items():
         entry: dict[str, Any] = {"row": name, "runs": runs}
-        for key in ("heldout_success", "train_samples_per_minute", "trajectories_per_minute", "versions_published"):
+        for key in (
+            "heldout_success",
+            "train_success_first_quarter",
+            "train_success_last_quarter",
+            "train_samples_per_minute",
+            "trajectories_per_minute",
+            "versions_published",
+        ):
             entry[key] = spread([r[key] for r in runs])
         if previous is not None:
             entry["effect"] = {
                 key: None
                 if entry[key]["mean"] is None or previous[key]["mean"] is None
                 else round(entry[key]["mean"] - previous[key]["mean"], 4)
-                for key in ("heldout_success", "train_samples_per_minute", "trajectories_per_minute")
+                for key in (
+                    "heldout_success",
+                    "train_success_last_quarter",
+                    "train_samples_per_minute",
+                    "trajectories_per_minute",
+                )
             }
         out.append(entry)
         previous = entry
@@ -230,17 +242,23 @@ def table(summary: list[dict[str, Any]], v0: dict[str, Any]) -> str:
     v0_success = "-" if v0["success"] is None else f"{100 * v0['success']:.1f}"
     lines = [
         f"held-out success of version 0 (shared by every row): {v0_success} % (n={v0['n']})",
-        f"{'row':<15}{'held-out %':>16}{'effect':>9}{'samples/min':>17}{'effect':>9}{'traj/min':>15}{'versions':>13}",
+        "mean ± sd over seeds; effect: this row minus the row above; train %: success of training rollouts"
+        " in the first and last quarter",
+        f"{'row':<15}{'held-out %':>14}{'effect':>8}{'train % first':>15}{'train % last':>14}{'effect':>8}"
+        f"{'samples/min':>15}{'effect':>8}{'traj/min':>13}{'versions':>12}",
     ]
+
+    def effect(value: float | None, pct: bool) -> str:
+        return "" if value is None else (f"{100 * value:+.1f}" if pct else f"{value:+.0f}")
+
     for e in summary:
         eff = e.get("effect", {})
-        held = eff.get("heldout_success")
-        samples = eff.get("train_samples_per_minute")
         lines.append(
-            f"{e['row']:<15}{cell(e['heldout_success'], True):>16}"
-            f"{'' if held is None else f'{100 * held:+.1f}':>9}"
-            f"{cell(e['train_samples_per_minute']):>17}{'' if samples is None else f'{samples:+.0f}':>9}"
-            f"{cell(e['trajectories_per_minute']):>15}{cell(e['versions_published']):>13}"
+            f"{e['row']:<15}{cell(e['heldout_success'], True):>14}{effect(eff.get('heldout_success'), True):>8}"
+            f"{cell(e['train_success_first_quarter'], True):>15}{cell(e['train_success_last_quarter'], True):>14}"
+            f"{effect(eff.get('train_success_last_quarter'), True):>8}"
+            f"{cell(e['train_samples_per_minute']):>15}{effect(eff.get('train_samples_per_minute'), False):>8}"
+            f"{cell(e['trajectories_per_minute']):>13}{cell(e['versions_published']):>12}"
         )
     return "\n".join(lines)
 
@@ -258,7 +276,14 @@ def main() -> None:
         help="a warm-started version-0 checkpoint to reuse (<run_dir>/model/sft); skips the warm start",
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "ablation", help="output folder")
+    parser.add_argument(
+        "--render", type=Path, default=None, help="print the table of a finished run's JSON line (a file) and exit"
+    )
     args = parser.parse_args()
+    if args.render is not None:
+        done = json.loads(args.render.read_text().strip().splitlines()[-1])
+        print(table(summarize({row["row"]: row["runs"] for row in done["rows"]}), done["heldout_v0"]))
+        return
     rl_s = args.rl_seconds or (40.0 if args.quick else 240.0)
     seeds = [int(s) for s in (args.seeds or "0,1,2").split(",")]
     out: Path = args.out.resolve() / args.suite

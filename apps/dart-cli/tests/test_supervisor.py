@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from dart.cli.stack.supervisor import ServiceSupervisor
+from dart.embedded.nats import EmbeddedNats
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import TaskSpec, WorkItem
+from dart.protocol.topology import ensure_topology
 
-pytestmark = pytest.mark.unit
-
+WORK = WorkItem(
+    work_id="w-1",
+    task=TaskSpec(task_id="sim/click", backend="sim"),
+    group_id="g",
+    rollout_index=0,
+    group_size=1,
+    max_steps=3,
+    min_policy_version=0,
+    temperature=1.0,
+    created_at=1.0,
+)
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
@@ -33,6 +50,7 @@ def procs() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
         proc.wait()
 
 
+@pytest.mark.unit
 def test_a_killed_service_is_restarted_after_its_backoff(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     clock, notes = Clock(), []
     procs["data"] = subprocess.Popen(SLEEPER)
@@ -60,11 +78,12 @@ def test_a_killed_service_is_restarted_after_its_backoff(procs: dict[str, subpro
     assert sup.restarts[0].restarted_after_s == 12.0
     assert procs["data"].poll() is None and sup.deaths("data") == 0  # the others are left alone
     assert notes == [
-        "service train exited with code -9; restarting it in 2.0s",
-        f"service train restarted (pid {spawned[0].pid})",
+        "train exited with code -9; restarting it in 2.0s",
+        f"train restarted (pid {spawned[0].pid})",
     ]
 
 
+@pytest.mark.unit
 def test_the_backoff_doubles_and_the_supervisor_gives_up_past_max_restarts(
     procs: dict[str, subprocess.Popen[bytes]],
 ) -> None:
@@ -87,5 +106,42 @@ def test_the_backoff_doubles_and_the_supervisor_gives_up_past_max_restarts(
     clock.now = 3.0
     assert sup.check() is None and sup.restarts[1].restarted_after_s == 3.0
     procs["env"].wait()
-    assert sup.check() == "service env exited with code 3 and was restarted 2 time(s) already: giving up"
+    assert sup.check() == "env exited with code 3 and was restarted 2 time(s) already: giving up"
     assert [r.exit_code for r in sup.restarts] == [3, 3, 3] and sup.restarts[2].restarted_after_s is None
+
+
+@pytest.mark.integration
+async def test_a_killed_nats_server_comes_back_on_its_port_with_its_streams(tmp_path: Path) -> None:
+    nats = EmbeddedNats(store_dir=tmp_path / "nats").start()
+    try:
+        async with await Bus.connect(BusConfig(url=nats.url, run="sup")) as bus:
+            await ensure_topology(bus)
+            subject = bus.subjects.stream_subject("work")
+            await bus.js_publish(subject, WORK, msg_id=WORK.work_id)
+            old_pid = nats.pid
+            assert old_pid is not None
+            os.kill(old_pid, signal.SIGKILL)
+            clock = Clock()
+            sup = ServiceSupervisor(
+                {}, _no_service, max_restarts=1, backoff_s=1.0, servers={"nats-server": nats}, clock=clock
+            )
+            await asyncio.to_thread(_until_exited, nats)  # the kill is delivered asynchronously
+            assert sup.check() is None and sup.restarts[0].exit_code == -9
+            clock.now = 1.0
+            assert sup.check() is None
+            assert nats.pid not in (None, old_pid) and nats.poll() is None
+            # The client reconnects by itself; the stream kept the message published before the kill.
+            again = WORK.model_copy(update={"work_id": "w-2"})
+            await bus.js_publish(subject, again, msg_id=again.work_id)
+            assert (await bus.stream_state("work")).messages == 2
+    finally:
+        nats.stop()
+
+
+def _no_service(name: str) -> subprocess.Popen[bytes]:
+    raise AssertionError(f"no service to respawn, got {name}")
+
+
+def _until_exited(nats: EmbeddedNats) -> None:
+    while nats.poll() is None:
+        time.sleep(0.05)

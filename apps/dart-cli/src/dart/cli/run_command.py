@@ -7,11 +7,14 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dart.protocol.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dart.cli.stack.config import RunConfig
 
 
 def run_command(
@@ -37,7 +40,6 @@ def serve_command(
 ) -> None:
     """Run one service against the NATS server and artifact store named in the config, until SIGTERM."""
     from dart.cli.stack.config import load_run_config
-    from dart.cli.stack.services import serve
 
     if service not in ("env", "rollout", "data", "train"):
         typer.echo(f"error: unknown service {service!r}; choose env, rollout, data or train", err=True)
@@ -63,9 +65,24 @@ def serve_command(
             if os.environ["RANK"] != "0":
                 follow_trainer(cfg)
             else:
-                asyncio.run(serve(cfg, service))  # type: ignore[arg-type]
+                _serve_or_exit(cfg, service)
         return
-    asyncio.run(serve(cfg, service))  # type: ignore[arg-type]
+    _serve_or_exit(cfg, service)
+
+
+def _serve_or_exit(cfg: RunConfig, service: str) -> None:
+    """Serve; a fatal error is logged with its traceback and ends the process with exit code 1 and one
+    line on stderr naming the service and the error, so that an orchestrator (``dart run``'s supervisor,
+    docker, systemd) restarts it."""
+    from dart.cli.stack.services import serve
+
+    try:
+        asyncio.run(serve(cfg, service))  # type: ignore[arg-type]
+    except Exception as exc:
+        logging.getLogger("dart.cli").exception("dart serve %s failed", service)
+        message = " ".join(str(exc).split())  # one line, whatever the exception's text
+        typer.echo(f"error: dart serve {service} failed: {type(exc).__name__}: {message}", err=True)
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -171,6 +171,17 @@ class EmbeddedNats:
         except (urllib.error.URLError, OSError):
             return False
 
+    def poll(self) -> int | None:
+        """The server's exit code once it died; None while it runs (or before :meth:`start`)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def restart(self, timeout_s: float = 20.0) -> EmbeddedNats:
+        """Start the server again on the same port, users and JetStream store (after it died, or to
+        bounce it); clients reconnect on their own and streams keep their messages."""
+        if self._proc is not None:
+            self._proc.stop()  # a dead leader's group may keep children
+        return self.start(timeout_s)
+
     def stop(self) -> None:
         """Stop the server and remove its temporary store. Idempotent."""
         if self._proc is not None:

@@ -106,6 +106,10 @@ class ManagedProcess:
         """Whether the process was started and has not exited."""
         return self._proc is not None and self._proc.poll() is None
 
+    def poll(self) -> int | None:
+        """The exit code once the process ended; None while it runs (or before it was started)."""
+        return None if self._proc is None else self._proc.poll()
+
     def start(self, ready: Callable[[], bool], timeout_s: float = 30.0) -> None:
         """Start the process and wait until ``ready()`` is true.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tas
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
-from dart.cli.stack.supervisor import ServiceSupervisor
+from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import heldout_summary
 from dart.protocol.bus import Bus
 from dart.protocol.config import dump_config
@@ -39,6 +40,7 @@ from dart.protocol.store import StoreConfig
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
 
 console = Console(stderr=True)
+log = logging.getLogger(__name__)
 
 
 def resolve(config: RunConfig, config_path: Path) -> RunConfig:
@@ -248,7 +250,7 @@ async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor) 
     path = run_dir / "telemetry" / "rollout.jsonl"
     deadline = time.monotonic() + config.run.ready_timeout_s
     while time.monotonic() < deadline:
-        failed = supervisor.check()
+        failed = await asyncio.to_thread(supervisor.check)
         if failed is not None:
             return f"{failed} (see {run_dir / 'logs'})"
         if path.is_file():
@@ -264,16 +266,22 @@ async def monitor(
     procs: dict[str, subprocess.Popen[bytes]],
     respawn: Callable[[str], subprocess.Popen[bytes]],
     credentials: Mapping[Role, Path] | None = None,
+    servers: dict[str, Server] | None = None,
 ) -> dict[str, Any]:
-    """Show progress for the RL phase (restarting services that die, ``run.max_restarts`` times each),
-    then stop the services in order; returns the summary figures."""
+    """Show progress for the RL phase (restarting services and embedded ``servers`` that die,
+    ``run.max_restarts`` times each), then stop the services in order; returns the summary figures."""
     run_dir = config.run.run_dir
     assert run_dir is not None
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
     validator = None
     validation_buses: list[Bus] = []
     supervisor = ServiceSupervisor(
-        procs, respawn, max_restarts=config.run.max_restarts, backoff_s=config.run.restart_backoff_s, notify=console.log
+        procs,
+        respawn,
+        max_restarts=config.run.max_restarts,
+        backoff_s=config.run.restart_backoff_s,
+        servers=servers,
+        notify=console.log,
     )
     try:
         state = await ensure_topology(bus)
@@ -294,22 +302,26 @@ async def monitor(
         deadline = began + (config.run.rl_duration_s if failed is None else 0.0)
         limit = config.run.max_rl_duration_s or 4 * config.run.rl_duration_s
         hard_deadline = began + (limit if failed is None else 0.0)
-        version = 0
+        version = produced = 0
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while (now_s := time.monotonic()) < deadline or (
                 version < config.run.min_versions and now_s < hard_deadline
             ):
                 await asyncio.sleep(1.0)
-                progress.poll()
-                produced = (await bus.stream_state("traj")).messages
-                latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
-                version = latest.version if latest else 0
-                now = time.time_ns()
-                live.update(_table(progress, (now - start_ns) / 1e9, produced, version, now))
-                gave_up = supervisor.check()
+                # Off the loop: restarting the embedded nats-server waits for it to be healthy.
+                gave_up = await asyncio.to_thread(supervisor.check)
                 if gave_up is not None:
                     failed = f"{gave_up} (see {run_dir / 'logs'})"
                     break
+                progress.poll()
+                try:
+                    produced = (await bus.stream_state("traj")).messages
+                    latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+                    version = latest.version if latest else 0
+                except Exception as exc:  # the broker is down or restarting: show the last figures
+                    log.warning("progress from NATS unavailable: %s", exc)
+                now = time.time_ns()
+                live.update(_table(progress, (now - start_ns) / 1e9, produced, version, now))
         end_ns = time.time_ns()
         # Stop producing first, then let dart-data ingest everything that was published.
         # Off the loop: the held-out validator's env pool and runners live on it and must not freeze.
@@ -419,7 +431,8 @@ def run(config_path: Path) -> dict[str, Any]:
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
         if credentials:  # the supervisor connects as the ``run`` role
             config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
-        figures = asyncio.run(monitor(config, procs, respawn, credentials))
+        servers: dict[str, Server] = {"nats-server": nats} if nats is not None else {}
+        figures = asyncio.run(monitor(config, procs, respawn, credentials, servers))
         storage = store_usage(store_config(config), config.train.weights_prefix)
     finally:
         for proc in procs.values():

@@ -1,4 +1,4 @@
-"""Supervision of a run's service processes: a service that dies is restarted with backoff.
+"""Supervision of a run's processes: a service (or embedded server) that dies is restarted with backoff.
 
 Every service is written to survive its own restart: the trainer resumes from its newest
 checkpoint and gets the batches it had not acknowledged again (durable consumer), dart-data reloads
@@ -25,7 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,25 @@ MAX_BACKOFF_S = 60.0
 """Longest wait before a restart, seconds."""
 
 
+class Server(Protocol):
+    """An embedded server the supervisor can restart in place (e.g. :class:`dart.embedded.nats.EmbeddedNats`)."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def poll(self) -> int | None:
+        """The exit code once it died; None while it runs."""
+
+    def restart(self) -> object:
+        """Start it again, the same way."""
+
+
 @dataclass
 class Restart:
     """One death of a service and what was done about it.
 
     Attributes:
-        service: The service's name.
+        service: The service's (or server's) name.
         exit_code: Its exit code (negative: killed by that signal).
         died_after_s: Seconds from supervision start to when the death was seen.
         restarted_after_s: Seconds from supervision start to the respawn; None when given up (or not yet).
@@ -72,6 +85,7 @@ class ServiceSupervisor:
         *,
         max_restarts: int,
         backoff_s: float,
+        servers: dict[str, Server] | None = None,
         notify: Callable[[str], None] = log.warning,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -82,11 +96,13 @@ class ServiceSupervisor:
             respawn: Starts a service again by name.
             max_restarts: Restarts allowed per service; 0 gives up at the first death.
             backoff_s: Wait before the first restart of a service, seconds; doubled per death.
+            servers: Embedded servers to keep alive too, by name (restarted in place, same limits).
             notify: Told of every death and restart, in words (``dart run`` prints them).
             clock: Monotonic seconds.
         """
         self._procs = procs
         self._respawn = respawn
+        self._servers = servers or {}
         self._max = max_restarts
         self._backoff = backoff_s
         self._notify = notify
@@ -101,30 +117,38 @@ class ServiceSupervisor:
         return sum(1 for r in self.restarts if r.service == service)
 
     def check(self) -> str | None:
-        """Record deaths, restart the services whose backoff is over; why the run must fail, if it must."""
+        """Record deaths, restart the processes whose backoff is over; why the run must fail, if it must."""
         now = self._clock()
-        for name, proc in self._procs.items():
-            if name in self._due or name in self._given_up or proc.poll() is None:
+        for name in [*self._procs, *self._servers]:
+            if name in self._due or name in self._given_up:
                 continue
-            self.restarts.append(Restart(name, int(proc.returncode), round(now - self._started, 2)))
+            code = self._procs[name].poll() if name in self._procs else self._servers[name].poll()
+            if code is None:
+                continue
+            self.restarts.append(Restart(name, int(code), round(now - self._started, 2)))
             deaths = self.deaths(name)
             if deaths > self._max:
                 self._given_up.add(name)
-                return (
-                    f"service {name} exited with code {proc.returncode} and was restarted "
-                    f"{self._max} time(s) already: giving up"
-                )
+                return f"{name} exited with code {code} and was restarted {self._max} time(s) already: giving up"
             wait = min(MAX_BACKOFF_S, self._backoff * 2 ** (deaths - 1))
-            self._notify(f"service {name} exited with code {proc.returncode}; restarting it in {wait:.1f}s")
+            self._notify(f"{name} exited with code {code}; restarting it in {wait:.1f}s")
             self._due[name] = now + wait
         for name, due in list(self._due.items()):
             if now >= due:
                 del self._due[name]
-                self._procs[name] = self._respawn(name)
+                pid = self._start_again(name)
                 last = next(r for r in reversed(self.restarts) if r.service == name)
                 last.restarted_after_s = round(self._clock() - self._started, 2)
-                self._notify(f"service {name} restarted (pid {self._procs[name].pid})")
+                self._notify(f"{name} restarted (pid {pid})")
         return None
+
+    def _start_again(self, name: str) -> int | None:
+        if name in self._procs:
+            self._procs[name] = self._respawn(name)
+            return self._procs[name].pid
+        server = self._servers[name]
+        server.restart()
+        return server.pid
 
     def report(self) -> list[dict[str, Any]]:
         """The restarts as JSON-ready dicts (the summary's ``service_restarts``)."""
