@@ -221,3 +221,51 @@ def test_deeply_nested_json_is_a_typed_error() -> None:
     deep = "[" * 100_000 + "]" * 100_000
     with pytest.raises(MessageValidationError):
         m.decode(deep, m.ANY_MESSAGE)
+
+
+def _oversized(msg: m.Message, path: tuple[str | int, ...], length: int, fill: Any) -> str:
+    """``msg`` as JSON with the list at ``path`` made ``length`` long (copies of ``fill``)."""
+    doc = json.loads(m.encode(msg))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = [fill] * length
+    return json.dumps(doc)
+
+
+def _sample_of(messages: list[m.Message], kind: str) -> m.Message:
+    return next(x for x in messages if x.kind == kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "limit", "fill", "field"),
+    [
+        ("trajectory", ("steps",), m.MAX_STEPS, None, "steps"),
+        ("trajectory", ("steps", 0, "prompt_token_ids"), m.MAX_PROMPT_TOKENS, 1, "steps.0.prompt_token_ids"),
+        ("trajectory", ("steps", 0, "response_token_ids"), m.MAX_RESPONSE_TOKENS, 1, "steps.0.response_token_ids"),
+        ("training_batch", ("samples",), m.MAX_BATCH_SAMPLES, None, "samples"),
+        ("training_batch", ("group_ids",), m.MAX_BATCH_GROUPS, "g", "group_ids"),
+        ("training_batch", ("samples", 0, "prompt_token_ids"), m.MAX_PROMPT_TOKENS, 1, "samples.0.prompt_token_ids"),
+    ],
+)
+def test_oversized_lists_are_a_typed_error_naming_the_field(
+    kind: str, path: tuple[str | int, ...], limit: int, fill: Any, field: str
+) -> None:
+    msg = _sample_of(MESSAGES, kind)
+    doc = json.loads(m.encode(msg))
+    node: Any = doc
+    for key in path:
+        node = node[key]
+    item = fill if fill is not None else node[0]
+    with pytest.raises(MessageValidationError) as info:
+        m.decode(_oversized(msg, path, limit + 1, item), type(msg))
+    assert any(e["loc"] == field and e["type"] == "too_long" for e in info.value.errors), info.value.errors
+
+
+def test_token_ids_must_be_vocabulary_indices() -> None:
+    msg = _sample_of(MESSAGES, "trajectory")
+    doc = json.loads(m.encode(msg))
+    doc["steps"][0]["prompt_token_ids"] = [5, -1]
+    with pytest.raises(MessageValidationError) as info:
+        m.decode(json.dumps(doc), m.Trajectory)
+    assert [e["loc"] for e in info.value.errors] == ["steps.0.prompt_token_ids.1"]

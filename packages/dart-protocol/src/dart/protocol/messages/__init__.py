@@ -22,7 +22,18 @@ from dart.protocol.messages.actions import (
     Type,
     Wait,
 )
-from dart.protocol.messages.base import SCHEMA_VERSION, ErrorCode, ErrorReply, Message, Value
+from dart.protocol.messages.base import (
+    MAX_BATCH_GROUPS,
+    MAX_BATCH_SAMPLES,
+    MAX_PROMPT_TOKENS,
+    MAX_RESPONSE_TOKENS,
+    MAX_STEPS,
+    SCHEMA_VERSION,
+    ErrorCode,
+    ErrorReply,
+    Message,
+    Value,
+)
 from dart.protocol.messages.codec import decode, encode
 from dart.protocol.messages.env import (
     EvaluateReply,
@@ -76,6 +87,11 @@ ANY_MESSAGE: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
 """Decoder for any top-level message: ``decode(data, ANY_MESSAGE)``."""
 
 __all__ = [
+    "MAX_BATCH_GROUPS",
+    "MAX_BATCH_SAMPLES",
+    "MAX_PROMPT_TOKENS",
+    "MAX_RESPONSE_TOKENS",
+    "MAX_STEPS",
     "ACTION_ADAPTER",
     "ANY_MESSAGE",
     "SCHEMA_VERSION",

@@ -26,6 +26,20 @@ NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 PolicyVersion = Annotated[int, Field(ge=0)]
 """Monotonic model version number; 0 is the initial (warm-start or base) policy."""
 
+MAX_PROMPT_TOKENS: Final = 262_144
+"""Most token ids in one prompt (a long-context VLM's window with many screenshots)."""
+MAX_RESPONSE_TOKENS: Final = 65_536
+"""Most token ids in one response."""
+MAX_STEPS: Final = 1_000
+"""Most steps in one trajectory (the largest step budget a task may have)."""
+MAX_BATCH_SAMPLES: Final = 65_536
+"""Most step samples in one training batch."""
+MAX_BATCH_GROUPS: Final = 4_096
+"""Most groups in one training batch."""
+
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+"""A token id: non-negative, within a vocabulary any tokenizer has."""
+
 
 class Message(BaseModel):
     """Base of every wire message.

@@ -6,7 +6,19 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
+from dart.protocol.messages.base import (
+    MAX_BATCH_GROUPS,
+    MAX_BATCH_SAMPLES,
+    MAX_PROMPT_TOKENS,
+    MAX_RESPONSE_TOKENS,
+    FiniteFloat,
+    Message,
+    NonEmptyStr,
+    NonNegFloat,
+    PolicyVersion,
+    TokenId,
+    Value,
+)
 from dart.protocol.messages.observation import ImageRef, Sha256Hex
 from dart.protocol.messages.trajectory import SamplingParams
 
@@ -27,14 +39,14 @@ class TrainingSample(Value):
     reward: FiniteFloat
     policy_version: PolicyVersion
     """Version that generated the step (behaviour policy)."""
-    prompt_token_ids: list[int] = Field(min_length=1)
-    response_token_ids: list[int] = Field(min_length=1)
-    rollout_logprobs: list[FiniteFloat]
+    prompt_token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_PROMPT_TOKENS)
+    response_token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_RESPONSE_TOKENS)
+    rollout_logprobs: list[FiniteFloat] = Field(max_length=MAX_RESPONSE_TOKENS)
     """Behaviour-policy log-probs of the response tokens, aligned with ``response_token_ids``, under the
     distribution ``sampling`` describes."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     """How the response was sampled (the trainer recomputes log-probs of the same distribution)."""
-    images: list[ImageRef] = Field(default_factory=list)
+    images: list[ImageRef] = Field(default_factory=list, max_length=64)
     """Screenshots in the prompt, oldest first."""
     from_experience_pool: bool = False
     """Whether the trajectory came from the experience pool rather than the current round."""
@@ -55,8 +67,8 @@ class TrainingBatch(Message):
 
     kind: Literal["training_batch"] = "training_batch"
     batch_id: NonEmptyStr
-    samples: list[TrainingSample] = Field(min_length=1)
-    group_ids: list[NonEmptyStr] = Field(min_length=1)
+    samples: list[TrainingSample] = Field(min_length=1, max_length=MAX_BATCH_SAMPLES)
+    group_ids: list[NonEmptyStr] = Field(min_length=1, max_length=MAX_BATCH_GROUPS)
     min_policy_version: PolicyVersion
     max_policy_version: PolicyVersion
     created_at: NonNegFloat

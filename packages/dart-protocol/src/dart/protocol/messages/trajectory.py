@@ -13,7 +13,18 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dart.protocol.messages.actions import Action
-from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
+from dart.protocol.messages.base import (
+    MAX_PROMPT_TOKENS,
+    MAX_RESPONSE_TOKENS,
+    MAX_STEPS,
+    FiniteFloat,
+    Message,
+    NonEmptyStr,
+    NonNegFloat,
+    PolicyVersion,
+    TokenId,
+    Value,
+)
 from dart.protocol.messages.observation import Image, Observation
 from dart.protocol.messages.tasks import TaskSpec
 
@@ -61,7 +72,7 @@ class SamplingParams(Value):
     """Sampling temperature; 0 is greedy (then the recorded log-probs are those at temperature 1)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus mass; 1 keeps the whole distribution."""
-    excluded_token_ids: list[int] = Field(default_factory=list, max_length=1024)
+    excluded_token_ids: list[TokenId] = Field(default_factory=list, max_length=1024)
     """Token ids that could never be sampled (vision placeholders, a new turn), masked before sampling."""
 
 
@@ -81,7 +92,7 @@ class StepRecord(Value):
     """Version of the weights that generated this step."""
     observation: Observation
     """The observation the policy acted on (its screenshot is the newest image of the prompt)."""
-    prompt_token_ids: list[int] = Field(default_factory=list)
+    prompt_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_PROMPT_TOKENS)
     prompt_images: list[Image] = Field(default_factory=list, max_length=64)
     """The images the policy consumed, in prompt order (one per image placeholder of
     ``prompt_token_ids``). Each is a PNG whose RGB decode is exactly the pixel array the processor was
@@ -89,11 +100,11 @@ class StepRecord(Value):
     model inputs needs no rule or setting of the rollout. Small ones travel inline; dart-data stores
     every inline image at ingestion and keeps a reference (sha256-named), so a stored trajectory
     holds references only. Empty when the prompt had no images."""
-    response_token_ids: list[int] = Field(default_factory=list)
-    response_logprobs: list[FiniteFloat] = Field(default_factory=list)
+    response_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_RESPONSE_TOKENS)
+    response_logprobs: list[FiniteFloat] = Field(default_factory=list, max_length=MAX_RESPONSE_TOKENS)
     """Behaviour log-probability of each response token: under the distribution it was sampled from,
     as ``sampling`` describes it (natural log)."""
-    response_entropy: list[NonNegFloat] = Field(default_factory=list)
+    response_entropy: list[NonNegFloat] = Field(default_factory=list, max_length=MAX_RESPONSE_TOKENS)
     """Entropy of the raw (temperature 1) next-token distribution at each response token, nats; empty
     when the engine does not report it (vLLM gives top-k log-probs only; the trainer computes exact
     entropies from full logits)."""
@@ -130,7 +141,7 @@ class Trajectory(Message):
     group_id: NonEmptyStr
     rollout_index: int = Field(ge=0)
     group_size: int = Field(ge=1)
-    steps: list[StepRecord] = Field(default_factory=list)
+    steps: list[StepRecord] = Field(default_factory=list, max_length=MAX_STEPS)
     status: TrajectoryStatus
     reward: FiniteFloat = 0.0
     success: bool = False
