@@ -21,7 +21,9 @@ figures of ``benchmarks/efficiency.py`` (trained samples and trajectories per mi
 window, versions published). Per row: mean and sample standard deviation over seeds, and each
 feature's effect (the row minus the row above).
 
-Suites: ``--suite sim`` (default) trains on ``builtin:train`` and validates on ``builtin:heldout``;
+Suites: ``--suite sim`` (default) trains on ``builtin:smoke`` (8 tasks, the smoke run's settings) and
+validates on ``builtin:heldout``; ``--suite sim-train`` trains on the quickstart's ``builtin:train`` (64
+tasks; its warm-started policy succeeds on about 2 % of them, too rarely for short runs to form a batch);
 ``--suite miniwob`` trains on ``builtin:miniwob/train`` and validates on ``builtin:miniwob/heldout``
 (MiniWoB++ in headless Chromium, other seeds of the same task types).
 
@@ -78,7 +80,8 @@ ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
 """The cumulative rows: each applies its overrides on top of the row above."""
 
 SUITES = {
-    "sim": {"suite": "builtin:train", "heldout": "builtin:heldout", "example": "quickstart.yaml"},
+    "sim": {"suite": "builtin:smoke", "heldout": "builtin:heldout", "example": "smoke.yaml"},
+    "sim-train": {"suite": "builtin:train", "heldout": "builtin:heldout", "example": "quickstart.yaml"},
     "miniwob": {
         "suite": "builtin:miniwob/train",
         "heldout": "builtin:miniwob/heldout",
@@ -105,7 +108,7 @@ def base_config(suite: str, rl_s: float, runs_root: Path, cache: Path) -> dict[s
     return merged(
         cfg,
         {
-            "run": {"name": "abl", "runs_root": str(runs_root), "rl_duration_s": rl_s},
+            "run": {"name": "abl", "runs_root": str(runs_root), "rl_duration_s": rl_s, "min_versions": 0},
             "suite": spec["suite"],
             "validation": {
                 "enabled": True,
@@ -166,7 +169,11 @@ def run_row(cfg: dict[str, Any], policy: Path, seed: int, work: Path, label: str
             "warm_start": {"enabled": False},
         },
     )
-    summary = run_mode(cfg, work)
+    return row_result(run_mode(cfg, work), cfg, seed)
+
+
+def row_result(summary: dict[str, Any], cfg: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The figures of one finished run (its ``dart run`` summary and the config it ran)."""
     fig = figures(summary, cfg)
     final = (summary.get("heldout") or [{}])[-1]
     return {
@@ -277,6 +284,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "ablation", help="output folder")
     parser.add_argument(
+        "--resume", action="store_true", help="keep the finished runs of <out>/results.jsonl and run the rest"
+    )
+    parser.add_argument(
         "--render", type=Path, default=None, help="print the table of a finished run's JSON line (a file) and exit"
     )
     args = parser.parse_args()
@@ -293,13 +303,26 @@ def main() -> None:
     policy = args.policy.resolve() if args.policy else warm_start(base, out)
     v0 = evaluate_v0(base, policy, out)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in ROWS}
+    done = out / "results.jsonl"  # one line per finished run: --resume skips those
+    if args.resume and done.is_file():
+        for line in done.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["seed"] in seeds and entry["row"] in rows:
+                rows[entry["row"]].append(entry["result"])
+    else:
+        done.unlink(missing_ok=True)
     for seed in seeds:  # seed-major: an interrupted benchmark still has every row on its first seeds
         for name, cfg in row_configs(base):
+            if any(r["seed"] == seed for r in rows[name]):
+                continue
             label = name.lstrip("+").replace("_", "-")
-            rows[name].append(run_row(cfg, policy, seed, out, label))
-            print(f"[ablation] {name} seed {seed}: {rows[name][-1]['heldout_success']}", file=sys.stderr, flush=True)
+            result = run_row(cfg, policy, seed, out, label)
+            rows[name].append(result)
+            with done.open("a") as f:
+                f.write(json.dumps({"row": name, "seed": seed, "result": result}) + "\n")
+            print(f"[ablation] {name} seed {seed}: {result['heldout_success']}", file=sys.stderr, flush=True)
     summary = summarize(rows)
-    print(table(summary), flush=True)
+    print(table(summary, v0), flush=True)
     print(
         json.dumps(
             {
