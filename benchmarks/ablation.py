@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from efficiency import figures, run_mode
+from efficiency import figures, machine, run_mode
 
 REPO = Path(__file__).resolve().parent.parent
 ROLLOUTS = 4
@@ -326,11 +325,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                },
+                "machine": machine(),
                 "suite": args.suite,
                 "rl_seconds_per_run": rl_s,
                 "seeds": seeds,

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import signal
 import sqlite3
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from efficiency import machine
 
 from dart.protocol.telemetry import read_jsonl
 
@@ -318,7 +318,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "machine": machine(),
                 "seed": args.seed,
                 "rl_seconds": rl_s,
                 "s3": not args.no_s3,

@@ -82,6 +82,11 @@ ROLLOUTS = 4
 """Rollouts per group, n (fixed: dynamic rollout counts are off so both modes see the same n)."""
 
 
+def machine() -> dict[str, Any]:
+    """What a benchmark's JSON line says about the machine it ran on."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
 def write_suite(path: Path) -> Path:
     """``builtin:smoke`` with OSWorld's step budget, as a suite file."""
     from dart.env.sim.catalog import load_builtin_suite, suite_yaml
@@ -466,11 +471,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                },
+                "machine": machine(),
                 "latency": LATENCY,
                 "max_steps": MAX_STEPS,
                 "engine": args.engine,
