@@ -1,6 +1,7 @@
 """Real env processes killed mid-trajectory: the runner ends the trajectory ``env_failed``, the
-lease is released, the instance is replaced (by a warm spare) and the next trajectory runs. Also:
-a shipped OSWorld-format local-desktop task solved over NATS.
+lease is released, the instance is replaced (by a warm spare) and the next trajectory runs. A whole
+env service killed mid-step ends the step at once, not at the request timeout. Also: a shipped
+OSWorld-format local-desktop task solved over NATS.
 
 Everything is real: nats-server, the env service hosting real backends (MiniWoB++ in Chromium, the
 ``osworld`` backend on a local X desktop), the rollout's trajectory runner; the engine is the
@@ -13,22 +14,29 @@ import asyncio
 import os
 import shutil
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats
 import pytest
+import yaml
+from nats.aio.msg import Msg
 
 from dart.env.miniwob import MiniWoBEnv, miniwob_task
 from dart.env.osworld.env import OSWorldEnv
 from dart.env.osworld.providers import LocalDesktopProvider
 from dart.env.osworld.suites import load_local_suite, local_solutions
 from dart.env.service import EnvService, EnvServiceConfig, SlotState
+from dart.env.sim.catalog import sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import TaskSpec, TrajectoryStatus, WorkItem
+from dart.protocol.messages import TaskSpec, TrajectoryStatus, Wait, WorkItem
 from dart.rollout.action_grammar import format_action
+from dart.rollout.errors import EnvFailed
 from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.env_client import EnvClient
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.scripted import ScriptedEngine
@@ -117,6 +125,74 @@ async def test_a_browser_killed_mid_trajectory_ends_it_env_failed_and_a_spare_ta
         await wait_for(lambda: service.spare_stats().ready == 1, 60.0)  # the spare pool refilled
     finally:
         await service.stop()
+
+
+async def test_an_env_service_killed_mid_step_ends_the_step_env_failed_long_before_its_timeout(
+    bus: Bus, nats_url: str, tmp_path: Path
+) -> None:
+    """``dart serve env`` SIGKILLed while a step is in flight (its sim step lasts an hour): the runner's
+    heartbeat finds nobody serving the instance and the step ends ``env_failed`` (``no_responders``),
+    although its request timeout is an hour too."""
+    pool = f"p{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "env.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"name": "crash", "run_dir": str(tmp_path / "run")},
+                "bus": {"url": nats_url},
+                "env": {
+                    "pool": pool,
+                    "instances": 1,
+                    "heartbeat_interval_s": 1.0,
+                    "sim": {
+                        "latency": {
+                            "step": {"kind": "constant", "seconds": 3600.0},
+                            "reset": {"kind": "constant", "seconds": 0.0},
+                        }
+                    },
+                },
+                "telemetry": {"jsonl_path": str(tmp_path / "telemetry.jsonl")},
+            }
+        )
+    )
+    log = (tmp_path / "env.log").open("w")
+    service = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dart.cli", "serve", "env", "--config", str(config), stdout=log, stderr=log
+    )
+    watcher = await nats.connect(nats_url)
+    client = EnvClient(bus, "runner-gone", RunnerConfig(pool=pool, env_request_timeout_s=3600.0, lease_timeout_s=240.0))
+    try:
+        leasing = asyncio.create_task(client.lease())  # retries until the service serves its pool
+        while not leasing.done():
+            assert service.returncode is None, (tmp_path / "env.log").read_text()[-3000:]
+            await asyncio.sleep(0.1)
+        lease = leasing.result()
+        await client.reset(sim_task("click-button", "easy", seed=1))
+        sent: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def seen(msg: Msg) -> None:
+            await sent.put(msg.data)
+
+        await watcher.subscribe(bus.subjects.env_instance(lease.instance_id, "step"), cb=seen)
+        await watcher.flush()
+        stepping = asyncio.create_task(client.step(Wait(seconds=0.0)))
+        await asyncio.wait_for(sent.get(), 60.0)  # the step request is at the broker, then at the service
+        service.kill()
+        await service.wait()
+
+        with pytest.raises(EnvFailed) as failed:
+            await asyncio.wait_for(stepping, 120.0)
+        assert failed.value.code == "no_responders" and failed.value.instance_id == lease.instance_id
+        assert "its env service is gone" in failed.value.detail
+        with pytest.raises(EnvFailed):  # the lease stays lost for every later call
+            await client.evaluate()
+    finally:
+        await client.release()
+        await watcher.close()
+        if service.returncode is None:
+            service.kill()
+            await service.wait()
+        log.close()
 
 
 needs_desktop = pytest.mark.skipif(

@@ -40,13 +40,16 @@ async def test_tracked_events_and_busy_time_are_scraped(tmp_path: Path) -> None:
         tracker = train.busy_tracker("trainer", "trainer-0")
         async with tracker.busy("train_step"):
             await asyncio.sleep(0.05)
-        text = _scrape(train)
+        # The scrape is blocking I/O, answered by a thread of this process: off the event loop.
+        text = await asyncio.to_thread(_scrape, train)
         assert _value(text, "dart_trainer_step_loss", service_name="dart-train", dart_run_id="r1") == 0.25
         assert _value(text, "dart_trainer_step_duration_s_seconds", service_name="dart-train") == 1.5
         assert _value(text, "dart_resource_busy_time_seconds_total", resource_kind="trainer") > 0.0
         assert "trajectory_done" not in text
         assert "dart_data_stats_stored" not in text, "one service's endpoint shows another's series"
-        assert _value(_scrape(data), "dart_data_stats_stored", service_name="dart-data") == 12.0
+        assert (
+            _value(await asyncio.to_thread(_scrape, data), "dart_data_stats_stored", service_name="dart-data") == 12.0
+        )
         assert train.prometheus_address != data.prometheus_address
     finally:
         train.shutdown()

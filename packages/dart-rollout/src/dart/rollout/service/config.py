@@ -58,6 +58,11 @@ class RunnerConfig(ConfigModel):
     env_request_timeout_s: float = Field(default=150.0, gt=0.0)
     """Reply deadline of reset/step/evaluate, seconds: above the env service's own op timeout, so
     a slow backend is reported by the service (``env_failed``) rather than guessed here."""
+    env_gone_after_s: float = Field(default=3.0, ge=0.0)
+    """How long heartbeats must find nobody serving a leased instance before the lease counts as lost
+    (its env service died) and the call in flight ends ``env_failed``, seconds."""
+    env_gone_probe_s: float = Field(default=0.5, gt=0.0)
+    """Heartbeat pause while the instance is unserved, seconds (instead of the lease's interval)."""
     engine_wait_s: float = Field(default=600.0, gt=0.0)
     """How long a step waits for any serving engine before the trajectory fails, seconds."""
     min_version_wait_s: float = Field(default=5.0, ge=0.0)

@@ -9,6 +9,11 @@ Lease lifecycle (client side)::
 ``lease()`` retries while the pool answers ``unavailable`` (retryable) with exponential backoff up
 to ``lease_timeout_s``. Step indices restart at 0 after every reset, as the service requires.
 ``release()`` never raises, so it is safe in ``finally``.
+
+The heartbeat also watches the instance while a call is in flight: when the service says the lease is
+over, or nobody has served the instance for ``env_gone_after_s`` (its env service died; a restarted one
+does not know the lease), the call in flight ends at once with :class:`EnvFailed` instead of waiting
+out ``env_request_timeout_s``.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class EnvClient:
         self._lease: LeaseReply | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._lost: EnvFailed | None = None
+        self._lost_event = asyncio.Event()
         self._next_step = 0
 
     @property
@@ -121,6 +127,7 @@ class EnvClient:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._config.lease_backoff_max_s)
         self._lease, self._lost, self._next_step = reply, None, 0
+        self._lost_event = asyncio.Event()
         self._heartbeat = asyncio.create_task(self._heartbeat_forever(reply), name=f"heartbeat-{reply.lease_id}")
         return reply
 
@@ -192,35 +199,78 @@ class EnvClient:
             raise RuntimeError("no lease held; call lease() first")
         return self._lease
 
+    def _mark_lost(self, lost: EnvFailed) -> None:
+        """Remember why the lease is over, and end the call in flight (if any) with it."""
+        self._lost = lost
+        self._lost_event.set()
+
     async def _call(self, op: EnvOp, request: Message, reply_type: type[R]) -> R:
         lease = self._require()
         subject = self._bus.subjects.env_instance(lease.instance_id, op)
+        call = asyncio.ensure_future(
+            self._bus.request(subject, request, reply_type, timeout=self._config.env_request_timeout_s)
+        )
+        lost = asyncio.ensure_future(self._lost_event.wait())
         try:
-            return await self._bus.request(subject, request, reply_type, timeout=self._config.env_request_timeout_s)
+            await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+        if call.cancelled():
+            # The heartbeat found the lease over (or the instance unserved) while the call was in flight.
+            assert self._lost is not None
+            raise self._lost
+        try:
+            return call.result()
         except RemoteError as exc:
             if exc.code in LOST_LEASE_CODES:
-                self._lost = EnvFailed(lease.instance_id, exc.code, exc.message)
-                raise self._lost from exc
+                failure = EnvFailed(lease.instance_id, exc.code, exc.message)
+                self._mark_lost(failure)
+                raise failure from exc
             raise
         except RequestTimeoutError as exc:
-            self._lost = EnvFailed(lease.instance_id, "timeout", str(exc))
-            raise self._lost from exc
+            failure = EnvFailed(lease.instance_id, "timeout", str(exc))
+            self._mark_lost(failure)
+            raise failure from exc
         except NoRespondersError as exc:
-            self._lost = EnvFailed(lease.instance_id, "no_responders", str(exc))
-            raise self._lost from exc
+            failure = EnvFailed(lease.instance_id, "no_responders", str(exc))
+            self._mark_lost(failure)
+            raise failure from exc
 
     async def _heartbeat_forever(self, lease: LeaseReply) -> None:
         subject = self._bus.subjects.env_instance(lease.instance_id, "heartbeat")
+        unserved_since: float | None = None  # first heartbeat that found nobody serving the instance
         while True:
-            await asyncio.sleep(lease.heartbeat_interval_s)
+            pause = lease.heartbeat_interval_s
+            if unserved_since is not None:
+                pause = min(pause, self._config.env_gone_probe_s)
+            await asyncio.sleep(pause)
             try:
                 await self._bus.request(subject, HeartbeatRequest(lease_id=lease.lease_id), HeartbeatReply)
+                unserved_since = None
             except RemoteError as exc:
                 if exc.code in LOST_LEASE_CODES:
-                    # Remember why, so the next call fails fast instead of waiting on a dead lease.
-                    self._lost = EnvFailed(lease.instance_id, exc.code, exc.message)
+                    self._mark_lost(EnvFailed(lease.instance_id, exc.code, exc.message))
                     return
                 log.warning("heartbeat on %s refused: %s", lease.instance_id, exc)
-            except (RequestTimeoutError, NoRespondersError) as exc:
-                # Transient: the next heartbeat (or call) decides; the ttl has room for a few misses.
+            except NoRespondersError:
+                # Nobody subscribes to the instance: its env service is gone (leases live in its memory,
+                # so a restarted one will not know this lease either). A short grace covers a service
+                # that is re-subscribing after a broker restart; then the lease is over.
+                now = time.monotonic()
+                unserved_since = now if unserved_since is None else unserved_since
+                if now - unserved_since >= self._config.env_gone_after_s:
+                    self._mark_lost(
+                        EnvFailed(
+                            lease.instance_id,
+                            "no_responders",
+                            f"nobody has served {lease.instance_id} for {now - unserved_since:.1f}s: "
+                            "its env service is gone",
+                        )
+                    )
+                    return
+            except Exception as exc:  # a timeout or a broker outage: the next heartbeat (or call) decides
                 log.warning("heartbeat on %s got no reply: %s", lease.instance_id, exc)
