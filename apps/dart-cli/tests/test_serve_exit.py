@@ -37,3 +37,13 @@ def test_a_fatal_error_exits_1_with_one_clear_line(nats_url: str, tmp_path: Path
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: dart serve data failed: OperationalError:"), last
     assert "Traceback" in proc.stderr  # the log keeps the traceback for whoever debugs it
+
+
+@pytest.mark.unit
+def test_the_packages_know_every_section_of_a_run_config() -> None:
+    """A service package's command accepts a whole run config and refuses other top-level keys: its list
+    of the run config's sections is this one."""
+    from dart.cli.stack.config import RunConfig
+    from dart.protocol.serving import RUN_CONFIG_SECTIONS
+
+    assert set(RunConfig.model_fields) == RUN_CONFIG_SECTIONS

@@ -9,12 +9,12 @@ from dart.data.batches import BatchAssembler, group_samples
 from dart.data.blobs import TrajectoryBlobs
 from dart.data.config import BatchingConfig, CurationConfig, EmissionConfig
 from dart.data.curation import ExperiencePool, is_hard, max_steps_for, rollout_count
-from dart.data.errors import SuiteError
 from dart.data.groups import GroupAssembler, GroupPolicy, ReadyGroup
 from dart.data.stats import TaskStats
 from dart.data.tasks import load_task_suite
 from dart.data.work import OutstandingWork, WorkPlanner
 from dart.protocol import messages as m
+from dart.protocol.errors import SuiteError
 from dart.protocol.store import LocalStore
 from dart.protocol.testing import SHA, TASK
 
@@ -200,6 +200,6 @@ def test_load_task_suite_applies_defaults(tmp_path: Path) -> None:
     )
     a, b = load_task_suite(path)
     assert (a.backend, a.max_steps, a.tags, b.max_steps) == ("sim", 5, ("x",), 2)
-    path.write_text("tasks:\n- {task_id: a}\n")
-    with pytest.raises(SuiteError, match="tasks\\[0\\]"):
+    path.write_text("name: s\ntasks:\n- {task_id: a}\n")
+    with pytest.raises(SuiteError, match="tasks\\.0"):
         load_task_suite(path)

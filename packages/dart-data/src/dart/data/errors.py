@@ -24,17 +24,3 @@ class SchemaVersionError(DataError):
             f"database schema version {found} is newer than the supported {supported}: upgrade dart-data "
             "or point database_url at another database"
         )
-
-
-class SuiteError(DataError):
-    """A task suite file could not be read.
-
-    Attributes:
-        path: The suite file.
-        detail: What is wrong with it.
-    """
-
-    def __init__(self, path: str, detail: str) -> None:
-        self.path = path
-        self.detail = detail
-        super().__init__(f"invalid task suite {path}: {detail}")

@@ -1,46 +1,44 @@
-"""A convenience loader of task suite files (the orchestrator usually passes TaskSpecs itself).
+"""The data manager's tasks: a run config's ``suite`` resolved to TaskSpecs.
 
-A suite is YAML: ``name``, optional defaults ``backend`` and ``max_steps``, and ``tasks``, a list
-of :class:`~dart.protocol.messages.TaskSpec` mappings.
+Suite files (:mod:`dart.protocol.suite`) load with this package alone; the suites shipped with the env
+backends (``builtin:...``) and OSWorld task directories (``osworld:<dir>``) need dart-env installed beside
+it (``dart run`` has it; a standalone data host names a suite file, or installs dart-env).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
-from dart.data.errors import SuiteError
+from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
+from dart.protocol.suite import load_suite
 
 
 def load_task_suite(path: str | Path) -> list[TaskSpec]:
-    """Read a suite file's tasks, applying its defaults.
+    """A suite file's tasks, its defaults applied.
 
     Raises:
-        SuiteError: The file is missing, not YAML, or a task does not validate.
+        SuiteError: The file is missing, not YAML/JSON, or a task does not validate.
     """
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise SuiteError(str(path), str(exc)) from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), list):
-        raise SuiteError(str(path), "expected a mapping with a 'tasks' list")
-    defaults = {k: doc[k] for k in ("backend", "max_steps") if k in doc}
-    tasks = []
-    for i, raw in enumerate(doc["tasks"]):
-        if not isinstance(raw, dict):
-            raise SuiteError(str(path), f"tasks[{i}] is not a mapping")
-        spec: dict[str, Any] = {**defaults, **raw}
-        if "tags" in spec and isinstance(spec["tags"], list):
-            spec["tags"] = tuple(spec["tags"])
+    return list(load_suite(path).tasks)
+
+
+def resolve_tasks(spec: str) -> list[TaskSpec]:
+    """The tasks a run config's ``suite`` names (see :func:`dart.env.suite.resolve_suite`).
+
+    Raises:
+        ConfigError: A shipped suite or OSWorld directory without dart-env installed, or one that does not exist.
+        SuiteError: The suite file is missing or invalid.
+    """
+    if spec.startswith(("builtin:", "osworld:")):
         try:
-            tasks.append(TaskSpec.model_validate(spec))
-        except ValidationError as exc:
-            raise SuiteError(str(path), f"tasks[{i}]: {exc}") from exc
-    ids = [t.task_id for t in tasks]
-    if len(set(ids)) != len(ids):
-        raise SuiteError(str(path), "duplicate task_id")
-    return tasks
+            from dart.env.suite import resolve_suite
+        except ImportError:
+            raise ConfigError(
+                "run config",
+                "suite",
+                f"{spec!r} ships with dart-env, which is not installed here: install it beside dart-data, "
+                "or name a suite file",
+            ) from None
+        return list(resolve_suite(spec).tasks)
+    return load_task_suite(spec)

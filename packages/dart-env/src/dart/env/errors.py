@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from dart.protocol.errors import DartError
+from dart.protocol.errors import DartError, SuiteError
+
+__all__ = ["EnvError", "EpisodeStateError", "InstanceIdTakenError", "LayoutError", "SuiteError", "TaskParamsError"]
 
 
 class EnvError(DartError):
     """Base class of env service errors."""
-
-
-class SuiteError(EnvError):
-    """A task suite file is missing or invalid.
-
-    Attributes:
-        path: The suite file.
-    """
-
-    def __init__(self, path: str, detail: str) -> None:
-        self.path = path
-        super().__init__(f"task suite {path}: {detail}")
 
 
 class TaskParamsError(EnvError):

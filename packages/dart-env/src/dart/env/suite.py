@@ -1,96 +1,19 @@
-"""Task suites: files (YAML or JSON) listing the tasks an env backend can run.
-
-Format::
-
-    name: sim-basic
-    backend: sim            # default backend for tasks that do not name one
-    max_steps: 8            # default step budget
-    tasks:
-      - task_id: sim/click-button/0
-        instruction: Click the OK button
-        params: {family: click-button, difficulty: easy, seed: 0}
+"""Task suites of the env backends: the suite file format (:mod:`dart.protocol.suite`), the suites shipped
+with the backends, and resolving a run config's ``suite`` string to its tasks.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dart.env.errors import SuiteError
-from dart.protocol.messages import TaskSpec
+from dart.protocol.errors import ConfigError
+from dart.protocol.suite import TaskSuite, dump_suite, load_suite
 
-
-class TaskSuite(BaseModel):
-    """A named, validated list of tasks with unique ids."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1)
-    tasks: tuple[TaskSpec, ...] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _unique_ids(self) -> TaskSuite:
-        seen: set[str] = set()
-        for task in self.tasks:
-            if task.task_id in seen:
-                raise ValueError(f"duplicate task_id {task.task_id!r}")
-            seen.add(task.task_id)
-        return self
-
-    def by_id(self, task_id: str) -> TaskSpec:
-        """The task with this id.
-
-        Raises:
-            KeyError: No such task in the suite.
-        """
-        for task in self.tasks:
-            if task.task_id == task_id:
-                return task
-        raise KeyError(f"task {task_id!r} is not in suite {self.name!r}")
-
-
-def load_suite(path: str | Path) -> TaskSuite:
-    """Load and validate a suite file.
-
-    Raises:
-        SuiteError: The file is missing, unreadable, or invalid; the message names the file and
-            the offending task/field.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SuiteError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    try:
-        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise SuiteError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise SuiteError(str(path), "top level must be a mapping with 'name' and 'tasks'")
-    defaults = {k: doc.pop(k) for k in ("backend", "max_steps") if k in doc}
-    tasks_raw = doc.get("tasks")
-    if isinstance(tasks_raw, list):
-        doc["tasks"] = [{**defaults, **t} if isinstance(t, dict) else t for t in tasks_raw]
-    try:
-        # Through JSON so the strict wire types (tuples, enums) accept what YAML produces.
-        return TaskSuite.model_validate_json(json.dumps(doc))
-    except (TypeError, ValueError) as exc:
-        if not isinstance(exc, ValidationError):
-            raise SuiteError(str(path), f"values are not JSON-compatible: {exc}") from None
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise SuiteError(str(path), f"{loc}: {err['msg']} ({exc.error_count()} error(s))") from None
-
-
-def dump_suite(suite: TaskSuite) -> dict[str, Any]:
-    """The suite as plain data (for writing YAML/JSON)."""
-    return {"name": suite.name, "tasks": [t.model_dump(mode="json") for t in suite.tasks]}
+__all__ = ["TaskSuite", "dump_suite", "load_suite", "resolve_suite", "shipped_suite_path", "suite_yaml"]
 
 
 def suite_yaml(suite: TaskSuite, backend: str, generator: str) -> str:
@@ -123,3 +46,42 @@ def shipped_suite_path(package: str, backend: str, names: Iterable[str], name: s
     if name not in known:
         raise KeyError(f"no built-in {backend} suite {name!r}; choose one of {known}")
     return Path(str(files(package).joinpath("suites", f"{name}.yaml")))
+
+
+def resolve_suite(spec: str) -> TaskSuite:
+    """The suite a run config's ``suite`` names.
+
+    Args:
+        spec: ``builtin:<name>`` for a shipped sim suite, ``builtin:miniwob/<name>`` for a shipped
+            MiniWoB++ suite, ``builtin:osworld/local`` for the shipped OSWorld-format local-desktop tasks,
+            ``osworld:<dir>`` for the tasks of an OSWorld task directory that this host's local desktop
+            runs, or a suite file path.
+
+    Raises:
+        ConfigError: No such shipped suite, or an OSWorld directory that cannot be read (field ``suite``).
+        SuiteError: The suite file is missing or invalid.
+    """
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        try:
+            if name.startswith("miniwob/"):
+                from dart.env.miniwob.catalog import load_builtin_suite as load_miniwob_suite
+
+                return load_miniwob_suite(name.removeprefix("miniwob/"))
+            if name == "osworld/local":
+                from dart.env.osworld.suites import load_local_suite
+
+                return TaskSuite(name="osworld-local", tasks=tuple(load_local_suite()))
+            from dart.env.sim import load_builtin_suite as load_sim_suite
+
+            return load_sim_suite(name)
+        except KeyError as exc:
+            raise ConfigError("run config", "suite", str(exc.args[0])) from None
+    if spec.startswith("osworld:"):
+        from dart.env.osworld import OSWorldTaskError, load_osworld_suite
+
+        try:
+            return load_osworld_suite(spec.removeprefix("osworld:"), runnable_only=True)
+        except OSWorldTaskError as exc:
+            raise ConfigError("run config", "suite", str(exc)) from None
+    return load_suite(spec)

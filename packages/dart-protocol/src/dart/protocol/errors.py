@@ -45,6 +45,20 @@ class ConfigError(DartError):
         super().__init__(f"invalid config in {source}{where}: {detail}")
 
 
+class SuiteError(DartError):
+    """A task suite file is missing or invalid.
+
+    Attributes:
+        path: The suite file.
+        detail: What is wrong with it (naming the task and field).
+    """
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(f"task suite {path}: {detail}")
+
+
 class SubjectError(DartError, ValueError):
     """A subject prefix or token is not a valid NATS subject fragment."""
 

@@ -181,41 +181,15 @@ def store_config(config: RunConfig) -> StoreConfig:
 
 
 def load_tasks(config: RunConfig) -> list[TaskSpec]:
-    """The suite's tasks.
+    """The suite's tasks (see :func:`dart.env.suite.resolve_suite` for the forms of ``suite``).
 
     Raises:
         ConfigError: A ``builtin:`` suite that does not exist, or tasks for another backend than
             ``env.backend`` (the env service could not run them).
     """
-    from dart.env.miniwob.catalog import load_builtin_suite as load_miniwob_suite
-    from dart.env.sim import load_builtin_suite as load_sim_suite
-    from dart.env.suite import load_suite
+    from dart.env.suite import resolve_suite
 
-    if config.suite.startswith("builtin:"):
-        name = config.suite.removeprefix("builtin:")
-        try:
-            if name.startswith("miniwob/"):
-                suite = load_miniwob_suite(name.removeprefix("miniwob/"))
-            elif name == "osworld/local":
-                from dart.env.osworld.suites import load_local_suite
-                from dart.env.suite import TaskSuite
-
-                suite = TaskSuite(name="osworld-local", tasks=tuple(load_local_suite()))
-            else:
-                suite = load_sim_suite(name)
-        except KeyError as exc:
-            raise ConfigError("run config", "suite", str(exc.args[0])) from None
-    elif config.suite.startswith("osworld:"):
-        # A directory of OSWorld task files (``<domain>/<id>.json``), keeping those this host's
-        # local desktop can run.
-        from dart.env.osworld import OSWorldTaskError, load_osworld_suite
-
-        try:
-            suite = load_osworld_suite(config.suite.removeprefix("osworld:"), runnable_only=True)
-        except OSWorldTaskError as exc:
-            raise ConfigError("run config", "suite", str(exc)) from None
-    else:
-        suite = load_suite(config.suite)
+    suite = resolve_suite(config.suite)
     wrong = sorted({t.backend for t in suite.tasks} - {config.env.backend})
     if wrong:
         raise ConfigError(

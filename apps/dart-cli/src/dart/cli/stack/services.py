@@ -1,163 +1,69 @@
-"""Start and stop one DART service from a run config: the code behind ``dart serve``.
+"""One service of a run, as its package serves it: the code behind ``dart serve``.
 
-Lifecycle of a served service: ``telemetry set up -> bus connected -> service started -> running``
-until SIGINT/SIGTERM ``-> service stopped gracefully -> bus drained -> telemetry flushed``.
+``dart serve <service> --config FILE`` validates the whole run config, then hands the file to the
+service package's own command (``dart-env serve``, ``dart-data serve``, ``dart-rollout serve``,
+``dart-train serve``; see :mod:`dart.protocol.serving`), so a service behaves the same under ``dart run``,
+``dart serve`` and its package's command on a host that has only that package.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from dart.cli.stack.config import RunConfig, ServiceName, load_tasks, store_config
-from dart.protocol.bus import Bus
-from dart.protocol.store import open_store
-from dart.protocol.telemetry import Telemetry, TelemetryConfig, setup_telemetry
-
-log = logging.getLogger(__name__)
+from dart.cli.stack.config import RunConfig, ServiceName
+from dart.protocol.serving import ServeConfig, ServeRunSection
+from dart.protocol.serving import serve as serve_service
 
 
-def service_telemetry(config: RunConfig, service: ServiceName) -> Telemetry:
-    """Telemetry of one service, writing ``<run_dir>/telemetry/<service>.jsonl``."""
-    from dart.cli import __version__
-
-    tel_config: TelemetryConfig = config.telemetry
-    if config.run.run_dir is not None and tel_config.jsonl_path is None:
-        tel_config = tel_config.model_copy(update={"jsonl_path": config.run.run_dir / "telemetry" / f"{service}.jsonl"})
-    if config.run.run_dir is not None and tel_config.run_dir is None:
-        tel_config = tel_config.model_copy(update={"run_dir": config.run.run_dir})  # trackers write under it
-    return setup_telemetry(f"dart-{service}", version=__version__, run_id=config.run.name, config=tel_config)
-
-
-STATUS_DIR_ENV = "DART_TRAIN_RANK_STATUS_DIR"
-
-
-def launch_trainer_ranks(config_file: Path, nproc: int) -> int:
-    """Run ``dart serve train`` as ``nproc`` torchrun ranks until they end; returns the exit code.
-
-    SIGTERM/SIGINT are passed on to torchrun, which passes SIGTERM to the ranks: rank 0 stops
-    gracefully and tells the others to stop. torchrun itself exits non-zero whenever it was signalled,
-    so the code returned is the ranks' own: each records it in a status directory (missing = failed).
-    """
-    status = Path(tempfile.mkdtemp(prefix="dart-train-ranks-"))
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    argv += ["-m", "dart.cli", "serve", "train", "--config", str(config_file)]
-    proc = subprocess.Popen(argv, env={**os.environ, STATUS_DIR_ENV: str(status)})
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: proc.send_signal(signal.SIGTERM))
-    code = proc.wait()
-    ranks = [status / f"rank-{r}" for r in range(nproc)]
-    codes = [int(p.read_text()) if p.is_file() else 1 for p in ranks]
-    shutil.rmtree(status, ignore_errors=True)
-    return 0 if all(c == 0 for c in codes) else (code or 1)
+def service_command(service: ServiceName) -> Callable[[Sequence[str] | None], int]:
+    """The ``dart-<service>`` command of the service's package (it exits with what this returns)."""
+    if service == "env":
+        from dart.env.serve import command
+    elif service == "data":
+        from dart.data.serve import command
+    elif service == "rollout":
+        from dart.rollout.serve import command
+    elif service == "train":
+        from dart.train.serve import command
+    else:  # pragma: no cover - typer and ServiceName restrict the choice
+        raise ValueError(f"unknown service {service!r}")
+    return command
 
 
-@contextlib.contextmanager
-def rank_status() -> Iterator[None]:
-    """Record this rank's outcome (0, or 1 on an exception) for :func:`launch_trainer_ranks`."""
-    code = 1
-    try:
-        yield
-        code = 0
-    finally:
-        directory = os.environ.get(STATUS_DIR_ENV)
-        if directory:
-            (Path(directory) / f"rank-{os.environ.get('RANK', '0')}").write_text(str(code))
+def served(config: RunConfig, service: ServiceName) -> tuple[ServeConfig, Any]:
+    """What the service's package reads of a run config, and the body that serves it."""
+    shared: dict[str, Any] = {
+        "run": ServeRunSection(
+            name=config.run.name, run_dir=config.run.run_dir, torch_threads=config.run.torch_threads
+        ),
+        "bus": config.bus,
+        "store": config.store,
+        "telemetry": config.telemetry,
+    }
+    if service == "env":
+        from dart.env.serve import EnvServeConfig, run_env
 
+        return EnvServeConfig(**shared, env=config.env), run_env
+    if service == "data":
+        from dart.data.serve import DataServeConfig, run_data
 
-def follow_trainer(config: RunConfig) -> None:
-    """A non-main rank of a multi-process trainer (started by torchrun): load the backend, follow rank 0."""
-    from dart.train.batching import StoreImageSource
-    from dart.train.distributed import follow
-    from dart.train.interface import load_backend
-    from dart.train.update import SampleReader
+        return DataServeConfig(**shared, data=config.data, suite=config.suite), run_data
+    if service == "rollout":
+        from dart.rollout.serve import RolloutServeConfig, run_rollout
 
-    # Only rank 0 stops on SIGTERM (it finishes its batch, then sends ``stop``); a follower leaving
-    # first would break the collective rank 0 is in.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if config.run.torch_threads:
-        import torch
+        return RolloutServeConfig(**shared, rollout=config.rollout), run_rollout
+    if service == "train":
+        from dart.train.serve import TrainServeConfig, run_train
 
-        torch.set_num_threads(config.run.torch_threads)
-    scfg = store_config(config)
-    backend = load_backend(config.train, image_source=StoreImageSource(scfg))
-    follow(backend, config.train, SampleReader(config.train, StoreImageSource(scfg)))
+        return TrainServeConfig(**shared, train=config.train), run_train
+    raise ValueError(f"unknown service {service!r}")  # pragma: no cover
 
 
 async def serve(config: RunConfig, service: ServiceName, stop: asyncio.Event | None = None) -> None:
-    """Run one service until ``stop`` is set or the process gets SIGINT/SIGTERM."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    if config.run.torch_threads:
-        with contextlib.suppress(ImportError):
-            import torch
+    """Run one service of ``config`` in this process until ``stop`` is set or SIGINT/SIGTERM arrives."""
+    from dart.cli import __version__
 
-            torch.set_num_threads(config.run.torch_threads)
-    telemetry = service_telemetry(config, service)
-    bus_config = config.bus.model_copy(update={"run": config.run.name, "name": f"dart-{service}"})
-    try:
-        with telemetry.activate():
-            telemetry.event("service.start", service=service)
-            bus = await Bus.connect(bus_config, tracer_provider=telemetry.tracer_provider)
-            try:
-                await _run_service(config, service, bus, telemetry, stop)
-            finally:
-                await bus.drain()
-            telemetry.event("service.stop", service=service)
-    finally:
-        telemetry.shutdown()
-
-
-async def _run_service(
-    config: RunConfig, service: ServiceName, bus: Bus, telemetry: Telemetry, stop: asyncio.Event
-) -> None:
-    handle: Any
-    if service == "env":
-        from dart.env.service import EnvService
-
-        handle = EnvService(config.env, bus, telemetry=telemetry, store=open_store(store_config(config)))
-        await handle.start()
-        await stop.wait()
-        await handle.stop()
-    elif service == "data":
-        from dart.data import DataService
-
-        store = open_store(store_config(config))
-        handle = DataService(config.data, bus, store, load_tasks(config), telemetry)
-        await handle.start()
-        await stop.wait()
-        await handle.stop()
-    elif service == "train":
-        from dart.train.service import TrainerService
-
-        scfg = store_config(config)
-        handle = await TrainerService.start(config.train, bus, open_store(scfg), store_config=scfg, telemetry=telemetry)
-        runner = asyncio.create_task(handle.run())
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        await handle.stop()
-        stopper.cancel()
-        await runner  # surfaces a training crash instead of hiding it
-    elif service == "rollout":
-        from dart.rollout.service import RolloutService
-
-        handle = RolloutService(config.rollout, bus, telemetry=telemetry, store_config=store_config(config))
-        await handle.start()
-        telemetry.event("service.ready", service=service)  # engines are up: `dart run` starts its RL clock
-        await stop.wait()
-        await handle.stop()
-    else:  # pragma: no cover - typer restricts the choice
-        raise ValueError(f"unknown service {service!r}")
+    serve_config, body = served(config, service)
+    await serve_service(service, serve_config, body, version=__version__, stop=stop)

@@ -1,0 +1,54 @@
+"""``dart-data serve --config FILE``: the data manager alone (this package's dependencies only).
+
+Reads the run config's shared sections, ``data`` and ``suite`` (see :mod:`dart.protocol.serving` and
+:func:`dart.data.tasks.resolve_tasks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from dart.data import __version__
+from dart.data.config import DataConfig
+from dart.data.service import DataService
+from dart.data.tasks import resolve_tasks
+from dart.protocol.bus import Bus
+from dart.protocol.serving import ServeConfig, service_main
+from dart.protocol.store import open_store
+from dart.protocol.telemetry import Telemetry
+
+
+class DataServeConfig(ServeConfig):
+    """What the data manager reads of a run config."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    suite: str = "builtin:smoke"
+    """The tasks to curate: a suite file, or (with dart-env installed) ``builtin:...`` / ``osworld:<dir>``."""
+
+
+async def run_data(config: DataServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
+    """Serve the data manager until ``stop`` is set."""
+    service = DataService(config.data, bus, open_store(config.store_config()), resolve_tasks(config.suite), telemetry)
+    await service.start()
+    try:
+        telemetry.event("service.ready", service="data")
+        await stop.wait()
+    finally:
+        await service.stop()
+
+
+def command(argv: Sequence[str] | None = None) -> int:
+    """``dart-data serve --config FILE`` with ``argv`` (default: the process's); returns the exit code."""
+    return service_main("data", DataServeConfig, run_data, version=__version__, argv=argv)
+
+
+def main() -> None:
+    sys.exit(command())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Serve one DART service from a config file: what every package's ``dart-<service> serve`` shares.
+
+Each service package (dart-env, dart-data, dart-rollout, dart-train) has a command that serves it with
+only that package's dependencies::
+
+    dart-env serve --config run.yaml        # likewise dart-data, dart-rollout, dart-train
+
+The file is a run config (the one ``dart run`` writes into its run directory, or one written by hand for a
+deployment): each service reads the shared sections (``run``: name, run directory, torch threads; ``bus``;
+``store``; ``telemetry``) and its own (``env``, ``data`` with ``suite``, ``rollout``, ``train``), and
+ignores the sections of the others, so one file can serve every host. Keys outside the run config's
+sections are refused, naming the key. Environment overrides (``DART_<SECTION>__<FIELD>``) apply.
+
+Lifecycle of a served service::
+
+    config loaded -> telemetry set up -> bus connected -> body starts the service (event ``service.ready``)
+        -> serves until SIGINT/SIGTERM (or its own end) -> bus drained -> telemetry flushed -> exit 0
+
+A config error ends the process with exit code 2, a fatal error with exit code 1; either way the last
+stderr line is ``error: ...`` naming the service and the error (the log keeps the traceback), so an
+orchestrator (``dart run``'s supervisor, docker, systemd) restarts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ConfigDict, Field, model_validator
+
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.config import ConfigModel, load_config
+from dart.protocol.errors import ConfigError
+from dart.protocol.store import StoreConfig
+from dart.protocol.telemetry import Telemetry, TelemetryConfig, setup_telemetry
+
+log = logging.getLogger(__name__)
+
+RUN_CONFIG_SECTIONS = frozenset(
+    {
+        "run",
+        "bus",
+        "store",
+        "telemetry",
+        "model",
+        "warm_start",
+        "suite",
+        "env",
+        "rollout",
+        "data",
+        "train",
+        "validation",
+    }
+)
+"""Top-level keys of a run config (``dart.cli.stack.config.RunConfig``'s fields; a test keeps them equal)."""
+
+
+class ServeRunSection(ConfigModel):
+    """What a served service reads of the ``run`` section; its other keys belong to ``dart run``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(default="run", pattern=r"^[A-Za-z0-9_-]+$")
+    """Run name; also the NATS run token (streams are scoped to it)."""
+    run_dir: Path | None = None
+    """Run directory: telemetry goes to ``<run_dir>/telemetry/<service>.jsonl``, artifacts to
+    ``<run_dir>/artifacts`` when ``store`` is not set."""
+    torch_threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads of torch in this process (engines, trainer); None: torch's default."""
+
+
+class ServeConfig(ConfigModel):
+    """The sections every served service reads; a service's config adds its own section."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    run: ServeRunSection = Field(default_factory=ServeRunSection)
+    bus: BusConfig = Field(default_factory=BusConfig)
+    store: StoreConfig | None = None
+    """Artifact store; None uses ``file://<run_dir>/artifacts``."""
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_run_config_sections(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in RUN_CONFIG_SECTIONS)
+            if unknown:
+                raise ValueError(f"unknown section(s) {unknown}: a run config has {sorted(RUN_CONFIG_SECTIONS)}")
+        return data
+
+    def store_config(self) -> StoreConfig:
+        """The artifact store (the run directory's local store by default).
+
+        Raises:
+            ConfigError: Neither ``store`` nor ``run.run_dir`` is set.
+        """
+        if self.store is not None:
+            return self.store
+        if self.run.run_dir is None:
+            raise ConfigError("serve config", "store", "set store (or run.run_dir for a local store under it)")
+        return StoreConfig(uri=(self.run.run_dir.resolve() / "artifacts").as_uri())
+
+    def telemetry_for(self, service: str, version: str) -> Telemetry:
+        """Telemetry of ``dart-<service>``, writing ``<run_dir>/telemetry/<service>.jsonl`` when the run
+        directory is set (trackers write under it too)."""
+        config = self.telemetry
+        if self.run.run_dir is not None and config.jsonl_path is None:
+            config = config.model_copy(update={"jsonl_path": self.run.run_dir / "telemetry" / f"{service}.jsonl"})
+        if self.run.run_dir is not None and config.run_dir is None:
+            config = config.model_copy(update={"run_dir": self.run.run_dir})
+        return setup_telemetry(f"dart-{service}", version=version, run_id=self.run.name, config=config)
+
+
+C = TypeVar("C", bound=ServeConfig)
+
+ServiceBody = Callable[[C, Bus, Telemetry, asyncio.Event], Awaitable[None]]
+"""Runs a service until ``stop`` is set (or it ends by itself), then stops it gracefully."""
+
+
+async def serve(
+    service: str, config: C, body: ServiceBody[C], *, version: str, stop: asyncio.Event | None = None
+) -> None:
+    """Run ``body`` with telemetry and a connected bus until ``stop`` is set or SIGINT/SIGTERM arrives."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if config.run.torch_threads:
+        with contextlib.suppress(ImportError):
+            import torch
+
+            torch.set_num_threads(config.run.torch_threads)
+    telemetry = config.telemetry_for(service, version)
+    bus_config = config.bus.model_copy(update={"run": config.run.name, "name": f"dart-{service}"})
+    try:
+        with telemetry.activate():
+            telemetry.event("service.start", service=service)
+            bus = await Bus.connect(bus_config, tracer_provider=telemetry.tracer_provider)
+            try:
+                await body(config, bus, telemetry, stop)
+            finally:
+                await bus.drain()
+            telemetry.event("service.stop", service=service)
+    finally:
+        telemetry.shutdown()
+
+
+def load_serve_config(config_type: type[C], path: Path) -> C:
+    """Load a service's config from a run config file (environment overrides apply)."""
+    return load_config(config_type, path)
+
+
+def serve_or_exit(service: str, config: C, body: ServiceBody[C], *, version: str) -> int:
+    """Serve; returns 0 after a graceful stop. A fatal error is logged with its traceback and gives exit
+    code 1 with one ``error:`` line on stderr naming the service and the error."""
+    try:
+        asyncio.run(serve(service, config, body, version=version))
+    except Exception as exc:
+        log.exception("dart serve %s failed", service)
+        message = " ".join(str(exc).split())  # one line, whatever the exception's text
+        print(f"error: dart serve {service} failed: {type(exc).__name__}: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def service_main(
+    service: str,
+    config_type: type[C],
+    body: ServiceBody[C],
+    *,
+    version: str,
+    argv: Sequence[str] | None = None,
+    before: Callable[[C, Path], int | None] | None = None,
+) -> int:
+    """The ``dart-<service>`` command: ``serve --config FILE``; returns the exit code.
+
+    ``before(config, path)``, when given, runs after the config loaded and may end the command with
+    its exit code instead of serving (the trainer launches its ranks there).
+    """
+    parser = argparse.ArgumentParser(prog=f"dart-{service}", description=f"The DART {service} service.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help=f"Serve the {service} service until SIGTERM.")
+    serve_parser.add_argument("--config", "-c", type=Path, required=True, help="Run config YAML.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_serve_config(config_type, args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if before is not None:
+        code = before(config, args.config)
+        if code is not None:
+            return code
+    return serve_or_exit(service, config, body, version=version)

@@ -1,0 +1,91 @@
+"""Task suites: files (YAML or JSON) listing tasks, the one format every service reads.
+
+The env service runs their tasks, the data manager curates them, ``dart eval`` evaluates them. Format::
+
+    name: sim-basic
+    backend: sim            # default backend for tasks that do not name one
+    max_steps: 8            # default step budget
+    tasks:
+      - task_id: sim/click-button/0
+        instruction: Click the OK button
+        params: {family: click-button, difficulty: easy, seed: 0}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dart.protocol.errors import SuiteError
+from dart.protocol.messages import TaskSpec
+
+
+class TaskSuite(BaseModel):
+    """A named, validated list of tasks with unique ids."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    tasks: tuple[TaskSpec, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> TaskSuite:
+        seen: set[str] = set()
+        for task in self.tasks:
+            if task.task_id in seen:
+                raise ValueError(f"duplicate task_id {task.task_id!r}")
+            seen.add(task.task_id)
+        return self
+
+    def by_id(self, task_id: str) -> TaskSpec:
+        """The task with this id.
+
+        Raises:
+            KeyError: No such task in the suite.
+        """
+        for task in self.tasks:
+            if task.task_id == task_id:
+                return task
+        raise KeyError(f"task {task_id!r} is not in suite {self.name!r}")
+
+
+def load_suite(path: str | Path) -> TaskSuite:
+    """Load and validate a suite file.
+
+    Raises:
+        SuiteError: The file is missing, unreadable, or invalid; the message names the file and
+            the offending task/field.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SuiteError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SuiteError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise SuiteError(str(path), "top level must be a mapping with 'name' and 'tasks'")
+    defaults = {k: doc.pop(k) for k in ("backend", "max_steps") if k in doc}
+    tasks_raw = doc.get("tasks")
+    if isinstance(tasks_raw, list):
+        doc["tasks"] = [{**defaults, **t} if isinstance(t, dict) else t for t in tasks_raw]
+    try:
+        # Through JSON so the strict wire types (tuples, enums) accept what YAML produces.
+        return TaskSuite.model_validate_json(json.dumps(doc))
+    except (TypeError, ValueError) as exc:
+        if not isinstance(exc, ValidationError):
+            raise SuiteError(str(path), f"values are not JSON-compatible: {exc}") from None
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise SuiteError(str(path), f"{loc}: {err['msg']} ({exc.error_count()} error(s))") from None
+
+
+def dump_suite(suite: TaskSuite) -> dict[str, Any]:
+    """The suite as plain data (for writing YAML/JSON)."""
+    return {"name": suite.name, "tasks": [t.model_dump(mode="json") for t in suite.tasks]}

@@ -1,0 +1,50 @@
+"""``dart-rollout serve --config FILE``: the rollout service alone (this package's dependencies only).
+
+Reads the run config's shared sections and ``rollout`` (see :mod:`dart.protocol.serving`). Once its
+engines are up it records ``service.ready`` (``dart run`` starts its RL clock there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from dart.protocol.bus import Bus
+from dart.protocol.serving import ServeConfig, service_main
+from dart.protocol.telemetry import Telemetry
+from dart.rollout import __version__
+from dart.rollout.service import RolloutService
+from dart.rollout.service.config import RolloutConfig
+
+
+class RolloutServeConfig(ServeConfig):
+    """What the rollout service reads of a run config."""
+
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+
+async def run_rollout(config: RolloutServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
+    """Serve the rollout workers and engines until ``stop`` is set."""
+    service = RolloutService(config.rollout, bus, telemetry=telemetry, store_config=config.store_config())
+    await service.start()
+    try:
+        telemetry.event("service.ready", service="rollout")
+        await stop.wait()
+    finally:
+        await service.stop()
+
+
+def command(argv: Sequence[str] | None = None) -> int:
+    """``dart-rollout serve --config FILE`` with ``argv`` (default: the process's); returns the exit code."""
+    return service_main("rollout", RolloutServeConfig, run_rollout, version=__version__, argv=argv)
+
+
+def main() -> None:
+    sys.exit(command())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""``dart-train serve --config FILE``: the trainer alone (this package's dependencies only).
+
+Reads the run config's shared sections and ``train`` (see :mod:`dart.protocol.serving`). A backend with
+``world_size`` > 1 (FSDP2, megatron-core) is served as that many torchrun ranks: the command launches
+them (each runs this module again), rank 0 serves the trainer, the others follow it in the backend's
+collectives; the exit code is the ranks' own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import Field
+
+from dart.protocol.bus import Bus
+from dart.protocol.lifetime import exit_with_parent
+from dart.protocol.serving import ServeConfig, serve_or_exit, service_main
+from dart.protocol.telemetry import Telemetry
+from dart.train import __version__
+from dart.train.config import TrainerConfig
+
+STATUS_DIR_ENV = "DART_TRAIN_RANK_STATUS_DIR"
+
+
+class TrainServeConfig(ServeConfig):
+    """What the trainer reads of a run config."""
+
+    train: TrainerConfig = Field(default_factory=TrainerConfig)
+
+
+async def run_train(config: TrainServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
+    """Train until ``stop`` is set; a training crash surfaces as the exception it is."""
+    from dart.protocol.store import open_store
+    from dart.train.service import TrainerService
+
+    store = config.store_config()
+    trainer = await TrainerService.start(config.train, bus, open_store(store), store_config=store, telemetry=telemetry)
+    telemetry.event("service.ready", service="train")
+    runner = asyncio.create_task(trainer.run())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    await trainer.stop()
+    stopper.cancel()
+    await runner
+
+
+def launch_ranks(config_file: Path, nproc: int) -> int:
+    """Run ``dart-train serve`` as ``nproc`` torchrun ranks until they end; returns the exit code.
+
+    SIGTERM/SIGINT are passed on to torchrun, which passes SIGTERM to the ranks: rank 0 stops
+    gracefully and tells the others to stop. torchrun itself exits non-zero whenever it was signalled,
+    so the code returned is the ranks' own: each records it in a status directory (missing = failed).
+    """
+    status = Path(tempfile.mkdtemp(prefix="dart-train-ranks-"))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    argv += ["-m", "dart.train.serve", "serve", "--config", str(config_file)]
+    proc = subprocess.Popen(argv, env={**os.environ, STATUS_DIR_ENV: str(status)})
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: proc.send_signal(signal.SIGTERM))
+    code = proc.wait()
+    ranks = [status / f"rank-{r}" for r in range(nproc)]
+    codes = [int(p.read_text()) if p.is_file() else 1 for p in ranks]
+    shutil.rmtree(status, ignore_errors=True)
+    return 0 if all(c == 0 for c in codes) else (code or 1)
+
+
+def record_rank(code: int) -> None:
+    """Record this rank's exit code for :func:`launch_ranks` (when it launched this rank)."""
+    directory = os.environ.get(STATUS_DIR_ENV)
+    if directory:
+        (Path(directory) / f"rank-{os.environ.get('RANK', '0')}").write_text(str(code))
+
+
+def follow(config: TrainServeConfig) -> None:
+    """A non-main rank of a multi-process trainer (started by torchrun): load the backend, follow rank 0."""
+    from dart.train.batching import StoreImageSource
+    from dart.train.distributed import follow as follow_rank0
+    from dart.train.interface import load_backend
+    from dart.train.update import SampleReader
+
+    # Only rank 0 stops on SIGTERM (it finishes its batch, then sends ``stop``); a follower leaving
+    # first would break the collective rank 0 is in.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if config.run.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.run.torch_threads)
+    store = config.store_config()
+    backend = load_backend(config.train, image_source=StoreImageSource(store))
+    follow_rank0(backend, config.train, SampleReader(config.train, StoreImageSource(store)))
+
+
+def _ranks(config: TrainServeConfig, config_file: Path) -> int | None:
+    """Before serving: launch the ranks of a multi-process backend, or serve/follow as one of them."""
+    if config.train.backend.world_size <= 1:
+        return None
+    if "RANK" not in os.environ:
+        return launch_ranks(config_file, config.train.backend.world_size)
+    # torchrun starts each rank in its own session: a SIGKILL of its agent would leave ranks waiting in a
+    # collective forever, so each rank goes when the agent goes.
+    exit_with_parent()
+    code = 1  # stays 1 when following raises
+    try:
+        if os.environ["RANK"] != "0":
+            follow(config)
+            code = 0
+        else:
+            code = serve_or_exit("train", config, run_train, version=__version__)
+    finally:
+        record_rank(code)
+    return code
+
+
+def command(argv: Sequence[str] | None = None) -> int:
+    """``dart-train serve --config FILE`` with ``argv`` (default: the process's); returns the exit code."""
+    return service_main("train", TrainServeConfig, run_train, version=__version__, argv=argv, before=_ranks)
+
+
+def main() -> None:
+    sys.exit(command())
+
+
+if __name__ == "__main__":
+    main()
