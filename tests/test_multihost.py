@@ -29,12 +29,12 @@ from dart.embedded.s3 import EmbeddedS3
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
-from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
 
 pytestmark = pytest.mark.e2e
 
 RUN = "multihost"
-ORDER = ("env", "data", "train", "rollout")
+ORDER: tuple[Role, ...] = ("env", "data", "train", "rollout")
 
 
 def _sections(service: str, host: Path, model: Path | None) -> dict[str, Any]:
