@@ -167,10 +167,10 @@ def test_four_hosts_that_share_only_nats_and_s3_run_the_job(tmp_path: Path, s3_s
             stored, works = _stored(database)
             assert produced > 0 and stored == produced == works, (produced, stored, works)
             # Every host wrote only under its own directory: its telemetry, nothing of the others'.
-            for service, host in hosts.items():
-                assert (host / "run" / "telemetry" / f"{service}.jsonl").is_file()
-                others = {p.name for p in (host / "run" / "telemetry").iterdir()} - {f"{service}.jsonl"}
-                assert not others, (service, others)
+            for name, host in hosts.items():
+                assert (host / "run" / "telemetry" / f"{name}.jsonl").is_file()
+                others = {p.name for p in (host / "run" / "telemetry").iterdir()} - {f"{name}.jsonl"}
+                assert not others, (name, others)
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
