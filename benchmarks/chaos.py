@@ -17,8 +17,8 @@ It prints, per fault: when it hit, what was killed, trajectories stored and vers
 next fault, and the time to recover (until a trajectory was ingested AND a version was published after
 it); then totals: work items emitted, trajectories produced, stored, failed explicitly (by status), lost
 (produced - stored), duplicated (work items stored more than once), versions, and whether the run
-completed (exit 0, no error). Last line: one JSON object. Exit code 0 only when the run completed with
-nothing lost and nothing duplicated.
+completed (exit 0, no error). Last line: one JSON object. Exit code 0 only when every fault was injected
+and the run completed with nothing lost and nothing duplicated.
 
 Usage::
 
@@ -131,11 +131,14 @@ def ready_at(run_dir: Path) -> float | None:
     return None
 
 
-def inject(run: subprocess.Popen[bytes], runs: Path, faults: list[Fault]) -> None:
-    """Wait for the rollout service, then inject each fault at its time (this thread's job)."""
+def inject(run: subprocess.Popen[bytes], runs: Path, faults: list[Fault], earlier: set[Path]) -> None:
+    """Wait for the rollout service, then inject each fault at its time (this thread's job).
+
+    ``earlier``: run directories that existed before this run started (never this run's).
+    """
     run_dir = None
     while run.poll() is None and run_dir is None:
-        run_dir = next((p.parent for p in runs.glob("*/config.yaml")), None)
+        run_dir = next((p.parent for p in runs.glob("*/config.yaml") if p.parent not in earlier), None)
         time.sleep(0.5)
     t0 = None
     while run.poll() is None and run_dir is not None and (t0 := ready_at(run_dir)) is None:
@@ -294,6 +297,7 @@ def main() -> None:
     path = out / "chaos.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     started = time.monotonic()
+    earlier = {p.parent for p in runs.glob("*/config.yaml")}
     with open(out / "chaos.log", "wb") as err:
         run = subprocess.Popen(
             [sys.executable, "-m", "dart.cli", "run", str(path)],
@@ -302,7 +306,7 @@ def main() -> None:
             stderr=err,
             env={**os.environ, "TERM": "dumb"},
         )
-        injector = threading.Thread(target=inject, args=(run, runs, faults), daemon=True)
+        injector = threading.Thread(target=inject, args=(run, runs, faults, earlier), daemon=True)
         injector.start()
         stdout, _ = run.communicate()
         injector.join(timeout=S3_OUTAGE_S + 5)
@@ -314,7 +318,8 @@ def main() -> None:
     result["completed"] = run.returncode == 0 and summary.get("error") is None
     print(table(result), flush=True)
     t = result["totals"]
-    ok = result["completed"] and t["lost"] == 0 and t["duplicated"] == 0
+    skipped = [f.kind for f in faults if f.at_unix is None]
+    ok = result["completed"] and t["lost"] == 0 and t["duplicated"] == 0 and not skipped
     print(
         json.dumps(
             {
@@ -326,6 +331,7 @@ def main() -> None:
                 **result,
                 "run_dir": summary["run_dir"],
                 "error": summary.get("error"),
+                "skipped_faults": skipped,
                 "passed": ok,
                 "total_seconds": round(time.monotonic() - started, 1),
             }
