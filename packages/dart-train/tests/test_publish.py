@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,3 +59,43 @@ async def test_published_weights_load_into_the_hf_engine_and_match_the_trainer(
     with torch.no_grad():
         trainer_logp, _ = backend.forward_logprobs(inputs)
     assert torch.allclose(trainer_logp, torch.tensor(result.response_logprobs), atol=1e-4, rtol=0)
+
+
+def _wait_exited(server: Any) -> None:
+    while server.poll() is None:
+        time.sleep(0.05)
+
+
+@pytest.mark.integration
+async def test_an_announcement_rides_out_a_broker_restart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """nats-server SIGKILLed before an announcement and restarted (same port and JetStream store) while it
+    is retried: the version reaches the model stream once and the KV, and the publisher did not raise."""
+    import logging
+    import os
+    import signal
+
+    from dart.embedded.nats import EmbeddedNats
+    from dart.protocol.bus import Bus, BusConfig
+    from dart.protocol.messages import ModelVersion
+    from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
+
+    with EmbeddedNats(store_dir=tmp_path / "nats") as nats:
+        config = BusConfig(url=nats.url, run="announce", request_timeout_s=2.0, connect_timeout_s=2.0)
+        async with await Bus.connect(config) as bus:
+            state = await ensure_topology(bus)
+            publisher = WeightPublisher(LocalStore(tmp_path / "artifacts", fsync=False), bus, state)
+            model = ModelVersion(version=1, uri="file:///w/v1/model.safetensors", sha256="0" * 64, created_at=0.0)
+            assert nats.pid is not None
+            os.kill(nats.pid, signal.SIGKILL)
+            await asyncio.to_thread(_wait_exited, nats)  # the broker is gone before the announcement starts
+            caplog.set_level(logging.WARNING, logger="dart.train.publish")
+            announcing = asyncio.create_task(publisher.announce(model))
+            while not any("retrying" in r.getMessage() for r in caplog.records):  # an attempt failed
+                assert not announcing.done(), announcing.exception()
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(nats.restart)
+            await asyncio.wait_for(announcing, 240.0)
+            assert publisher.last == model
+            stored = await state.get(LATEST_MODEL_KEY, ModelVersion)
+            assert stored is not None and stored.version == 1
+            assert (await bus.stream_state("model")).messages == 1

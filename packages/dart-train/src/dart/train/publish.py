@@ -13,6 +13,7 @@ KV bucket under :data:`~dart.protocol.topology.LATEST_MODEL_KEY`, which the engi
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 import time
@@ -22,9 +23,12 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from dart.protocol.bus import Bus, KeyValueStore
+from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import ModelVersion
 from dart.protocol.store import ArtifactStore
 from dart.protocol.topology import LATEST_MODEL_KEY
+
+log = logging.getLogger(__name__)
 
 WEIGHTS_NAME = "model.safetensors"
 MANIFEST_NAME = "manifest.json"
@@ -66,6 +70,8 @@ class WeightPublisher:
         bus: The bus to announce on; None only writes to the store (offline use, tests).
         state: The ``state`` KV bucket (from :func:`~dart.protocol.topology.ensure_topology`); None skips the KV.
         prefix: Key prefix of weight versions in the store.
+        announce_retry_s: How long an announcement is retried while the broker does not answer (a
+            restart), seconds; then the error is raised.
     """
 
     def __init__(
@@ -75,8 +81,10 @@ class WeightPublisher:
         state: KeyValueStore | None = None,
         *,
         prefix: str = "weights",
+        announce_retry_s: float = 300.0,
     ) -> None:
         self.store = store
+        self.announce_retry_s = announce_retry_s
         self.bus = bus
         self.state = state
         self.prefix = prefix.strip("/")
@@ -131,12 +139,33 @@ class WeightPublisher:
         )
 
     async def announce(self, model: ModelVersion) -> None:
-        """Publish ``model`` on the model stream, then make it the latest version in the KV."""
-        if self.bus is not None:
-            subject = self.bus.subjects.stream_subject("model")
-            await self.bus.js_publish(subject, model, msg_id=f"model-v{model.version}")
-        if self.state is not None:
-            await self.state.put(LATEST_MODEL_KEY, model)
+        """Publish ``model`` on the model stream, then make it the latest version in the KV.
+
+        While the broker does not answer (a restart, a network cut) the announcement is retried with
+        backoff for up to ``announce_retry_s``: the stream publish is deduplicated by its message id
+        (``model-v<version>``) and the KV put sets the same value, so a retry after a lost ack still
+        announces the version once.
+
+        Raises:
+            JetStreamError: The broker did not take the announcement within ``announce_retry_s``.
+            PermissionDeniedError: This connection may not publish the model (never retried).
+        """
+        deadline = time.monotonic() + self.announce_retry_s
+        pause = 0.5
+        while True:
+            try:
+                if self.bus is not None:
+                    subject = self.bus.subjects.stream_subject("model")
+                    await self.bus.js_publish(subject, model, msg_id=f"model-v{model.version}")
+                if self.state is not None:
+                    await self.state.put(LATEST_MODEL_KEY, model)
+                break
+            except JetStreamError as exc:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("announcing version %d failed (%s); retrying in %.1fs", model.version, exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
         self.last = model
 
     async def publish(
