@@ -17,7 +17,7 @@ from dart.data.config import DataConfig
 from dart.data.service import DataService
 from dart.data.tasks import resolve_tasks
 from dart.protocol.bus import Bus
-from dart.protocol.serving import ServeConfig, service_main
+from dart.protocol.serving import ServeConfig, serve_until_stopped, service_main
 from dart.protocol.store import open_store
 from dart.protocol.telemetry import Telemetry
 
@@ -33,12 +33,7 @@ class DataServeConfig(ServeConfig):
 async def run_data(config: DataServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
     """Serve the data manager until ``stop`` is set."""
     service = DataService(config.data, bus, open_store(config.store_config()), resolve_tasks(config.suite), telemetry)
-    await service.start()
-    try:
-        telemetry.event("service.ready", service="data")
-        await stop.wait()
-    finally:
-        await service.stop()
+    await serve_until_stopped(service, "data", telemetry, stop)
 
 
 def command(argv: Sequence[str] | None = None) -> int:

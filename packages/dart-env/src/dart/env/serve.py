@@ -14,7 +14,7 @@ from pydantic import Field
 from dart.env import __version__
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.protocol.bus import Bus
-from dart.protocol.serving import ServeConfig, service_main
+from dart.protocol.serving import ServeConfig, serve_until_stopped, service_main
 from dart.protocol.store import open_store
 from dart.protocol.telemetry import Telemetry
 
@@ -28,12 +28,7 @@ class EnvServeConfig(ServeConfig):
 async def run_env(config: EnvServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
     """Serve the env pool until ``stop`` is set."""
     service = EnvService(config.env, bus, telemetry=telemetry, store=open_store(config.store_config()))
-    await service.start()
-    try:
-        telemetry.event("service.ready", service="env")
-        await stop.wait()
-    finally:
-        await service.stop()
+    await serve_until_stopped(service, "env", telemetry, stop)
 
 
 def command(argv: Sequence[str] | None = None) -> int:

@@ -31,7 +31,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -123,6 +123,24 @@ C = TypeVar("C", bound=ServeConfig)
 
 ServiceBody = Callable[[C, Bus, Telemetry, asyncio.Event], Awaitable[None]]
 """Runs a service until ``stop`` is set (or it ends by itself), then stops it gracefully."""
+
+
+class Startable(Protocol):
+    """A service that starts and stops (env, data manager, rollout)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def serve_until_stopped(service: Startable, name: str, telemetry: Telemetry, stop: asyncio.Event) -> None:
+    """Start ``service``, record ``service.ready``, serve until ``stop`` is set, then stop it gracefully."""
+    await service.start()
+    try:
+        telemetry.event("service.ready", service=name)
+        await stop.wait()
+    finally:
+        await service.stop()
 
 
 async def serve(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from dart.protocol.bus import Bus
-from dart.protocol.serving import ServeConfig, service_main
+from dart.protocol.serving import ServeConfig, serve_until_stopped, service_main
 from dart.protocol.telemetry import Telemetry
 from dart.rollout import __version__
 from dart.rollout.service import RolloutService
@@ -29,12 +29,7 @@ class RolloutServeConfig(ServeConfig):
 async def run_rollout(config: RolloutServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
     """Serve the rollout workers and engines until ``stop`` is set."""
     service = RolloutService(config.rollout, bus, telemetry=telemetry, store_config=config.store_config())
-    await service.start()
-    try:
-        telemetry.event("service.ready", service="rollout")
-        await stop.wait()
-    finally:
-        await service.stop()
+    await serve_until_stopped(service, "rollout", telemetry, stop)
 
 
 def command(argv: Sequence[str] | None = None) -> int:
