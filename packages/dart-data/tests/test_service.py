@@ -92,6 +92,7 @@ async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, databa
     assert (stats.stored, stats.duplicates, stats.batches, stats.groups_emitted) == (4, 1, 1, 2)
     assert service.policy_version == 3
     assert stats.task_success[TASK.task_id] == pytest.approx(0.5)
+    assert stats.success_rate == pytest.approx(0.5) and events["data.stats"]["success_rate"] == pytest.approx(0.5)
 
     assert sorted(batch.group_ids) == ["g1", "g2"] and len(batch.samples) == 8
     assert (batch.min_policy_version, batch.max_policy_version) == (3, 3)

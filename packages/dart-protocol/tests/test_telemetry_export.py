@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from opentelemetry import metrics
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
 from dart.protocol.config import load_config
 from dart.protocol.errors import ConfigError
@@ -145,6 +146,26 @@ def test_standard_otel_endpoint_variable_is_honored(
     tel.tracer.start_span("s").end()
     tel.shutdown()
     assert "/v1/traces" in collector.paths()
+
+
+def test_a_traces_only_endpoint_exports_only_traces(
+    collector: _Collector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The compose stack sends traces to the collector while Prometheus scrapes the metrics.
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{collector.url}/v1/traces")
+    config = TelemetryConfig(run_dir=tmp_path, metric_export_interval_s=0.05)
+    tel = setup_telemetry("svc", version="1", run_id="r", config=config)
+    assert tel.otlp_endpoint == "env"
+    tel.meter.create_counter("dart.test.count").add(1)
+    tel.tracer.start_span("s").end()
+    # Without an endpoint of its own a metric exporter would send to the default (localhost:4318),
+    # not to the collector: look at the readers themselves.
+    exporters = [getattr(r, "_exporter", None) for r in tel.meter_provider._metric_readers]
+    tel.shutdown()
+    assert "/v1/traces" in collector.paths()
+    assert not any(isinstance(e, OTLPMetricExporter) for e in exporters), exporters
 
 
 def test_no_endpoint_means_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

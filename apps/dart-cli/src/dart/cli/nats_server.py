@@ -4,6 +4,9 @@ Lifecycle: start (prints the URL) -> serve until SIGINT/SIGTERM (exit 0) or unti
 dies (exit 1, with the tail of its log) -> stop the server and remove a temporary store. The last
 line printed is a JSON summary.
 
+With ``--print-config --run NAME`` it prints the config a deployment's nats-server uses instead
+(``deploy/nats/nats.conf``: the same users, passwords from ``DART_NATS_<ROLE>_PASSWORD`` variables).
+
 With ``--users-dir DIR --run NAME`` the server admits only DART's per-service users, each limited to
 its subjects for that run (``dart.protocol.permissions``); passwords are created in ``DIR`` (0600) on
 first use and kept, so ``dart serve`` processes connect with ``DART_BUS__USER=<role>`` and
@@ -27,9 +30,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from dart.cli.stack.secrets import write_bus_credentials
-from dart.embedded.nats import EmbeddedNats, NatsUser
+from dart.embedded.nats import EmbeddedNats, NatsUser, deployment_config
 from dart.embedded.process import EmbeddedServerError, port_open
-from dart.protocol.permissions import service_permissions
+from dart.protocol.permissions import Permissions, service_permissions
 from dart.protocol.subjects import DEFAULT_PREFIX
 from dart.protocol.topology import ROLES
 
@@ -53,6 +56,18 @@ def _log_tail(server: EmbeddedNats, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def password_variable(role: str) -> str:
+    """The environment variable a deployed nats-server (and the role's service) reads ``role``'s password from."""
+    return f"DART_NATS_{role.upper()}_PASSWORD"
+
+
+def deployment_nats_config(run: str, prefix: str = DEFAULT_PREFIX, store_dir: str = "/data") -> str:
+    """``deploy/nats/nats.conf``: every role of :data:`~dart.protocol.topology.ROLES` with its permissions for
+    ``run``, passwords from :func:`password_variable` (so the file holds no secret)."""
+    users: dict[str, Permissions] = {role: service_permissions(role, prefix, run) for role in ROLES}
+    return deployment_config(users, {role: password_variable(role) for role in ROLES}, store_dir=store_dir)
+
+
 def nats_command(
     port: Annotated[
         int, typer.Option("--port", "-p", min=0, max=65535, help="Client port; 0 picks a free one.")
@@ -68,8 +83,19 @@ def nats_command(
     ] = None,
     run: Annotated[str, typer.Option("--run", help="Run token the users' permissions are scoped to.")] = "run",
     prefix: Annotated[str, typer.Option("--prefix", help="Subject prefix of the users' permissions.")] = DEFAULT_PREFIX,
+    print_config: Annotated[
+        bool,
+        typer.Option(
+            "--print-config",
+            help="Print a nats-server config for a deployment instead of serving: every role as a user with its "
+            "permissions for --run, each password read by the server from DART_NATS_<ROLE>_PASSWORD.",
+        ),
+    ] = False,
 ) -> None:
     """Run a nats-server with JetStream in the foreground until Ctrl-C."""
+    if print_config:
+        typer.echo(deployment_nats_config(run, prefix), nl=False)
+        return
     console = Console(highlight=False, soft_wrap=True)
     stop = threading.Event()
     received: list[str] = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from dart.data.emit import DecoupledEmitter, Emitter
 from dart.data.former import BatchFormer
 from dart.data.ingest import Ingestor
 from dart.data.state import DataState
+from dart.data.stats import TaskStats
 from dart.data.work import WorkPlanner
 from dart.protocol.bus import Bus, KeyValueStore, PullConsumer
 from dart.protocol.errors import ConfigError
@@ -64,6 +65,8 @@ class DataStats:
         pool_served: Times the pool filled a group.
         policy_version: Newest model version seen.
         task_success: Recent success rate per task.
+        success_rate: Recent success rate over every task: the successes in all tasks' recent windows
+            over their outcomes (0 before the first trainable trajectory).
         rounds: Coupled rounds closed.
         round_lost: Coupled-round trajectories still missing when their round timed out.
         sync_timeouts: Coupled rounds whose new model version did not come in time.
@@ -85,9 +88,15 @@ class DataStats:
     pool_served: int = 0
     policy_version: int = 0
     task_success: dict[str, float] = field(default_factory=dict)
+    success_rate: float = 0.0
     rounds: int = 0
     round_lost: int = 0
     sync_timeouts: int = 0
+
+
+def _pooled_success_rate(stats: Iterable[TaskStats]) -> float:
+    outcomes = [outcome for task in stats for outcome in task.recent]
+    return sum(outcomes) / len(outcomes) if outcomes else 0.0
 
 
 class DataService:
@@ -227,6 +236,7 @@ class DataService:
             pool_served=state.pool.served,
             policy_version=state.version,
             task_success={tid: s.success_rate for tid, s in state.task_stats.items()},
+            success_rate=_pooled_success_rate(state.task_stats.values()),
             rounds=c["rounds"],
             round_lost=c["round_lost"],
             sync_timeouts=c["sync_timeouts"],
@@ -274,6 +284,7 @@ class DataService:
             pool_served=s.pool_served,
             policy_version=s.policy_version,
             task_success=s.task_success,
+            success_rate=s.success_rate,
             rounds=s.rounds,
             round_lost=s.round_lost,
             sync_timeouts=s.sync_timeouts,

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -72,17 +73,59 @@ def _hash_password(password_file: Path) -> str:
     return bcrypt.hashpw(password, bcrypt.gensalt(rounds=BCRYPT_ROUNDS, prefix=b"2a")).decode()
 
 
+def _permissions_entry(permissions: Permissions) -> dict[str, Any]:
+    perms: dict[str, Any] = {
+        "publish": {"allow": list(permissions.publish)},
+        "subscribe": {"allow": list(permissions.subscribe)},
+    }
+    if permissions.allow_responses:
+        perms["allow_responses"] = True
+    return perms
+
+
 def _user_entry(user: NatsUser) -> dict[str, Any]:
     entry: dict[str, Any] = {"user": user.name, "password": _hash_password(user.password_file)}
     if user.permissions is not None:
-        perms: dict[str, Any] = {
-            "publish": {"allow": list(user.permissions.publish)},
-            "subscribe": {"allow": list(user.permissions.subscribe)},
-        }
-        if user.permissions.allow_responses:
-            perms["allow_responses"] = True
-        entry["permissions"] = perms
+        entry["permissions"] = _permissions_entry(user.permissions)
     return entry
+
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def deployment_config(
+    users: Mapping[str, Permissions],
+    password_env: Mapping[str, str],
+    *,
+    store_dir: str,
+    monitor_port: int = 8222,
+    max_payload: int = 8 * 1024 * 1024,
+) -> str:
+    """A nats-server config file for a deployment (e.g. ``deploy/nats/nats.conf``).
+
+    JetStream stores into ``store_dir``; the monitoring port and the largest message (the embedded
+    server's default) are set; each entry of ``users`` becomes a user with its permissions, whose password
+    the server reads at start from the environment variable ``password_env[user]`` (nats-server resolves
+    an unquoted ``$NAME`` from its environment), so the file holds no secret.
+
+    Raises:
+        ValueError: A user has no variable, or a variable name is not ``[A-Z_][A-Z0-9_]*``.
+    """
+    entries = []
+    for name, permissions in users.items():
+        variable = password_env.get(name)
+        if variable is None or not _ENV_NAME.match(variable):
+            raise ValueError(f"user {name!r} needs a password variable named [A-Z_][A-Z0-9_]*, got {variable!r}")
+        # A placeholder JSON cannot leave unquoted; swapped for the variable reference below.
+        entries.append({"user": name, "password": f"@@{variable}@@", "permissions": _permissions_entry(permissions)})
+    config = {
+        "http_port": monitor_port,
+        "max_payload": max_payload,
+        "jetstream": {"store_dir": store_dir},
+        "authorization": {"users": entries},
+    }
+    text = json.dumps(config, indent=2) + "\n"
+    return re.sub(r'"@@([A-Z_][A-Z0-9_]*)@@"', r"$\1", text)
 
 
 class EmbeddedNats:

@@ -68,12 +68,6 @@ from dart.protocol.telemetry.trackers import (
 
 _log = logging.getLogger(__name__)
 
-_OTLP_ENV = (
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-)
-
 
 class TelemetryConfig(ConfigModel):
     """Where a service's traces, metrics and events go."""
@@ -369,14 +363,17 @@ def current_telemetry() -> Telemetry | None:
     return owner if isinstance(owner, Telemetry) else None
 
 
-def _otlp_target(config: TelemetryConfig) -> tuple[str | None, str | None]:
-    # Returns (explicit base URL, label). With only OTEL_* variables set, the exporters are built
-    # without an endpoint so they apply the standard precedence and path rules themselves.
+def _otlp_target(config: TelemetryConfig) -> tuple[str | None, str | None, bool, bool]:
+    # Returns (explicit base URL, label, export traces, export metrics). With only OTEL_* variables set,
+    # the exporters are built without an endpoint so they apply the standard precedence and path rules
+    # themselves; a signal is exported only when the general or its own variable names an endpoint
+    # (e.g. traces to a collector while Prometheus scrapes the metrics).
     if config.otlp_endpoint:
-        return config.otlp_endpoint, config.otlp_endpoint
-    if any(os.environ.get(name) for name in _OTLP_ENV):
-        return None, "env"
-    return None, None
+        return config.otlp_endpoint, config.otlp_endpoint, True, True
+    general = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    traces = general or bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    metrics = general or bool(os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))
+    return None, ("env" if traces or metrics else None), traces, metrics
 
 
 def setup_telemetry(
@@ -411,7 +408,7 @@ def setup_telemetry(
     )
     jsonl_path = config.resolve_jsonl_path(service_name, run_id)
     writer = acquire_writer(jsonl_path)
-    base_url, otlp_label = _otlp_target(config)
+    base_url, otlp_label, otlp_traces, otlp_metrics = _otlp_target(config)
     # The SDK's self-observability metrics would otherwise go through the global meter provider,
     # i.e. into every service's JSONL; they are not what a DART report is about.
     quiet = NoOpMeterProvider()
@@ -425,8 +422,7 @@ def setup_telemetry(
         readers: list[MetricReader] = [
             PeriodicExportingMetricReader(JsonlMetricExporter(writer), export_interval_millis=interval_ms)
         ]
-        if otlp_label is not None:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        if otlp_traces:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             span_exporter = OTLPSpanExporter(
@@ -437,6 +433,9 @@ def setup_telemetry(
             tracer_provider.add_span_processor(
                 BatchSpanProcessor(span_exporter, schedule_delay_millis=flush_ms, meter_provider=quiet)
             )
+        if otlp_metrics:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
             metric_exporter = OTLPMetricExporter(
                 endpoint=f"{base_url}/v1/metrics" if base_url else None,
                 timeout=config.otlp_timeout_s,

@@ -1,0 +1,89 @@
+"""The files under deploy/ agree with the code and with each other (tests/test_stack.py runs them)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dart.cli.nats_server import deployment_nats_config, password_variable
+from dart.cli.stack.config import RunConfig
+from dart.protocol.config import load_config
+from dart.protocol.topology import ROLES
+
+pytestmark = pytest.mark.unit
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+COMPOSE = DEPLOY / "docker-compose.yml"
+DART_SERVICES = ("env", "data", "train", "rollout")
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _run_config() -> RunConfig:
+    return load_config(RunConfig, DEPLOY / "dart" / "run.yaml", environ={"DART_BUS__USER": "data"})
+
+
+def test_the_committed_nats_config_is_the_generated_one_for_the_stacks_run() -> None:
+    # Regenerate with: uv run dart nats --print-config --run dart > deploy/nats/nats.conf
+    run = _run_config().run.name
+    assert (DEPLOY / "nats" / "nats.conf").read_text() == deployment_nats_config(run)
+
+
+def test_each_dart_container_gets_its_user_and_only_its_own_password() -> None:
+    services = _compose()["services"]
+    nats_env = services["nats"]["environment"]
+    assert set(nats_env) == {password_variable(role) for role in ROLES}
+    config = _run_config()
+    assert config.bus.password_env == "DART_NATS_PASSWORD"
+    for name in DART_SERVICES:
+        env = services[name]["environment"]
+        assert env["DART_BUS__USER"] == name
+        assert re.findall(r"\$\{(\w+)", env["DART_NATS_PASSWORD"]) == [password_variable(name)]
+        others = {password_variable(role) for role in ROLES} - {password_variable(name)}
+        assert not any(other in str(env) for other in others), name
+
+
+def test_every_secret_the_compose_file_requires_is_in_the_env_example() -> None:
+    required = set(re.findall(r"\$\{(\w+):\?", COMPOSE.read_text()))
+    listed = {line.split("=", 1)[0] for line in (DEPLOY / ".env.example").read_text().splitlines() if "=" in line}
+    assert required and required <= listed, required - listed
+
+
+def test_prometheus_scrapes_each_dart_service_on_the_run_configs_port() -> None:
+    port = _run_config().telemetry.prometheus_port
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    [job] = [j for j in scrape["scrape_configs"] if j["job_name"] == "dart"]
+    targets = {t["labels"]["service"]: t["targets"] for t in job["static_configs"]}
+    assert targets == {name: [f"{name}:{port}"] for name in DART_SERVICES}
+
+
+def test_the_dashboard_uses_the_provisioned_datasource() -> None:
+    datasource = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    [source] = datasource["datasources"]
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "dart.json").read_text())
+    uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p.get("targets", []) if "datasource" in t}
+    assert uids == {source["uid"]}
+
+
+def test_docker_compose_validates_the_stack_and_its_offline_variant(tmp_path: Path) -> None:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not installed (.ci/run installs it as root)")
+    env_file = tmp_path / "stack.env"
+    lines = (DEPLOY / ".env.example").read_text().splitlines()
+    env_file.write_text("".join(f"{line}x\n" for line in lines if line.endswith("=")))
+    base = ["docker-compose", "--env-file", str(env_file), "-f", str(COMPOSE)]
+    for extra in ([], ["-f", str(DEPLOY / "docker-compose.offline.yml")]):
+        done = subprocess.run([*base, *extra, "config", "--quiet"], capture_output=True, text=True, cwd=DEPLOY)
+        assert done.returncode == 0, done.stderr
+    # Without the secrets it refuses to start, naming one.
+    env_file.write_text("")
+    done = subprocess.run([*base, "config", "--quiet"], capture_output=True, text=True, cwd=DEPLOY)
+    assert done.returncode != 0 and "DART_" in done.stderr
