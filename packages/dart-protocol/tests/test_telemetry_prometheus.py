@@ -57,6 +57,22 @@ async def test_tracked_events_and_busy_time_are_scraped(tmp_path: Path) -> None:
     assert re.fullmatch(r"dart\.trainer\.step\.loss", gauge_name("trainer.step", "loss"))
 
 
+async def test_engine_updates_are_one_series_per_engine(tmp_path: Path) -> None:
+    # Per-worker weight sync: each engine's latest update is its own series, labelled by engine_id.
+    rollout = setup_telemetry(
+        "dart-rollout", version="0", run_id="r1", config=TelemetryConfig(run_dir=tmp_path, prometheus_port=0)
+    )
+    try:
+        rollout.event("engine.update.end", engine_id="engine-0", version=3, ts=20.0, started_at=19.5, ok=True)
+        rollout.event("engine.update.end", engine_id="engine-1", version=2, ts=21.0, started_at=20.0, ok=True)
+        text = await asyncio.to_thread(_scrape, rollout)
+        assert _value(text, "dart_engine_update_end_version", engine_id="engine-0") == 3.0
+        assert _value(text, "dart_engine_update_end_version", engine_id="engine-1") == 2.0
+        assert _value(text, "dart_engine_update_end_started_at", engine_id="engine-1") == 20.0
+    finally:
+        rollout.shutdown()
+
+
 def test_no_endpoint_unless_configured(tmp_path: Path) -> None:
     telemetry = setup_telemetry("dart-env", version="0", run_id="r1", config=TelemetryConfig(run_dir=tmp_path))
     try:

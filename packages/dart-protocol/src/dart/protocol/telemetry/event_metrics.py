@@ -31,6 +31,13 @@ _INVALID = re.compile(r"[^A-Za-z0-9_.\\-]")
 RESOURCE_LABELS = frozenset({"service.name", "service.instance.id", "dart.run_id"})
 """Resource attributes copied as labels onto every Prometheus series."""
 
+EVENT_LABELS: Mapping[str, tuple[str, ...]] = {
+    "engine.update.end": ("engine_id",),
+    "gpu.sample": ("source", "gpu"),
+}
+"""Attributes of an event that say *which* thing it is about: they label its gauges (one series per engine,
+per GPU) instead of becoming gauges themselves."""
+
 
 def gauge_name(event: str, attribute: str) -> str:
     """The OpenTelemetry instrument name of one event attribute, e.g. ``dart.trainer.step.loss``."""
@@ -52,11 +59,15 @@ class EventGauges:
         self._lock = threading.Lock()
 
     def record(self, name: str, attrs: Mapping[str, Any]) -> None:
-        """Set the gauges of one event's numbers (untracked events are ignored)."""
+        """Set the gauges of one event's numbers, labelled by its :data:`EVENT_LABELS` (untracked events are
+        ignored)."""
         if not self.tracks(name):
             return
+        label_keys = EVENT_LABELS.get(name, ())
+        labels = {key: str(attrs[key]) for key in label_keys if key in attrs}
         for key, value in numeric_attributes(attrs).items():
-            self._gauge(name, key).set(value)
+            if key not in label_keys:
+                self._gauge(name, key).set(value, attributes=labels)
 
     def _gauge(self, event: str, attribute: str) -> metrics._Gauge:
         instrument = gauge_name(event, attribute)
