@@ -62,6 +62,7 @@ for image in env dart; do
     for pkg in ${OWN[$image]}; do
         cp "$OUT/dist/${pkg}-"*.whl "$OUT/$image/dist/"
     done
+    cp deploy/install-venv.sh "$OUT/$image/"
 done
 
 BUILD_ARGS=(--build-arg "BASE=$BASE")

@@ -8,14 +8,17 @@ and checks:
 
 - the job runs: the trainer publishes version 2 and the rollout service produces trajectories with a
   version it fetched from the store;
+- the env image carries no torch;
+- a service that dies is restarted: the data manager's process is SIGKILLed, its container restarts
+  (``restart: on-failure``) and the trainer publishes two more versions;
 - NATS refuses a client without credentials and one with another role's password;
 - Prometheus scrapes all four services and has DART metrics from each; every expression of the Grafana
   dashboard parses, and those not about held-out validation return data;
 - nothing is lost: the rollout service stops first (exit 0), the data manager takes every trajectory on
   the bus, the others stop (exit 0), and PostgreSQL's index holds each trajectory on the bus exactly once.
 
-Then it tears everything down (containers, network, volumes). Needs a running docker daemon and
-docker-compose; skipped with the reason where they are missing, failed instead with ``DART_REQUIRE_DOCKER=1``
+Then it tears everything down (containers, network, volumes). Needs root, a running docker daemon and
+docker-compose; skipped with the reason where one is missing, failed instead with ``DART_REQUIRE_DOCKER=1``
 (``.ci/run`` installs and starts them as root and sets it). About 12 minutes on 2 cores, most of it
 building the images.
 """
@@ -27,10 +30,12 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -46,6 +51,7 @@ from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parent.parent
+TAG = tomllib.loads((REPO / "packages" / "dart-protocol" / "pyproject.toml").read_text())["project"]["version"]
 DEPLOY = REPO / "deploy"
 PROJECT = "dartstacktest"
 RUN = "dart"  # run.name of deploy/dart/run.yaml
@@ -55,6 +61,8 @@ JOB_LIMIT_S = 1500.0
 
 
 def _docker_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "it kills a container's process from the host: run it as root"
     for tool in ("docker", "docker-compose", "mmdebstrap"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
@@ -113,15 +121,19 @@ class Stack:
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service).stdout.strip()
 
+    def inspect(self, service: str, template: str) -> Any:
+        """One field of the service's container (``docker inspect -f``), parsed as JSON when it is."""
+        out = subprocess.run(
+            ["docker", "inspect", "-f", template, self.container(service)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        try:
+            return json.loads(out)
+        except ValueError:
+            return out
+
     def exit_code(self, service: str) -> int:
-        state = subprocess.run(
-            ["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", self.container(service)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        assert state[0] == "false", f"{service} is still running"
-        return int(state[1])
+        assert self.inspect(service, "{{.State.Running}}") is False, f"{service} is still running"
+        return int(self.inspect(service, "{{.State.ExitCode}}"))
 
     def logs(self, *services: str) -> str:
         return self.compose("logs", "--no-color", "--tail", "40", *services, check=False).stdout
@@ -160,7 +172,7 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     missing = _docker_missing()
     if missing is not None:
-        reason = f"the stack test needs docker, docker-compose and mmdebstrap: {missing}"
+        reason = f"the stack test needs root, docker, docker-compose and mmdebstrap: {missing}"
         if os.environ.get("DART_REQUIRE_DOCKER") == "1":
             pytest.fail(f"{reason}, and DART_REQUIRE_DOCKER=1")
         pytest.skip(reason)
@@ -194,19 +206,20 @@ async def _refused(config: BusConfig) -> str:
     return ""
 
 
-async def _watch_job(stack: Stack, until: float) -> int:
-    """As the ``run`` role: wait for version 2 and a trajectory made with a fetched version."""
+async def _wait_for_version(stack: Stack, target: int, until: float, *, used: int = -1) -> int:
+    """As the ``run`` role: wait for version ``target`` and a stored trajectory made with version ``used``
+    or later (a version the rollout service fetched from the store); returns the newest version."""
     async with await Bus.connect(stack.bus_config("run")) as bus:
         state = await ensure_topology(bus)
         while True:
             latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
             version = latest.version if latest else 0
-            used = -1
-            if version >= 2:
-                (used,) = stack.sql("SELECT COALESCE(MAX(max_policy_version), -1) FROM trajectories")
-            if version >= 2 and used >= 1:
-                return version
-            assert time.monotonic() < until, f"only version {version} (used {used}) within the limit"
+            newest_used = -1
+            if version >= target:
+                (newest_used,) = stack.sql("SELECT COALESCE(MAX(max_policy_version), -1) FROM trajectories")
+                if newest_used >= used:
+                    return version
+            assert time.monotonic() < until, f"only version {version} (trajectories with {newest_used}) in time"
             await asyncio.sleep(2.0)
 
 
@@ -224,10 +237,25 @@ async def _drained(stack: Stack, until: float) -> int:
 def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack) -> None:
     until = time.monotonic() + JOB_LIMIT_S
     try:
-        version = asyncio.run(_watch_job(stack, until))
+        version = asyncio.run(_wait_for_version(stack, 2, until, used=1))
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{stack.logs(*SERVICES)}") from None
-    assert version >= 2
+
+    # The env image carries no torch (an env host installs no GPU stack).
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
+    no_torch = subprocess.run(["docker", "run", "--rm", f"dart-env:{TAG}", "python3", "-c", probe], capture_output=True)
+    assert no_torch.returncode == 0, no_torch.stderr
+
+    # A service that dies is restarted (restart: on-failure) and the job goes on: SIGKILL the data
+    # manager's process from the host (`docker kill` would count as a manual stop, never restarted).
+    os.kill(stack.inspect("data", "{{.State.Pid}}"), signal.SIGKILL)
+    while not (stack.inspect("data", "{{.RestartCount}}") >= 1 and stack.inspect("data", "{{.State.Running}}")):
+        assert time.monotonic() < until, "the killed data manager was not restarted"
+        time.sleep(1.0)
+    try:
+        version = asyncio.run(_wait_for_version(stack, version + 2, until))
+    except AssertionError as exc:
+        raise AssertionError(f"after the restart: {exc}\n{stack.logs(*SERVICES)}") from None
 
     # Credentials are required, and a password is only good for its own role.
     anonymous = BusConfig(url=f"nats://127.0.0.1:{stack.ports['NATS']}", run=RUN, connect_timeout_s=5.0)
