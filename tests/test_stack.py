@@ -19,8 +19,8 @@ and checks:
 
 Then it tears everything down (containers, network, volumes). Needs root, a running docker daemon and
 docker-compose; skipped with the reason where one is missing, failed instead with ``DART_REQUIRE_DOCKER=1``
-(``.ci/run`` installs and starts them as root and sets it). About 7 minutes on 2 cores without any
-image present, 4.5 of them building the images.
+(``.ci/run`` installs and starts them as root and sets it). About 6 minutes on 2 cores without any
+image present, 5 of them building the images.
 """
 
 from __future__ import annotations
