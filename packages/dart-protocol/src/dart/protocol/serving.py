@@ -76,6 +76,19 @@ class ServeRunSection(ConfigModel):
     """Intra-op threads of torch in this process (engines, trainer); None: torch's default."""
 
 
+def store_or_local(store: StoreConfig | None, run_dir: Path | None, source: str) -> StoreConfig:
+    """``store`` when set, else the local store under ``<run_dir>/artifacts`` (how every config names its store).
+
+    Raises:
+        ConfigError: Neither is set (``source`` names the config in the message).
+    """
+    if store is not None:
+        return store
+    if run_dir is None:
+        raise ConfigError(source, "store", "set store (or run.run_dir for a local store under it)")
+    return StoreConfig(uri=(run_dir.resolve() / "artifacts").as_uri())
+
+
 class ServeConfig(ConfigModel):
     """The sections every served service reads; a service's config adds its own section."""
 
@@ -102,11 +115,7 @@ class ServeConfig(ConfigModel):
         Raises:
             ConfigError: Neither ``store`` nor ``run.run_dir`` is set.
         """
-        if self.store is not None:
-            return self.store
-        if self.run.run_dir is None:
-            raise ConfigError("serve config", "store", "set store (or run.run_dir for a local store under it)")
-        return StoreConfig(uri=(self.run.run_dir.resolve() / "artifacts").as_uri())
+        return store_or_local(self.store, self.run.run_dir, "serve config")
 
     def telemetry_for(self, service: str, version: str) -> Telemetry:
         """Telemetry of ``dart-<service>``, writing ``<run_dir>/telemetry/<service>.jsonl`` when the run

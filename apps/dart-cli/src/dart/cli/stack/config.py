@@ -18,6 +18,7 @@ from dart.protocol.bus import BusConfig
 from dart.protocol.config import ConfigModel, load_config
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
+from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
 from dart.rollout.service.config import RolloutConfig
@@ -172,12 +173,12 @@ def load_run_config(path: str | Path) -> RunConfig:
 
 
 def store_config(config: RunConfig) -> StoreConfig:
-    """The artifact store of the run (the run directory's local store by default)."""
-    if config.store is not None:
-        return config.store
-    if config.run.run_dir is None:
-        raise ValueError("run.run_dir is not set: resolve the config with `dart run` first")
-    return StoreConfig(uri=(config.run.run_dir.resolve() / "artifacts").as_uri())
+    """The artifact store of the run (the run directory's local store by default).
+
+    Raises:
+        ConfigError: Neither ``store`` nor ``run.run_dir`` is set (``dart run`` sets the run directory).
+    """
+    return store_or_local(config.store, config.run.run_dir, "run config")
 
 
 def load_tasks(config: RunConfig) -> list[TaskSpec]:
