@@ -7,7 +7,8 @@ given size, records oracle demonstrations on ``layouts`` sim tasks per family (l
 2000, the ``train`` split's range: its 16 per family are the first 16 here, and no seed reaches
 the held-out split's 3000), runs SFT, and evaluates greedily (the hf engine, the rollout's prompt
 builder and action parser) on the 32 ``builtin:heldout`` tasks and on 32 of its own training tasks,
-at a few points during training.
+at a few points during training, and the NLL of the oracle's actions on the held-out screens (a
+continuous measure of generalization, which moves before held-out successes do).
 
 Usage::
 
@@ -59,8 +60,10 @@ SPECS: dict[str, TinyModelSpec] = {
         vision_heads=4,
         vision_intermediate_size=512,
     ),
+    "tiny448": TinyModelSpec(image_size=448),
 }
-"""Model sizes: ``tiny`` is the quickstart's (``dart model init-tiny`` defaults)."""
+"""Model sizes: ``tiny`` is the quickstart's (``dart model init-tiny`` defaults); ``tiny448`` the same model
+shown the 224 x 224 sim screens upscaled to 448 x 448 (256 image tokens instead of 64)."""
 
 TRAIN_SEED = 2
 """generate_suite seed of the training layouts (seeds 2000 + i), the ``train`` split's."""
@@ -123,7 +126,19 @@ def _batch_forward(model: Any, rows: list[ModelInputs], device: str, dtype: torc
     )
 
 
-async def _episode(engine: HFEngine, task: TaskSpec) -> bool:
+def _mean_nll(model: Any, rows: list[ModelInputs], device: str, dtype: torch.dtype) -> float:
+    """Token-mean response NLL of ``rows`` (no gradient), in batches of 16."""
+    total = tokens = 0.0
+    with torch.no_grad():
+        for lo in range(0, len(rows), 16):
+            chunk = rows[lo : lo + 16]
+            n = sum(r.response_len for r in chunk)
+            total += float(_batch_forward(model, chunk, device, dtype)) * n
+            tokens += n
+    return total / tokens
+
+
+async def _episode(engine: HFEngine, task: TaskSpec, image_size: int) -> bool:
     """One greedy episode of ``task`` on its own sim instance; True on success."""
     env = SimEnv()
     await env.start()
@@ -131,7 +146,7 @@ async def _episode(engine: HFEngine, task: TaskSpec) -> bool:
         observation, instruction = await env.reset(task)
         history: list[HistoryStep] = []
         for _ in range(task.max_steps):
-            prompt = build_prompt(instruction, observation.screenshot, history, max_images=1, image_size=224)
+            prompt = build_prompt(instruction, observation.screenshot, history, max_images=1, image_size=image_size)
             result = await engine.generate(GenerationRequest(prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0.0))
             parsed = parse_action(result.text)
             history.append(HistoryStep(result.text))
@@ -146,10 +161,10 @@ async def _episode(engine: HFEngine, task: TaskSpec) -> bool:
         await env.close()
 
 
-async def _success(model: Any, processor: Any, tasks: list[TaskSpec], device: str) -> float:
+async def _success(model: Any, processor: Any, tasks: list[TaskSpec], device: str, image_size: int) -> float:
     engine = HFEngine(HFEngineConfig(model_path="-", device=device, max_batch_size=64), model, processor)
     try:
-        outcomes = await asyncio.gather(*(_episode(engine, t) for t in tasks))
+        outcomes = await asyncio.gather(*(_episode(engine, t, image_size) for t in tasks))
     finally:
         await engine.close()
     return sum(outcomes) / len(tasks)
@@ -168,22 +183,29 @@ def run_config(
     if not path.exists():
         write_tiny_checkpoint(path, seed=0, spec=SPECS[config.spec])
     model, processor = load_policy(str(path), dtype=dtype, device=device)
-    tasks = list(generate_suite("train", per_family=config.layouts, difficulties=("easy",), seed=TRAIN_SEED).tasks)
-    demos, _ = asyncio.run(
-        record_demos(
-            tasks,
-            processor,
-            env_config=EnvServiceConfig(backend="sim"),
-            episodes_per_task=1,
-            max_images=1,
-            image_size=224,
-            seed=seed,
-        )
-    )
+    image_size = SPECS[config.spec].image_size
     builder = InputBuilder(processor, model.config.image_token_id)
-    rows = [builder.build(d.prompt_token_ids, d.response_token_ids, d.images) for d in demos]
-    record_s = time.monotonic() - started
+
+    def demo_rows(suite: list[TaskSpec]) -> list[ModelInputs]:
+        demos, _ = asyncio.run(
+            record_demos(
+                suite,
+                processor,
+                env_config=EnvServiceConfig(backend="sim"),
+                episodes_per_task=1,
+                max_images=1,
+                image_size=image_size,
+                seed=seed,
+            )
+        )
+        return [builder.build(d.prompt_token_ids, d.response_token_ids, d.images) for d in demos]
+
+    tasks = list(generate_suite("train", per_family=config.layouts, difficulties=("easy",), seed=TRAIN_SEED).tasks)
+    rows = demo_rows(tasks)
     heldout = list(load_builtin_suite("heldout").tasks)
+    # The oracle's actions on the held-out screens: their NLL measures generalization before any success does.
+    heldout_rows = demo_rows(heldout)
+    record_s = time.monotonic() - started
     by_family: dict[str, list[TaskSpec]] = {}
     for task in tasks:
         by_family.setdefault(str(task.params["family"]), []).append(task)
@@ -211,13 +233,15 @@ def run_config(
                 point = {
                     "step": step,
                     "loss": round(loss, 4),
-                    "heldout": asyncio.run(_success(model, processor, heldout, device)),
-                    "train": asyncio.run(_success(model, processor, seen, device)),
+                    "heldout_nll": round(_mean_nll(model, heldout_rows, device, dtype), 4),
+                    "heldout": asyncio.run(_success(model, processor, heldout, device, image_size)),
+                    "train": asyncio.run(_success(model, processor, seen, device, image_size)),
                     "samples": step * config.batch,
                 }
             curve.append(point)
             print(
-                f"  {config.name} step {step}: loss {loss:.3f} held-out {point['heldout']:.3f} "
+                f"  {config.name} step {step}: loss {loss:.3f} held-out nll {point['heldout_nll']:.3f} "
+                f"success {point['heldout']:.3f} "
                 f"train {point['train']:.3f}",
                 flush=True,
             )
@@ -268,13 +292,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.out is not None:
                 with args.out.open("a") as f:
                     f.write(json.dumps(result) + "\n")
-    print("| config | params | demos | s/step | step | loss | held-out | train |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| config | params | demos | s/step | step | loss | held-out nll | held-out | train |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         for p in r["curve"]:
             print(
                 f"| {r['config']['name']} | {r['parameters']} | {r['demos']} | {r['s_per_step']} | {p['step']} | "
-                f"{p['loss']} | {p['heldout']:.3f} | {p['train']:.3f} |"
+                f"{p['loss']} | {p['heldout_nll']} | {p['heldout']:.3f} | {p['train']:.3f} |"
             )
     print(json.dumps({"device": args.device, "dtype": args.dtype, "results": results}))
     return 0

@@ -26,7 +26,7 @@ def test_a_configuration_trains_and_is_evaluated(tmp_path: Path, capsys: pytest.
     assert [p["step"] for p in result["curve"]] == [2, 3]
     for point in result["curve"]:
         assert 0.0 <= point["heldout"] <= 1.0 and 0.0 <= point["train"] <= 1.0
-        assert point["loss"] > 0
+        assert point["loss"] > 0 and point["heldout_nll"] > 0
     assert json.loads(out.read_text()) == result
 
 
