@@ -139,7 +139,12 @@ def _mean_nll(model: Any, rows: list[ModelInputs], device: str, dtype: torch.dty
 
 
 async def _episode(engine: HFEngine, task: TaskSpec, image_size: int) -> bool:
-    """One greedy episode of ``task`` on its own sim instance; True on success."""
+    """One greedy episode of ``task`` on its own sim instance; True on success.
+
+    The rollout runner's loop without the bus and the env service (so the script runs on a bare GPU
+    machine), and a little stricter: an unparseable answer ends the episode here, where the runner lets
+    the policy answer again. Every figure in docs/benchmarks.md was measured with this loop.
+    """
     env = SimEnv()
     await env.start()
     try:
