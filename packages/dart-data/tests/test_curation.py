@@ -183,12 +183,15 @@ def test_outstanding_work_and_planner(traj_factory) -> None:  # type: ignore[no-
         tasks, CurationConfig(default_rollouts=3, min_rollouts=2, max_rollouts=6), EmissionConfig(), stats
     )
     g1 = planner.next_group(current_version=10, max_staleness=4)
-    assert [w.rollout_index for w in g1] == [0, 1, 2] and all(w.min_policy_version == 6 for w in g1)
-    assert len({w.work_id for w in g1}) == 3 and len({w.group_id for w in g1}) == 1
     g2 = planner.next_group(current_version=1, max_staleness=4)
-    assert g2[0].task.task_id == "t2" and len(g2) == 6 and g2[0].min_policy_version == 0
-    assert g2[0].max_steps == 5  # ceil(3 successful steps * 1.5), under the task budget 7
-    assert planner.next_group(0, None)[0].task == TASK  # cycles
+    by_task = {g[0].task.task_id: g for g in (g1, g2)}
+    assert set(by_task) == {TASK.task_id, "t2"}  # one pass plans each task once, in a shuffled order
+    default, t2 = by_task[TASK.task_id], by_task["t2"]
+    assert [w.rollout_index for w in default] == [0, 1, 2] and len(t2) == 6
+    assert all(w.min_policy_version == 6 for w in g1) and all(w.min_policy_version == 0 for w in g2)
+    assert all(len({w.work_id for w in g}) == len(g) and len({w.group_id for w in g}) == 1 for g in (g1, g2))
+    assert t2[0].max_steps == 5  # ceil(3 successful steps * 1.5), under the task budget 7
+    assert planner.next_group(0, None)[0].task in tasks and planner.groups_planned == 3  # the next pass
     with pytest.raises(ValueError, match="empty"):
         WorkPlanner([], CurationConfig(), EmissionConfig(), {})
 

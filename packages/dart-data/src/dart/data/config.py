@@ -125,7 +125,11 @@ class EmissionConfig(ConfigModel):
     temperature: float = Field(default=1.0, ge=0, le=10)
     """Sampling temperature put on work items."""
     max_groups: int | None = Field(default=None, ge=0)
-    """Stop after emitting this many groups; None cycles the task list forever."""
+    """Stop after emitting this many groups; None walks the task list forever."""
+    seed: int = 0
+    """Seed of the task order: each pass over the task list is a permutation drawn from this seed
+    and the pass number (see :class:`dart.data.work.WorkPlanner`), the same on every run with the
+    same seed, including after a data-manager restart (which starts again at the first pass)."""
     decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig)
     coupled: CoupledConfig = Field(default_factory=CoupledConfig)
 

@@ -126,7 +126,7 @@ class DataService:
             config: Service configuration.
             bus: A connected bus.
             store: Artifact store for trajectory blobs.
-            tasks: Tasks to emit work for, cycled in order (the orchestrator loads the suite).
+            tasks: Tasks to emit work for, in seeded shuffled passes (the orchestrator loads the suite).
             telemetry: Where ``data.*`` events go; None writes none.
             clock: Monotonic seconds for group and work timeouts (injectable for tests).
         """

@@ -9,10 +9,19 @@ Work-group lifecycle in the account: ``emitted`` (all its work items published; 
 outstanding) -> each received trajectory removes one -> ``settled`` when all arrived, or
 ``expired`` ``work_timeout_s`` after emission (the missing ones stop counting: a runner that gave
 up for good must not stall emission forever).
+
+Task order: the planner walks the task list in passes, each pass a fresh permutation drawn from
+``emission.seed`` and the pass number, so every task gets one group per pass while consecutive
+groups (and so the groups in flight and in each batch) mix the suite's families; suites are
+written grouped by family, and walking them in order made the work of a whole minute come from one
+family. The order is a function of the seed alone: a restarted data manager starts again at the
+first pass's permutation (its planning position is not persisted), so the tasks planned early in
+the interrupted pass get a group more than the rest, at most one pass's worth of imbalance.
 """
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -73,9 +82,11 @@ def min_policy_version(current_version: int, max_staleness: int | None) -> int:
 
 
 class WorkPlanner:
-    """Plans work groups, cycling through the task list.
+    """Plans work groups, walking the task list in passes of seeded shuffles.
 
     Each group is one task x its current rollout count, with the task's current step budget.
+    Pass ``p`` visits every task once, in the order of ``random.Random(f"{seed}/{p}")``'s shuffle of
+    the task list: deterministic given ``emission.seed``, a different permutation each pass.
     """
 
     def __init__(
@@ -88,7 +99,7 @@ class WorkPlanner:
         """Create a planner.
 
         Args:
-            tasks: The task list (a suite), cycled in order.
+            tasks: The task list (a suite); its order does not matter (each pass shuffles it).
             curation: Rollout-count and step-budget rules.
             emission: Temperature and limits.
             stats: Live per-task statistics (read at planning time).
@@ -99,14 +110,26 @@ class WorkPlanner:
         self.curation = curation
         self.emission = emission
         self.stats = stats
-        self._cursor = 0
         self.groups_planned = 0
+        self._pass: list[TaskSpec] = []
+
+    def pass_order(self, index: int) -> list[TaskSpec]:
+        """The tasks of pass ``index`` in the order they are planned."""
+        order = list(self.tasks)
+        random.Random(f"{self.emission.seed}/{index}").shuffle(order)
+        return order
+
+    def next_task(self) -> TaskSpec:
+        """The task of the next group (advances the plan)."""
+        position = self.groups_planned % len(self.tasks)
+        if position == 0:
+            self._pass = self.pass_order(self.groups_planned // len(self.tasks))
+        self.groups_planned += 1
+        return self._pass[position]
 
     def next_group(self, current_version: int, max_staleness: int | None) -> list[WorkItem]:
         """The work items of the next group."""
-        task = self.tasks[self._cursor % len(self.tasks)]
-        self._cursor += 1
-        self.groups_planned += 1
+        task = self.next_task()
         stats = self.stats.get(task.task_id)
         size = rollout_count(stats, self.curation)
         steps = max_steps_for(task, stats, self.curation)
