@@ -54,27 +54,82 @@ class TorchBackendSettings(ConfigModel):
         return 1
 
 
-class FsdpBackendSettings(ConfigModel):
-    """PyTorch FSDP2: parameters, gradients and optimizer state sharded over ``nproc`` data-parallel ranks.
+class NodeSettings(ConfigModel):
+    """Where the ranks of a multi-process backend run: one machine, or ``nnodes`` joined by torchrun's rendezvous.
 
-    Launched with torchrun when ``nproc > 1`` (``dart serve train`` / ``dart run`` do it); gloo on CPU,
-    NCCL on GPU (rank r uses ``cuda:<local rank>``).
+    Every machine runs ``dart-train serve --config FILE`` with the same file except ``node_rank`` (set it per
+    machine, e.g. ``DART_TRAIN__BACKEND__NODE_RANK=1``); each launches its own ranks with torchrun, and the
+    ranks of all machines form one process group. Global rank 0 serves the trainer (consumes batches,
+    publishes weights); every other rank follows it. With the ``static`` rendezvous global rank 0 is local
+    rank 0 of node 0, which hosts the rendezvous store at ``rdzv_endpoint``; with ``c10d`` the rendezvous
+    numbers the machines itself (any one may hold rank 0, so every machine must reach NATS and the store).
+    """
+
+    nnodes: int = Field(default=1, ge=1)
+    """Machines the ranks span; 1 runs every rank here (torchrun ``--standalone``)."""
+    node_rank: int = Field(default=0, ge=0)
+    """This machine's index, ``0 .. nnodes-1`` (static rendezvous: node 0 holds global rank 0)."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` of the rendezvous (static: node 0's address and a free port there); needed when
+    ``nnodes > 1``."""
+    rdzv_backend: Literal["static", "c10d"] = "static"
+    """torchrun's rendezvous: ``static`` (fixed node ranks, node 0 hosts the store) or ``c10d`` (the
+    rendezvous assigns node ranks; the host of ``rdzv_endpoint`` keeps the store)."""
+    rdzv_id: str = Field(default="dart-train", min_length=1)
+    """Rendezvous id: the same on every machine of one trainer, different for two trainers sharing an endpoint."""
+    rdzv_timeout_s: float = Field(default=900.0, gt=0.0)
+    """How long a machine waits for the others to join (c10d; static waits on the store's timeout)."""
+
+    @model_validator(mode="after")
+    def _nodes_fit(self) -> NodeSettings:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is not below nnodes {self.nnodes}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(f"nnodes {self.nnodes} needs rdzv_endpoint (host:port of node 0's rendezvous)")
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"rdzv_endpoint {self.rdzv_endpoint!r} is not host:port")
+        if self.world_size % self.nnodes:
+            raise ValueError(f"the world size {self.world_size} does not split evenly over nnodes {self.nnodes}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Processes the backend runs as, on all machines together."""
+        raise NotImplementedError
+
+    @property
+    def nproc_per_node(self) -> int:
+        """Ranks this machine launches."""
+        return self.world_size // self.nnodes
+
+
+class FsdpBackendSettings(NodeSettings):
+    """PyTorch FSDP2: parameters, gradients and optimizer state sharded over the data-parallel ranks.
+
+    Launched with torchrun when the world size exceeds 1 (``dart serve train`` / ``dart run`` do it); gloo on
+    CPU, NCCL on GPU (rank r uses ``cuda:<local rank>``). ``nproc`` ranks per machine, ``nnodes`` machines.
     """
 
     kind: Literal["fsdp"] = "fsdp"
     nproc: int = Field(default=1, ge=1)
-    """Ranks (processes); on GPU one per device."""
+    """Ranks (processes) per machine; on GPU one per device."""
     mixed_precision: Literal["none", "bf16"] = "none"
     """``bf16`` computes in bfloat16 with float32 master weights and gradient reduction (GPU only)."""
 
     @property
     def world_size(self) -> int:
-        """Processes the backend runs as."""
-        return self.nproc
+        """Processes the backend runs as, on all machines together."""
+        return self.nproc * self.nnodes
 
 
-class MegatronBackendSettings(ConfigModel):
-    """megatron-core: tensor (and pipeline) parallel Qwen2.5-VL language model, vision tower from transformers."""
+class MegatronBackendSettings(NodeSettings):
+    """megatron-core: tensor (and pipeline) parallel Qwen2.5-VL language model, vision tower from transformers.
+
+    ``tensor_parallel_size * data_parallel_size`` ranks in all, split evenly over ``nnodes`` machines (a
+    tensor-parallel group may span machines; keep it within one where the interconnect is faster).
+    """
 
     kind: Literal["megatron"] = "megatron"
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -86,7 +141,7 @@ class MegatronBackendSettings(ConfigModel):
 
     @property
     def world_size(self) -> int:
-        """Processes the backend runs as."""
+        """Processes the backend runs as, on all machines together."""
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
 

@@ -6,7 +6,8 @@ parameters are all-gathered for its forward/backward and freed after. gloo on CP
 on ``cuda:<LOCAL_RANK>``); with ``mixed_precision: bf16`` (GPU only) compute runs in bfloat16 while
 master weights and gradient reduction stay float32.
 
-Launch: ``torchrun --nproc-per-node N`` (``dart serve train`` does it when ``train.backend.nproc > 1``);
+Launch: ``torchrun --nproc-per-node N`` (``dart serve train`` does it when ``train.backend.nproc > 1``, with
+torchrun's rendezvous across machines when ``train.backend.nnodes > 1``);
 without torchrun's environment the backend runs as a one-rank group. Checkpoints are
 ``torch.distributed.checkpoint`` directories (sharded, resharding on load); publishing gathers the full
 Hugging Face state dict on rank 0 (CPU-offloaded), which the engines load unchanged.
@@ -71,10 +72,10 @@ class FsdpBackend(TorchBackend):
         if settings.mixed_precision == "bf16" and device_type != "cuda":
             raise TrainerError("train.backend.mixed_precision bf16 needs a GPU (train.device cuda)")
         rank, world, local_rank = init_process_group(device_type)
-        if world != settings.nproc:
+        if world != settings.world_size:
             raise TrainerError(
-                f"train.backend.nproc is {settings.nproc} but {world} processes started: launch with "
-                f"torchrun --nproc-per-node {settings.nproc} (dart serve train does)"
+                f"train.backend wants {settings.world_size} ranks (nproc {settings.nproc} x nnodes "
+                f"{settings.nnodes}) but {world} processes started: launch with dart-train serve on each machine"
             )
         device = torch.device(f"cuda:{local_rank}") if device_type == "cuda" else torch.device("cpu")
         if device_type == "cuda":

@@ -2,8 +2,9 @@
 
 Reads the run config's shared sections and ``train`` (see :mod:`dart.protocol.serving`). A backend with
 ``world_size`` > 1 (FSDP2, megatron-core) is served as that many torchrun ranks: the command launches
-them (each runs this module again), rank 0 serves the trainer, the others follow it in the backend's
-collectives; the exit code is the ranks' own.
+this machine's share of them (each runs this module again), global rank 0 serves the trainer, the others
+follow it in the backend's collectives; the exit code is the ranks' own. With ``train.backend.nnodes`` > 1
+every machine runs this command with its own ``node_rank`` and torchrun's rendezvous joins their ranks.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dart.protocol.lifetime import exit_with_parent
 from dart.protocol.serving import ServeConfig, serve_or_exit, service_main
 from dart.protocol.telemetry import Telemetry
 from dart.train import __version__
-from dart.train.config import TrainerConfig
+from dart.train.config import NodeSettings, TrainerConfig
 
 STATUS_DIR_ENV = "DART_TRAIN_RANK_STATUS_DIR"
 
@@ -52,31 +53,47 @@ async def run_train(config: TrainServeConfig, bus: Bus, telemetry: Telemetry, st
     await runner
 
 
-def launch_ranks(config_file: Path, nproc: int) -> int:
-    """Run ``dart-train serve`` as ``nproc`` torchrun ranks until they end; returns the exit code.
+def torchrun_argv(nodes: NodeSettings) -> list[str]:
+    """torchrun's command line (up to the module it runs) for this machine's share of the ranks."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nodes.nproc_per_node}"]
+    if nodes.nnodes == 1:
+        return [*argv, "--standalone"]
+    assert nodes.rdzv_endpoint is not None  # the settings' validator requires it with nnodes > 1
+    argv += [f"--nnodes={nodes.nnodes}", f"--rdzv-backend={nodes.rdzv_backend}"]
+    argv += [f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={nodes.rdzv_id}"]
+    if nodes.rdzv_backend == "static":
+        argv.append(f"--node-rank={nodes.node_rank}")
+    else:
+        argv.append(f"--rdzv-conf=join_timeout={int(nodes.rdzv_timeout_s)}")
+    # One machine's ranks failing is the whole trainer failing: no elastic restarts behind the service's back.
+    return [*argv, "--max-restarts=0"]
+
+
+def launch_ranks(config_file: Path, nodes: NodeSettings) -> int:
+    """Run this machine's ``dart-train serve`` ranks under torchrun until they end; returns the exit code.
 
     SIGTERM/SIGINT are passed on to torchrun, which passes SIGTERM to the ranks: rank 0 stops
-    gracefully and tells the others to stop. torchrun itself exits non-zero whenever it was signalled,
-    so the code returned is the ranks' own: each records it in a status directory (missing = failed).
+    gracefully and tells the others (on every machine) to stop. torchrun itself exits non-zero whenever
+    it was signalled, so the code returned is the ranks' own: each records it in a status directory by
+    its local rank (missing = failed).
     """
     status = Path(tempfile.mkdtemp(prefix="dart-train-ranks-"))
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    argv += ["-m", "dart.train.serve", "serve", "--config", str(config_file)]
+    argv = [*torchrun_argv(nodes), "-m", "dart.train.serve", "serve", "--config", str(config_file)]
     proc = subprocess.Popen(argv, env={**os.environ, STATUS_DIR_ENV: str(status)})
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: proc.send_signal(signal.SIGTERM))
     code = proc.wait()
-    ranks = [status / f"rank-{r}" for r in range(nproc)]
+    ranks = [status / f"rank-{r}" for r in range(nodes.nproc_per_node)]
     codes = [int(p.read_text()) if p.is_file() else 1 for p in ranks]
     shutil.rmtree(status, ignore_errors=True)
     return 0 if all(c == 0 for c in codes) else (code or 1)
 
 
 def record_rank(code: int) -> None:
-    """Record this rank's exit code for :func:`launch_ranks` (when it launched this rank)."""
+    """Record this rank's exit code for :func:`launch_ranks` (when it launched this rank), by local rank."""
     directory = os.environ.get(STATUS_DIR_ENV)
     if directory:
-        (Path(directory) / f"rank-{os.environ.get('RANK', '0')}").write_text(str(code))
+        (Path(directory) / f"rank-{os.environ.get('LOCAL_RANK', '0')}").write_text(str(code))
 
 
 def follow(config: TrainServeConfig) -> None:
@@ -100,10 +117,11 @@ def follow(config: TrainServeConfig) -> None:
 
 def _ranks(config: TrainServeConfig, config_file: Path) -> int | None:
     """Before serving: launch the ranks of a multi-process backend, or serve/follow as one of them."""
-    if config.train.backend.world_size <= 1:
+    backend = config.train.backend
+    if not isinstance(backend, NodeSettings) or backend.world_size <= 1:
         return None
     if "RANK" not in os.environ:
-        return launch_ranks(config_file, config.train.backend.world_size)
+        return launch_ranks(config_file, backend)
     # torchrun starts each rank in its own session: a SIGKILL of its agent would leave ranks waiting in a
     # collective forever, so each rank goes when the agent goes.
     exit_with_parent()

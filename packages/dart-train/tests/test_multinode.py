@@ -1,0 +1,172 @@
+"""A trainer across machines: two ``dart-train serve`` launchers joined by torchrun's rendezvous on loopback.
+
+Each "machine" runs the package's own command with the same config file except its node rank (given as
+``DART_TRAIN__BACKEND__NODE_RANK``, as a deployment would). Both launchers' ranks form one process group,
+global rank 0 (node 0) consumes the batches and publishes. The weights it publishes after the same two
+batches must equal those of one launcher running every rank itself: FSDP2 with 2 nodes x 1 rank, and
+megatron-core with its tensor-parallel group of 2 split across the two nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from dart.embedded.process import free_port
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
+from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, ensure_topology
+from dart.train.config import FsdpBackendSettings, MegatronBackendSettings
+from dart.train.serve import torchrun_argv
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+BACKENDS: dict[str, dict[str, Any]] = {
+    "fsdp": {"kind": "fsdp", "nproc": 2},
+    "megatron": {"kind": "megatron", "tensor_parallel_size": 2},
+}
+ACROSS_TWO: dict[str, dict[str, Any]] = {
+    "fsdp": {"kind": "fsdp", "nproc": 1},
+    "megatron": {"kind": "megatron", "tensor_parallel_size": 2},
+}
+
+
+async def _feed_and_wait(
+    url: str, run: str, samples: list[TrainingSample], procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Publish two batches, then wait until version 2 is announced (or a launcher dies)."""
+    async with await Bus.connect(BusConfig(url=url, run=run)) as bus:
+        await ensure_topology(bus)
+        for i in range(2):
+            batch = TrainingBatch(
+                batch_id=f"b{i}",
+                samples=samples,
+                group_ids=["g"],
+                min_policy_version=0,
+                max_policy_version=0,
+                created_at=1.0,
+            )
+            await bus.js_publish(bus.subjects.stream_subject("batch"), batch, f"b{i}")
+        state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET))
+        deadline = time.monotonic() + 800.0
+        while True:
+            latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+            if latest is not None and latest.version >= 2:
+                return
+            dead = [p.returncode for p in procs if p.poll() is not None]
+            assert not dead, f"a launcher exited with {dead} before version 2"
+            assert time.monotonic() < deadline, "version 2 was not published"
+            await asyncio.sleep(0.5)
+
+
+def _train(
+    tmp: Path, nats_url: str, checkpoint: Path, samples: list[TrainingSample], backend: dict[str, Any], nnodes: int
+) -> dict[str, torch.Tensor]:
+    """Run the trainer on two batches with ``nnodes`` launchers; the weights it published as version 2."""
+    run = f"mn-{uuid.uuid4().hex[:8]}"
+    nodes = {"nnodes": nnodes}
+    if nnodes > 1:
+        nodes["rdzv_endpoint"] = f"127.0.0.1:{free_port()}"  # type: ignore[assignment]
+    config = {
+        "run": {"name": run, "run_dir": str(tmp / "run"), "torch_threads": 1},
+        "bus": {"url": nats_url},
+        "store": {"uri": f"file://{tmp / 'artifacts'}"},
+        "train": {
+            "model_path": str(checkpoint),
+            "lr": 1e-3,
+            "num_threads": 1,
+            "publish_every": 1,
+            "micro_batch_size": 4,
+            "backend": {**backend, **nodes},
+        },
+    }
+    tmp.mkdir(parents=True)
+    (tmp / "run.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "dart.train.serve", "serve", "--config", str(tmp / "run.yaml")]
+    procs = []
+    for node in range(nnodes):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DART_TRAIN__BACKEND__NODE_RANK": str(node)}
+        with (tmp / f"node-{node}.log").open("wb") as log:
+            procs.append(subprocess.Popen(command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        try:
+            asyncio.run(_feed_and_wait(nats_url, run, samples, procs))
+        except AssertionError as e:
+            logs = {n: (tmp / f"node-{n}.log").read_text()[-3000:] for n in range(nnodes)}
+            raise AssertionError(f"{e}; logs: {logs}") from None
+        for proc in procs:  # node 0's rank 0 stops first and tells every other rank
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(timeout=300) for proc in procs]
+        assert codes == [0] * nnodes, {n: (tmp / f"node-{n}.log").read_text()[-3000:] for n in range(nnodes)}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    shards = sorted((tmp / "artifacts" / "weights" / "v2").glob("*.safetensors"))
+    assert shards, "no published weights for version 2"
+    weights: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        weights.update(load_file(str(shard)))
+    return weights
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "megatron"])
+def test_two_launchers_train_as_one(
+    kind: str, nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    if kind == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core is not installed in this environment")
+    one = _train(tmp_path / "one", nats_url, tiny_checkpoint, rollout_samples, BACKENDS[kind], nnodes=1)
+    two = _train(tmp_path / "two", nats_url, tiny_checkpoint, rollout_samples, ACROSS_TWO[kind], nnodes=2)
+    assert one.keys() == two.keys()
+    initial = load_file(str(tiny_checkpoint / "model.safetensors"))
+    shared = one.keys() & initial.keys()
+    assert shared, "the published weights share no tensor name with the initial checkpoint"
+    moved = max((one[k] - initial[k]).abs().max().item() for k in shared)
+    assert moved > 1e-4, "the trainer did not move the weights: the comparison would prove nothing"
+    worst = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert worst < 1e-6, f"two launchers trained differently from one (max abs difference {worst})"
+
+
+def test_torchrun_command_per_node() -> None:
+    """The launcher's torchrun arguments: standalone on one machine, the rendezvous across several."""
+    single = torchrun_argv(FsdpBackendSettings(nproc=2))
+    assert "--standalone" in single and "--nproc-per-node=2" in single
+    static = torchrun_argv(
+        MegatronBackendSettings(
+            tensor_parallel_size=2, data_parallel_size=2, nnodes=2, node_rank=1, rdzv_endpoint="h:29400"
+        )
+    )
+    assert "--standalone" not in static and "--nproc-per-node=2" in static and "--nnodes=2" in static
+    assert {"--rdzv-backend=static", "--rdzv-endpoint=h:29400", "--node-rank=1", "--max-restarts=0"} <= set(static)
+    dynamic = torchrun_argv(FsdpBackendSettings(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_backend="c10d"))
+    assert "--rdzv-backend=c10d" in dynamic and not any(a.startswith("--node-rank") for a in dynamic)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"kind": "fsdp", "nnodes": 2}, "needs rdzv_endpoint"),
+        ({"kind": "fsdp", "nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "not below nnodes"),
+        ({"kind": "fsdp", "nnodes": 2, "rdzv_endpoint": "no-port"}, "is not host:port"),
+        ({"kind": "megatron", "tensor_parallel_size": 3, "nnodes": 2, "rdzv_endpoint": "h:1"}, "split evenly"),
+    ],
+)
+def test_node_settings_are_checked(settings: dict[str, Any], message: str) -> None:
+    from dart.train.config import TrainerConfig
+
+    with pytest.raises(ValueError, match=message):
+        TrainerConfig.model_validate({"backend": settings})
