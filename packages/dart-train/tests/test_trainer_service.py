@@ -75,6 +75,7 @@ async def test_trains_acks_and_publishes_each_batch(
             await asyncio.sleep(0.05)
         await asyncio.wait_for(again.stop(), timeout=10)
         assert task.done() and again.stats.rejected == 1 and again.stats.batches == 0
+        assert again.stats.skipped == {"image_corrupt": 1} and again.stats.failed == 0
         assert again.version == 2 and again.backend.step == 2
         backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
         assert backlog.num_pending == 0 and backlog.num_ack_pending == 0
