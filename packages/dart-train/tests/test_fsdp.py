@@ -1,4 +1,5 @@
-"""FSDP2 backend: 2 gloo ranks (real torchrun processes) match one process; checkpoints resume exactly."""
+"""FSDP2 backend: 2 gloo ranks (real torchrun processes) match one process; checkpoints resume exactly; a
+fault on one rank skips the batch on both."""
 
 from __future__ import annotations
 
@@ -19,19 +20,25 @@ from dart.train.config import TrainerConfig
 pytestmark = pytest.mark.unit
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
+FAULT_WORKER = Path(__file__).with_name("rank_fault_worker.py")
 
 
-def _run_fsdp(config: dict[str, object], samples: list[TrainingSample], out: Path, nproc: int) -> dict[str, object]:
+def _torchrun(worker: Path, config: dict[str, object], samples: list[TrainingSample], out: Path, nproc: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({**config, "backend": {"kind": "fsdp", "nproc": nproc}}))
     (out / "samples.json").write_text(json.dumps([s.model_dump(mode="json") for s in samples]))
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        str(WORKER), str(out / "config.json"), str(out / "samples.json"), str(out),
+        str(worker), str(out / "config.json"), str(out / "samples.json"), str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # The timeout only bounds a hang (ranks stuck in a collective): a passing run ends by itself.
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _run_fsdp(config: dict[str, object], samples: list[TrainingSample], out: Path, nproc: int) -> dict[str, object]:
+    _torchrun(WORKER, config, samples, out, nproc)
     result: dict[str, object] = torch.load(out / "result.pt", weights_only=True)
     return result
 
@@ -79,3 +86,31 @@ def test_fsdp_two_ranks_match_one_process_and_resume_exactly(
     assert isinstance(resumed, dict)
     for name, w in final.items():
         assert torch.equal(resumed[name], w), name
+
+
+def test_a_fault_on_one_rank_skips_the_batch_on_both_and_the_next_batch_trains(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    # rank_fault_worker.py: batch 0 fails to build on rank 1 only, batch 1 on rank 0 only, batch 2 nowhere.
+    config: dict[str, object] = {
+        "model_path": str(tiny_checkpoint),
+        "lr": 1e-3,
+        "micro_batch_size": 1,
+        "num_threads": 1,
+    }
+    _torchrun(FAULT_WORKER, config, rollout_samples, tmp_path, nproc=2)
+    rank0 = json.loads((tmp_path / "rank-0.json").read_text())
+    rank1 = json.loads((tmp_path / "rank-1.json").read_text())
+
+    unavailable, unusable, trained = rank0["batches"]
+    # Rank 0 built its inputs for batch 0 but skipped it too, with rank 1's reason: a transient store fault.
+    assert unavailable["error"] == "BatchSkippedError"
+    assert (unavailable["reason"], unavailable["rank"], unavailable["retryable"]) == ("image_unavailable", 1, True)
+    assert "fault injected on rank 1" in unavailable["detail"]
+    # Rank 0's own fault, an unusable sample: rank 1 skipped with it, and redelivery would not help.
+    assert unusable["error"] == "BatchSkippedError"
+    assert (unusable["reason"], unusable["rank"], unusable["retryable"]) == ("sample", 0, False)
+    assert "fault injected on rank 0" in unusable["detail"]
+    # The ranks stayed in step: the next batch trained once on both.
+    assert trained == {"step": 1}
+    assert rank0["step"] == rank1["step"] == 1

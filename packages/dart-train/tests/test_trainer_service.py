@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
-from dart.protocol.store import LocalStore
+from dart.protocol.store import LocalStore, StoreConfig
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, durable_name, ensure_topology
 from dart.train.config import TrainerConfig
@@ -75,6 +76,7 @@ async def test_trains_acks_and_publishes_each_batch(
             await asyncio.sleep(0.05)
         await asyncio.wait_for(again.stop(), timeout=10)
         assert task.done() and again.stats.rejected == 1 and again.stats.batches == 0
+        assert again.stats.skipped == {"image_corrupt": 1} and again.stats.failed == 0
         assert again.version == 2 and again.backend.step == 2
         backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
         assert backlog.num_pending == 0 and backlog.num_ack_pending == 0
@@ -89,3 +91,51 @@ async def test_trains_acks_and_publishes_each_batch(
     steps = [r for r in records if r["type"] == "event" and r["name"] == "trainer.step"]
     assert [r["attributes"]["step"] for r in steps] == [1, 2]
     assert steps[0]["attributes"]["rollout_mismatch"] < 1e-4
+
+
+async def test_a_batch_whose_store_stays_unreachable_is_skipped_and_handed_back(
+    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    # The samples are fine, the store is not (nothing listens on its port): terminating would lose them.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "access").write_text("key")
+    (tmp_path / "secret").write_text("secret")
+    store_config = StoreConfig(
+        uri="s3://shots",
+        endpoint=f"http://127.0.0.1:{port}",
+        access_key_file=tmp_path / "access",
+        secret_key_file=tmp_path / "secret",
+        max_retries=0,
+        connect_timeout_s=1.0,
+    )
+    unreachable = [
+        s.model_copy(
+            update={"images": [i.model_copy(update={"uri": f"s3://shots/{n}.png"}) for n, i in enumerate(s.images)]}
+        )
+        for s in rollout_samples
+    ]
+    config = TrainerConfig(
+        model_path=str(tiny_checkpoint), num_threads=2, image_reads={"attempts": 2, "initial_delay_s": 0.0}
+    )
+    run = f"train-{uuid.uuid4().hex[:8]}"
+    async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
+        await ensure_topology(bus)
+        await bus.js_publish(bus.subjects.stream_subject("batch"), _batch("b-down", unreachable), "b-down")
+        service = await TrainerService.start(
+            config, bus, LocalStore(tmp_path / "artifacts", fsync=False), store_config=store_config
+        )
+        task = asyncio.create_task(service.run(fetch_timeout_s=0.2))
+        for _ in range(1200):  # a bound on a hang, not a timing: the read fails at once (connection refused)
+            if service.stats.failed:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(service.stop(), timeout=60)
+        # Skipped each time it came (a slow stop may see it redelivered once more), never terminated.
+        assert task.done() and list(service.stats.skipped) == ["image_unavailable"]
+        assert service.stats.failed == service.stats.skipped["image_unavailable"] >= 1
+        assert service.stats.rejected == 0 and service.stats.batches == 0 and service.backend.step == 0
+        # Handed back: the batch waits for its redelivery.
+        backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
+        assert backlog.num_ack_pending == 1

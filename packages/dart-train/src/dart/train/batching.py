@@ -22,14 +22,28 @@ from typing import Any
 import torch
 from PIL import Image
 
-from dart.protocol.errors import ConfigError, StoreError
+from dart.protocol.errors import (
+    ArtifactNotFoundError,
+    ConfigError,
+    IntegrityError,
+    InvalidURIError,
+    StoreAuthError,
+    StoreError,
+)
 from dart.protocol.messages import ImageRef
+from dart.protocol.retry import RetryPolicy, retry_call
 from dart.protocol.store import StoreConfig
-from dart.protocol.store.cache import ArtifactCache
-from dart.train.errors import ImageFetchError, SampleError
+from dart.protocol.store.cache import ArtifactCache, StoreOpener
+from dart.train.errors import ImageCorruptError, ImageFetchError, ImageMissingError, SampleError
 
 ImageSource = Callable[[ImageRef], bytes]
 """Returns the PNG bytes of a screenshot reference (verified against its sha256)."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether reading the artifact again may succeed: an unreachable or failing store, or an object not
+    there yet. A digest mismatch, refused credentials, a bad URI or a config error will not go away."""
+    return isinstance(exc, StoreError) and not isinstance(exc, IntegrityError | StoreAuthError | InvalidURIError)
 
 
 class StoreImageSource:
@@ -37,22 +51,52 @@ class StoreImageSource:
 
     ``file://`` URIs are read from the local file system; ``s3://`` URIs with ``config``'s endpoint and
     credentials. One store client per location is kept open, and recently read images are cached
-    (a sample's images recur across its passes and the next steps' prompts).
+    (a sample's images recur across its passes and the next steps' prompts). A read that fails with a
+    transient store error (unreachable, I/O error, not found) is retried with ``retry``'s backoff.
 
     Args:
         config: The run's store config, for ``s3://`` references; None reads ``file://`` (and
             environment-configured S3) only.
         max_bytes: Bound of the image cache, bytes.
+        retry: Backoff of reads that failed with a transient store error (default :class:`RetryPolicy`).
+        opener: Opens the store of a URI (default: the run's stores); tests pass one with injected faults.
     """
 
-    def __init__(self, config: StoreConfig | None = None, *, max_bytes: int = 256 * 1024 * 1024) -> None:
-        self._cache = ArtifactCache(config, max_bytes=max_bytes)
+    def __init__(
+        self,
+        config: StoreConfig | None = None,
+        *,
+        max_bytes: int = 256 * 1024 * 1024,
+        retry: RetryPolicy | None = None,
+        opener: StoreOpener | None = None,
+    ) -> None:
+        self._cache = ArtifactCache(config, max_bytes=max_bytes, opener=opener)
+        self.retry = retry or RetryPolicy()
 
     def __call__(self, ref: ImageRef) -> bytes:
+        """The PNG bytes of ``ref`` (blocking; retried while the store fails transiently).
+
+        Raises:
+            ImageMissingError: Nothing is stored at the URI after every retry, or the URI is invalid.
+            ImageCorruptError: The bytes do not hash to ``ref.sha256``.
+            ImageFetchError: The store stayed unreadable through every retry, or cannot be used (credentials, config).
+        """
         try:
-            return self._cache.get(ref.uri, ref.sha256)
+            return retry_call(
+                lambda: self._cache.get(ref.uri, ref.sha256),
+                policy=self.retry,
+                retryable=_transient,
+                what=f"reading screenshot {ref.uri}",
+            )
+        except IntegrityError as exc:
+            raise ImageCorruptError(ref.uri, str(exc)) from exc
+        except ArtifactNotFoundError as exc:
+            raise ImageMissingError(ref.uri, f"{exc} (still after {self.retry.attempts} tries)") from exc
+        except InvalidURIError as exc:
+            raise ImageMissingError(ref.uri, str(exc)) from exc
         except (StoreError, ConfigError) as exc:
-            raise ImageFetchError(ref.uri, str(exc)) from exc
+            tries = f" (after {self.retry.attempts} tries)" if _transient(exc) else ""
+            raise ImageFetchError(ref.uri, f"{exc}{tries}") from exc
 
     def close(self) -> None:
         """Close the store clients."""

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from dart.protocol.config import ConfigModel
+from dart.protocol.retry import RetryPolicy
 from dart.train.loss import LossConfig
 
 
@@ -218,6 +219,9 @@ class TrainerConfig(ConfigModel):
     """Artifact-store key prefix of published weights (``<prefix>/v<version>/model.safetensors``)."""
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     """Which published weight versions and checkpoints are kept."""
+    image_reads: RetryPolicy = Field(default_factory=RetryPolicy)
+    """Backoff of screenshot reads that fail with a transient store error (unreachable, I/O error, not
+    found yet); a read still failing after ``attempts`` tries skips its batch on every rank."""
 
     @model_validator(mode="before")
     @classmethod

@@ -4,25 +4,36 @@ Only rank 0 talks to NATS and the artifact store. Before each collective operati
 command (``broadcast_object_list`` on the default group), and every other rank, in :func:`follow`,
 makes the same backend calls:
 
-- ``("train", [sample dicts])``: the shared RL update on the same samples (each rank rebuilds inputs);
+- ``("train", [sample dicts])``: the shared RL update on the same samples (:func:`train_batch`: each
+  rank rebuilds the inputs, then all agree that every rank could before any collective of the update);
 - ``("publish",)``: gather the full state dict (rank 0 publishes it);
 - ``("save", path, version)`` / ``("load", path)``: distributed checkpoint;
 - ``("stop",)``: leave the loop.
 
 Nothing happens with one rank: :class:`Commander` is a no-op then.
+
+Ranks never fall out of step over a batch: building inputs (reading screenshots, checking tokens against
+images) can fail on one rank alone, e.g. a store read that failed there. Each rank catches its own
+failure, then an ok flag is all-reduced (MIN) over the world; if any rank failed, every rank raises the
+same :class:`~dart.train.errors.BatchSkippedError` (the lowest failing rank's reason) and none enters
+the update. Rank 0's service terminates or naks the batch by that error's ``retryable``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from dart.protocol.messages import TrainingSample
+from dart.train.batching import ModelInputs
 from dart.train.checkpoint import load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
-from dart.train.update import RLUpdate, SampleReader
+from dart.train.errors import BatchSkippedError, ImageCorruptError, ImageFetchError, ImageMissingError, SampleError
+from dart.train.update import RLUpdate, TrainStepMetrics
 
 log = logging.getLogger("dart.train")
 
@@ -47,7 +58,80 @@ def receive() -> tuple[Any, ...]:
     return command
 
 
-def follow(backend: Any, config: TrainerConfig, reader: SampleReader) -> None:
+Reader = Callable[[TrainingSample], ModelInputs]
+"""Builds one sample's model inputs (a :class:`~dart.train.update.SampleReader`)."""
+
+
+def skip_reason(exc: Exception, rank: int) -> BatchSkippedError:
+    """What a failure to build a batch's inputs on ``rank`` means for the batch: reason and whether to retry it."""
+    if isinstance(exc, BatchSkippedError):
+        return exc
+    if isinstance(exc, SampleError):
+        reason = "sample"
+    elif isinstance(exc, ImageMissingError):
+        reason = "image_missing"
+    elif isinstance(exc, ImageCorruptError):
+        reason = "image_corrupt"
+    elif isinstance(exc, ImageFetchError):
+        reason = "image_unavailable"
+    else:
+        reason = "error"
+    permanent = isinstance(exc, SampleError) or (isinstance(exc, ImageFetchError) and exc.permanent)
+    return BatchSkippedError(reason, rank, str(exc), retryable=not permanent)
+
+
+def agree(failure: BatchSkippedError | None, world_size: int) -> BatchSkippedError | None:
+    """The failure every rank acts on: None if no rank failed, else the lowest failing rank's (collective).
+
+    Every rank must call it once per batch, failed or not: an ok flag is all-reduced (MIN) over the
+    world, and only when it is 0 do the ranks exchange their reasons.
+    """
+    if world_size == 1:
+        return failure
+    # NCCL reduces only CUDA tensors; each rank's current device is its own (set when the backend loaded).
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    ok = torch.tensor([0 if failure else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if int(ok.item()) == 1:
+        return None
+    mine = None if failure is None else (failure.reason, failure.rank, failure.detail, failure.retryable)
+    reasons: list[Any] = [None] * world_size
+    dist.all_gather_object(reasons, mine)
+    reason, rank, detail, retryable = next(r for r in reasons if r is not None)
+    return BatchSkippedError(reason, rank, detail, retryable=retryable)
+
+
+def build_inputs(reader: Reader, samples: Sequence[TrainingSample], *, rank: int, world_size: int) -> list[ModelInputs]:
+    """Every sample's inputs on this rank, once all ranks have built theirs (collective).
+
+    Raises:
+        BatchSkippedError: Some rank could not build its inputs; raised on every rank alike.
+    """
+    inputs: list[ModelInputs] = []
+    failure: BatchSkippedError | None = None
+    try:
+        inputs = [reader(s) for s in samples]
+    except Exception as exc:
+        failure = skip_reason(exc, rank)
+    agreed = agree(failure, world_size)
+    if agreed is not None:
+        raise agreed
+    return inputs
+
+
+def train_batch(
+    backend: Any, config: TrainerConfig, reader: Reader, samples: Sequence[TrainingSample]
+) -> TrainStepMetrics:
+    """Build the inputs on this rank, agree with the others, run the shared update (same call on every rank).
+
+    Raises:
+        BatchSkippedError: Some rank could not build its inputs; nothing was updated on any rank.
+    """
+    inputs = build_inputs(reader, samples, rank=backend.rank, world_size=backend.world_size)
+    return RLUpdate(backend, config).run(samples, inputs)
+
+
+def follow(backend: Any, config: TrainerConfig, reader: Reader) -> None:
     """A non-main rank's loop: execute rank 0's commands until ``stop``."""
     while True:
         command = receive()
@@ -55,7 +139,10 @@ def follow(backend: Any, config: TrainerConfig, reader: SampleReader) -> None:
         if kind == "train":
             samples = [TrainingSample.model_validate(s) for s in command[1]]
             try:
-                RLUpdate(backend, config).run(samples, [reader(s) for s in samples])
+                train_batch(backend, config, reader, samples)
+            except BatchSkippedError as exc:
+                # Rank 0 raised the same error and reports it; this rank only notes its part.
+                log.warning("rank %d: %s", backend.rank, exc)
             except Exception:
                 # Rank 0 failed on the same batch the same way (same samples, same code): keep following.
                 log.exception("rank %d: update failed", backend.rank)

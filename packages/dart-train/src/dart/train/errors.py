@@ -30,17 +30,60 @@ class SampleError(TrainerError):
 
 
 class ImageFetchError(TrainerError):
-    """A prompt screenshot could not be read from the artifact store, or its digest differs.
+    """A prompt screenshot could not be read from the artifact store.
+
+    This class itself means the store stayed unreadable through every retry (unreachable, I/O errors)
+    or cannot be used at all (credentials): the sample is fine, so its batch is handed back for
+    redelivery. The subclasses are faults of the sample itself, which no redelivery can fix.
 
     Attributes:
         uri: The image's URI.
         detail: Why.
+        permanent: Whether reading it again cannot succeed (the sample is unusable).
     """
+
+    permanent: bool = False
 
     def __init__(self, uri: str, detail: str) -> None:
         self.uri = uri
         self.detail = detail
         super().__init__(f"cannot read screenshot {uri}: {detail}")
+
+
+class ImageMissingError(ImageFetchError):
+    """No object is stored at a screenshot's URI, still after retries (or the URI is not one a store can hold)."""
+
+    permanent = True
+
+
+class ImageCorruptError(ImageFetchError):
+    """A screenshot's bytes do not hash to the sha256 its reference records."""
+
+    permanent = True
+
+
+class BatchSkippedError(TrainerError):
+    """A batch was not trained, on any rank, because building its inputs failed on (at least) one rank.
+
+    Every rank raises the same error (the failure of the lowest failing rank), so all of them skip the
+    batch together and none waits in a collective the others never join.
+
+    Attributes:
+        reason: ``sample`` (a sample's tokens and images disagree), ``image_missing``, ``image_corrupt``
+            (permanent: redelivery cannot fix them), ``image_unavailable`` (the store stayed unreadable
+            through the retries) or ``error`` (anything else; both transient).
+        rank: The rank whose failure this is.
+        detail: That rank's error message.
+        retryable: Whether the batch may train if delivered again (the service naks it) or not (the
+            service terminates it).
+    """
+
+    def __init__(self, reason: str, rank: int, detail: str, *, retryable: bool) -> None:
+        self.reason = reason
+        self.rank = rank
+        self.detail = detail
+        self.retryable = retryable
+        super().__init__(f"batch skipped on every rank ({reason} on rank {rank}): {detail}")
 
 
 class CheckpointError(TrainerError):

@@ -111,8 +111,9 @@ def follow(config: TrainServeConfig) -> None:
 
         torch.set_num_threads(config.run.torch_threads)
     store = config.store_config()
-    backend = load_backend(config.train, image_source=StoreImageSource(store))
-    follow_rank0(backend, config.train, SampleReader(config.train, StoreImageSource(store)))
+    retry = config.train.image_reads
+    backend = load_backend(config.train, image_source=StoreImageSource(store, retry=retry))
+    follow_rank0(backend, config.train, SampleReader(config.train, StoreImageSource(store, retry=retry)))
 
 
 def _ranks(config: TrainServeConfig, config_file: Path) -> int | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dart.protocol.bus import Bus, Delivery, KeyValueStore, PullConsumer
@@ -27,12 +27,12 @@ from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, ensu
 from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
-from dart.train.distributed import Commander
-from dart.train.errors import ImageFetchError, SampleError
+from dart.train.distributed import Commander, train_batch
+from dart.train.errors import BatchSkippedError
 from dart.train.interface import TrainerBackend, load_backend
 from dart.train.publish import WeightPublisher
 from dart.train.retention import prune_checkpoints, prune_weights
-from dart.train.update import RLUpdate, SampleReader, TrainStepMetrics
+from dart.train.update import SampleReader, TrainStepMetrics
 
 log = logging.getLogger("dart.train")
 
@@ -62,10 +62,14 @@ class TrainerStats:
 
     Attributes:
         batches: Batches trained and acked.
-        rejected: Batches terminated because a sample could not be rebuilt (bad tokens or images).
-        failed: Batches handed back for redelivery after an unexpected error.
+        rejected: Batches terminated because a sample cannot be rebuilt (bad tokens, a screenshot missing
+            or corrupt): redelivery cannot fix them.
+        failed: Batches handed back for redelivery: a screenshot store unreadable through its retries, or an
+            unexpected error.
         published: Weight versions published.
         checkpoints: Checkpoints written.
+        skipped: Batches skipped on every rank before the update, by reason (see
+            :class:`~dart.train.errors.BatchSkippedError`); each is also in ``rejected`` or ``failed``.
     """
 
     batches: int = 0
@@ -73,6 +77,7 @@ class TrainerStats:
     failed: int = 0
     published: int = 0
     checkpoints: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 class TrainerService:
@@ -83,8 +88,14 @@ class TrainerService:
     checkpoint's and the KV's) -> ``running`` in :meth:`run`: fetch one batch -> train (busy
     ``train_step``, heartbeating the delivery) -> ack -> every ``publish_every`` steps publish ``version + 1`` -> every
     ``checkpoint_every`` steps checkpoint -> ``stopped`` once :meth:`stop` is called: the batch in
-    training finishes and is acked, then the consumer is closed. A batch with an unusable sample is
-    terminated (redelivery cannot fix it); any other failure naks it for redelivery.
+    training finishes and is acked, then the consumer is closed.
+
+    A batch whose inputs cannot be built on some rank is skipped on every rank (nothing updated) and
+    counted in ``stats.skipped`` by reason. If the fault is the sample's own (tokens that disagree with
+    the images, a screenshot missing after retries or failing its digest) it is terminated: redelivery
+    would fail the same way up to the stream's ``max_deliver`` and only delay the batches behind it.
+    If the store stayed unreadable through the retries, or anything else failed, it is nak'ed: the
+    samples are fine, and terminating would lose them.
 
     Args:
         config: Trainer configuration.
@@ -112,7 +123,7 @@ class TrainerService:
         self.config = config
         self.bus = bus
         self.backend = backend
-        self.reader = SampleReader(config, StoreImageSource(store_config))
+        self.reader = SampleReader(config, StoreImageSource(store_config, retry=config.image_reads))
         self.commander = Commander(backend.world_size)
         """Drives the other ranks of a multi-process backend (see :mod:`dart.train.distributed`)."""
         self.publisher = publisher
@@ -154,7 +165,8 @@ class TrainerService:
         if config.checkpoint_every is not None and config.checkpoint_dir is None:
             raise ConfigError("TrainerConfig", "checkpoint_dir", "checkpoint_every needs a directory to write to")
         state: KeyValueStore = await ensure_topology(bus)
-        backend = await asyncio.to_thread(load_backend, config, image_source=StoreImageSource(store_config))
+        images = StoreImageSource(store_config, retry=config.image_reads)
+        backend = await asyncio.to_thread(load_backend, config, image_source=images)
         version = 0
         resume = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
         if resume is not None:
@@ -215,11 +227,8 @@ class TrainerService:
                         metrics = await asyncio.to_thread(self.train, batch.samples)
                 else:
                     metrics = await asyncio.to_thread(self.train, batch.samples)
-            except (SampleError, ImageFetchError) as exc:
-                log.error("terminating batch %s: %s", batch.batch_id, exc)
-                self.stats.rejected += 1
-                self._event("trainer.batch_rejected", batch_id=batch.batch_id, error=str(exc))
-                await delivery.term()
+            except BatchSkippedError as exc:
+                await self._skip(delivery, exc)
                 return
             except Exception:
                 log.exception("training on batch %s failed; handing it back", batch.batch_id)
@@ -248,11 +257,35 @@ class TrainerService:
         if every and self.config.checkpoint_dir and metrics.step // every > before // every:
             await self.checkpoint()
 
+    async def _skip(self, delivery: Delivery[TrainingBatch], exc: BatchSkippedError) -> None:
+        """Count a batch every rank skipped; terminate it if its samples are at fault, else hand it back."""
+        batch_id = delivery.message.batch_id
+        self.stats.skipped[exc.reason] = self.stats.skipped.get(exc.reason, 0) + 1
+        self._event(
+            "trainer.batch_skipped",
+            batch_id=batch_id,
+            reason=exc.reason,
+            rank=exc.rank,
+            error=exc.detail,
+            redelivered=exc.retryable,
+        )
+        if exc.retryable:
+            log.error("batch %s skipped; handing it back: %s", batch_id, exc)
+            self.stats.failed += 1
+            await delivery.nak(delay=5.0)
+        else:
+            log.error("terminating batch %s: %s", batch_id, exc)
+            self.stats.rejected += 1
+            await delivery.term()
+
     def train(self, samples: list[TrainingSample]) -> TrainStepMetrics:
-        """Rebuild the samples' inputs and run the shared RL update on the backend (blocking)."""
+        """Rebuild the samples' inputs on every rank and run the shared RL update (blocking).
+
+        Raises:
+            BatchSkippedError: Some rank could not build its inputs; no rank updated.
+        """
         self.commander.send("train", [s.model_dump(mode="json") for s in samples])
-        inputs = [self.reader(s) for s in samples]
-        return RLUpdate(self.backend, self.config).run(samples, inputs)
+        return train_batch(self.backend, self.config, self.reader, samples)
 
     async def publish(self) -> ModelVersion:
         """Publish the current weights as ``version + 1`` (busy ``publish``)."""

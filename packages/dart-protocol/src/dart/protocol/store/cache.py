@@ -2,7 +2,7 @@
 
 Screenshots travel by reference (``ImageRef``: URI + sha256); a rollout reads each one for several
 prompts and a trainer for several passes. :class:`ArtifactCache` reads them by URI (through
-:func:`~dart.protocol.store.get_by_uri`, whose S3 clients are pooled per endpoint and bucket), checks
+:func:`~dart.protocol.store.resolve_uri`, whose S3 clients are pooled per endpoint and bucket), checks
 each against the digest its reference names, and keeps the most recently used bytes up to a byte bound.
 """
 
@@ -11,9 +11,14 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from dart.protocol.errors import IntegrityError
-from dart.protocol.store.config import StoreConfig, get_by_uri
+from dart.protocol.store.base import ArtifactStore
+from dart.protocol.store.config import StoreConfig, resolve_uri
+
+StoreOpener = Callable[[str], tuple[ArtifactStore, str]]
+"""Opens the store that holds an artifact URI: ``uri -> (store, key)``, as :func:`resolve_uri` does."""
 
 
 class ArtifactCache:
@@ -26,10 +31,19 @@ class ArtifactCache:
         store_config: Endpoint and credentials for ``s3://`` URIs (None: ``file://`` URIs and
             environment-configured S3).
         max_bytes: Upper bound on the cached bytes.
+        opener: Opens the store of a URI (default: :func:`resolve_uri` with ``store_config``); tests
+            pass one that opens a real store with injected faults.
     """
 
-    def __init__(self, store_config: StoreConfig | None = None, *, max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        store_config: StoreConfig | None = None,
+        *,
+        max_bytes: int = 256 * 1024 * 1024,
+        opener: StoreOpener | None = None,
+    ) -> None:
         self._store_config = store_config
+        self._open: StoreOpener = opener or self._resolve
         self.max_bytes = max_bytes
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._bytes = 0
@@ -79,6 +93,11 @@ class ArtifactCache:
             self._cache.clear()
             self._bytes = 0
 
+    def _resolve(self, uri: str) -> tuple[ArtifactStore, str]:
+        return resolve_uri(uri, self._store_config)
+
     def _read(self, uri: str) -> bytes:
-        # The digest the reference names is checked by the caller; the store's own check would read twice.
-        return get_by_uri(uri, config=self._store_config, verify=False)
+        store, key = self._open(uri)
+        with store:
+            # The digest the reference names is checked by the caller; the store's own check would read twice.
+            return store.get(key, verify=False)
