@@ -163,6 +163,10 @@ class TrainerConfig(ConfigModel):
     """Artifact-store key prefix of published weights (``<prefix>/v<version>/model.safetensors``)."""
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     """Which published weight versions and checkpoints are kept."""
+    debug_step_delay_s: float = Field(default=0.0, ge=0.0)
+    """Test and benchmark knob: wait this long before each training step (counted as training time), so
+    the trainer falls behind rollout and the staleness bounds act (``examples/smoke-slow-trainer.yaml``);
+    0 in real runs."""
 
     @model_validator(mode="before")
     @classmethod
