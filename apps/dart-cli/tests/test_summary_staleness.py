@@ -1,4 +1,5 @@
-"""`dart run`'s summary: the policy lag of what was trained on, and what the staleness bounds held back."""
+"""Staleness in `dart run`: the summary's policy lag of what was trained on and what the bounds held back,
+and the slow-trainer example that shows them at work."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from dart.cli.stack.config import load_run_config
 from dart.cli.stack.summary import build_summary, staleness_figures
 from dart.protocol.telemetry import TelemetryConfig, setup_telemetry
 
 pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _events(path: Path, service: str, events: list[tuple[str, dict[str, int]]]) -> None:
@@ -52,3 +56,12 @@ def test_no_training_no_lag(tmp_path: Path) -> None:
     figures = staleness_figures(tmp_path / "telemetry")
     assert figures["max_trained_policy_lag"] is None and figures["max_trained_pool_policy_lag"] is None
     assert figures["stale_samples_dropped"] == 0 and figures["emission_throttles"] == 0
+
+
+def test_slow_trainer_example_is_smoke_with_a_slow_trainer_and_tight_bounds() -> None:
+    slow = load_run_config(ROOT / "examples" / "smoke-slow-trainer.yaml")
+    smoke = load_run_config(ROOT / "examples" / "smoke.yaml")
+    assert slow.train.debug_step_delay_s > 0 and smoke.train.debug_step_delay_s == 0
+    assert slow.data.grouping.max_staleness is not None and slow.data.emission.decoupled.max_queued_batches == 1
+    assert slow.data.grouping.max_staleness < (smoke.data.grouping.max_staleness or 0)
+    assert slow.suite == smoke.suite and slow.data.batching == smoke.data.batching
