@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dart.protocol.telemetry import read_jsonl
 
@@ -33,6 +34,9 @@ def test_summary_shows_training_and_no_loss(smoke_run: tuple[dict[str, Any], Pat
     assert summary["trajectories_lost"] == 0
     assert summary["service_exit_codes"] == {"rollout": 0, "data": 0, "train": 0, "env": 0}
     assert (run_dir / "summary.json").is_file()
+    # The staleness bound holds for what was trained on, not only for what was batched.
+    bound = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["grouping"]["max_staleness"]
+    assert summary["max_trained_policy_lag"] is not None and summary["max_trained_policy_lag"] <= bound
 
 
 def test_held_out_validation_evaluated_the_first_and_the_final_version(

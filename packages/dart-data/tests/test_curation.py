@@ -155,16 +155,17 @@ def test_batch_assembler_fills_by_samples_or_groups(traj_factory, tmp_path: Path
             gid, [traj_factory(f"{gid}-0", gid=gid, reward=1.0), traj_factory(f"{gid}-1", gid=gid, idx=1)], True
         )
 
-    batcher = BatchAssembler(BatchingConfig(min_samples=8, max_groups=5), CurationConfig())
+    batcher = BatchAssembler(BatchingConfig(min_samples=8, max_groups=5), CurationConfig(), max_staleness=3)
     assert batcher.add(group("g1")) == (True, None)  # 4 samples
     accepted, formed = batcher.add(group("g2"))
     assert accepted and formed is not None
     assert formed.batch.group_ids == ["g1", "g2"] and len(formed.batch.samples) == 8
     assert [g.group_id for g in formed.groups] == ["g1", "g2"]
-    again = BatchAssembler(BatchingConfig(min_samples=8, max_groups=5), CurationConfig())
+    assert formed.batch.max_staleness == 3  # the bound the trainer enforces again at training time
+    again = BatchAssembler(BatchingConfig(min_samples=8, max_groups=5), CurationConfig(), max_staleness=None)
     again.add(group("g1"))
     assert again.add(group("g2"))[1].batch.batch_id == formed.batch.batch_id  # type: ignore[union-attr]  # deterministic
-    by_groups = BatchAssembler(BatchingConfig(min_samples=100, max_groups=1), CurationConfig())
+    by_groups = BatchAssembler(BatchingConfig(min_samples=100, max_groups=1), CurationConfig(), max_staleness=None)
     _, formed = by_groups.add(group("g3"))
     assert formed is not None and len(formed.batch.samples) == 4  # every step: selection is the trainer's
 

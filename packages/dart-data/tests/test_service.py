@@ -167,6 +167,49 @@ async def test_work_emission_respects_max_outstanding(bus: Bus, tmp_path: Path, 
     await runner.close()
 
 
+async def test_emission_pauses_while_batches_wait_for_the_trainer(bus: Bus, tmp_path: Path) -> None:
+    """AReaL-style throttle: work generated for a trainer that lags would be trained stale or dropped."""
+    cfg = config(
+        tmp_path,
+        emission=EmissionConfig(
+            decoupled=DecoupledConfig(max_outstanding=4, poll_interval_s=0.05, max_queued_batches=1)
+        ),
+    )
+    sample = m.TrainingSample(
+        trajectory_id="t",
+        step_index=0,
+        group_id="g",
+        task_id=TASK.task_id,
+        advantage=1.0,
+        reward=1.0,
+        policy_version=3,
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        rollout_logprobs=[-0.1],
+    )
+    for i in range(2):  # two batches wait untrained: over the limit of one
+        batch = m.TrainingBatch(
+            batch_id=f"b{i}",
+            samples=[sample],
+            group_ids=["g"],
+            min_policy_version=3,
+            max_policy_version=3,
+            created_at=1,
+        )
+        await bus.js_publish(bus.subjects.stream_subject("batch"), batch, msg_id=batch.batch_id)
+    service = DataService(cfg, bus, LocalStore(tmp_path / "store"), [TASK])
+    trainer = await bus.pull_consumer("batch", durable_name(bus, "batch"), m.TrainingBatch)
+    async with service:
+        await wait_for(lambda: service.stats.emission_throttles == 1)
+        assert service.stats.work_items == 0 and (await bus.stream_state("work")).messages == 0
+        # The trainer takes one: the backlog is at the limit, no longer over it, and emission resumes.
+        [delivery] = await trainer.fetch(1, timeout=10)
+        await delivery.ack()
+        await wait_for(lambda: service.stats.work_items == 4)  # then max_outstanding holds it
+        assert service.stats.emission_throttles == 1
+    await trainer.close()
+
+
 async def test_experience_pool_fills_a_hard_tasks_failed_group(bus: Bus, tmp_path: Path, traj_factory) -> None:  # type: ignore[no-untyped-def]
     store = LocalStore(tmp_path / "store")
     cfg = config(tmp_path, curation=CurationConfig(hard_task_threshold=0.6, pool_size_per_task=2))

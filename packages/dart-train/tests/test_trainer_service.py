@@ -139,3 +139,59 @@ async def test_a_batch_whose_store_stays_unreachable_is_skipped_and_handed_back(
         # Handed back: the batch waits for its redelivery.
         backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
         assert backlog.num_ack_pending == 1
+
+
+async def test_samples_staler_than_the_batch_bound_are_dropped_and_counted(
+    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    """Batches that waited on the stream while the trainer moved on: what lags more than the bound the
+    batch was formed under is not trained on (experience-pool replays are, and are reported apart)."""
+    run = f"stale-{uuid.uuid4().hex[:8]}"
+    telemetry = setup_telemetry(
+        "dart-train", version="0.1.0", run_id=run, config=TelemetryConfig(jsonl_path=tmp_path / "train.jsonl")
+    )
+    config = TrainerConfig(model_path=str(tiny_checkpoint), lr=1e-3, num_threads=2, publish_every=1)
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    fresh, old = rollout_samples
+    # The trainer is at version 5; the bound is 2, so versions 3..5 are trained on.
+    at_bound = fresh.model_copy(update={"policy_version": 3})
+    too_old = old.model_copy(update={"policy_version": 2})
+    pooled = old.model_copy(update={"trajectory_id": "pooled", "policy_version": 0, "from_experience_pool": True})
+
+    def batch(batch_id: str, samples: list[TrainingSample]) -> TrainingBatch:
+        versions = [s.policy_version for s in samples]
+        return TrainingBatch(
+            batch_id=batch_id,
+            samples=samples,
+            group_ids=["g"],
+            min_policy_version=min(versions),
+            max_policy_version=max(versions),
+            created_at=1.0,
+            max_staleness=2,
+        )
+
+    async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
+        state = await ensure_topology(bus)
+        await state.put(LATEST_MODEL_KEY, ModelVersion(version=5, uri="file:///w/v5", sha256="ab" * 32, created_at=1))
+        subject = bus.subjects.stream_subject("batch")
+        await bus.js_publish(subject, batch("b-all-stale", [too_old.model_copy(update={"policy_version": 1})]), "b1")
+        await bus.js_publish(subject, batch("b-mixed", [at_bound, too_old, pooled]), "b2")
+        service = await TrainerService.start(config, bus, store, telemetry=telemetry)
+        assert service.version == 5
+        await asyncio.wait_for(service.run(max_batches=2), timeout=60)
+
+        # One optimizer step (on the mixed batch's two usable samples), one new version.
+        assert service.stats.batches == 1 and service.version == 6 and service.backend.step == 1
+        assert (service.stats.stale_batches, service.stats.stale_samples) == (1, 2)
+        backlog = await bus.consumer_state("batch", durable_name(bus, "batch"))
+        assert backlog.num_pending == 0 and backlog.num_ack_pending == 0  # the stale batch is consumed too
+    telemetry.shutdown()
+    events = [r for r in read_jsonl(tmp_path / "train.jsonl", types={"event"})]
+    drops = [e["attributes"] for e in events if e["name"] == "trainer.stale_dropped"]
+    assert [(d["batch_id"], d["samples"], d["kept"], d["oldest_policy_version"]) for d in drops] == [
+        ("b-all-stale", 1, 0, 1),
+        ("b-mixed", 1, 2, 2),
+    ]
+    [step] = [e["attributes"] for e in events if e["name"] == "trainer.step"]
+    assert step["samples"] == 2 and step["stale_dropped"] == 1
+    assert step["max_policy_lag"] == 2 and step["pool_samples"] == 1 and step["pool_max_policy_lag"] == 5

@@ -119,14 +119,3 @@ def test_high_entropy_selection_in_the_trainer(tiny_checkpoint: Path, rollout_sa
     assert select_high_entropy(samples, entropies, 0.01) == [1]  # ceil: at least one
     metrics = _backend(tiny_checkpoint, entropy_top_fraction=0.5).train_step(rollout_samples)
     assert metrics.samples == 2 and metrics.selected_samples == 1
-
-
-def test_policy_lag_counts_pool_samples_apart(rollout_samples: list[TrainingSample]) -> None:
-    from dart.train.service import policy_lag
-
-    s = rollout_samples[0]
-    fresh = [s.model_copy(update={"policy_version": v}) for v in (4, 5)]
-    pooled = [s.model_copy(update={"policy_version": 1, "from_experience_pool": True})]
-    lag = policy_lag(5, fresh + pooled)
-    assert lag["max_policy_lag"] == 1 and lag["mean_policy_lag"] == 0.5
-    assert lag["pool_samples"] == 1 and lag["pool_max_policy_lag"] == 4

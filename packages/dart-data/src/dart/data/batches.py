@@ -82,11 +82,18 @@ class BatchAssembler:
     Batch lifecycle: ``filling`` as groups are added -> ``full`` when it holds ``min_samples``
     samples or ``max_groups`` groups -> high-entropy selection applied -> returned by
     :meth:`add` for publishing -> the next batch starts empty. Groups are never split.
+
+    Args:
+        batching: Batch size rules and advantage settings.
+        curation: Curation settings.
+        max_staleness: ``grouping.max_staleness``, recorded on every batch: the trainer drops samples
+            that lag more than this behind its version when the batch is trained.
     """
 
-    def __init__(self, batching: BatchingConfig, curation: CurationConfig) -> None:
+    def __init__(self, batching: BatchingConfig, curation: CurationConfig, *, max_staleness: int | None) -> None:
         self.batching = batching
         self.curation = curation
+        self.max_staleness = max_staleness
         self._samples: list[TrainingSample] = []
         self._groups: list[ReadyGroup] = []
 
@@ -131,6 +138,7 @@ class BatchAssembler:
             min_policy_version=min(versions),
             max_policy_version=max(versions),
             created_at=time.time(),
+            max_staleness=self.max_staleness,
         )
         formed = FormedBatch(batch, self._groups)
         self._samples, self._groups = [], []

@@ -93,7 +93,12 @@ class DecoupledConfig(ConfigModel):
     """Most trajectories requested but not yet received; a whole group is emitted at once, so a
     group larger than this is emitted only when nothing is outstanding."""
     poll_interval_s: float = Field(default=0.2, gt=0)
-    """How often a waiting emitter re-checks the outstanding count, seconds."""
+    """How often a waiting emitter re-checks the outstanding count and the trainer's backlog, seconds."""
+    max_queued_batches: int | None = Field(default=2, ge=0)
+    """Pause emission while more than this many batches wait untrained on the ``batch`` stream (the one
+    in training included), so little work is generated for a trainer that cannot keep up: each queued
+    batch ages the ones behind it by about one version per ``train.publish_every`` optimizer steps.
+    None never pauses (the trainer still drops samples beyond ``grouping.max_staleness``)."""
 
 
 class CoupledConfig(ConfigModel):

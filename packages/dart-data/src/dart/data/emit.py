@@ -3,7 +3,8 @@
 An emitter plans work groups (:class:`dart.data.work.WorkPlanner`), publishes their work items to
 the ``work`` stream and keeps an account of what it still waits for; the ingestor tells it which
 groups' trajectories arrived. ``emission.mode`` picks the emitter: :class:`DecoupledEmitter` here
-(DART: keep ``decoupled.max_outstanding`` trajectories requested, never wait for training) or
+(DART: keep ``decoupled.max_outstanding`` trajectories requested, never wait for training, but
+pause while the trainer's backlog exceeds ``decoupled.max_queued_batches``) or
 :class:`dart.data.coupled.CoupledEmitter` (the synchronous baseline).
 """
 
@@ -17,7 +18,9 @@ from dart.data.config import EmissionConfig
 from dart.data.state import DataState
 from dart.data.work import OutstandingWork, WorkPlanner, min_policy_version
 from dart.protocol.bus import Bus
+from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import WorkItem
+from dart.protocol.topology import durable_name
 
 log = logging.getLogger("dart.data")
 
@@ -60,8 +63,15 @@ class DecoupledEmitter:
 
     Work lifecycle: ``planned`` at the current version (``min_policy_version`` = version -
     ``grouping.max_staleness``) -> ``waiting`` while emitting the whole group would exceed
-    ``max_outstanding`` (the floor is refreshed afterwards: a newer version may have come meanwhile)
-    -> ``emitted`` -> its trajectories arrive, or it expires ``work_timeout_s`` after emission.
+    ``max_outstanding``, or while more than ``max_queued_batches`` batches wait untrained on the
+    ``batch`` stream (``throttled``; the floor is refreshed afterwards: a newer version may have come
+    meanwhile) -> ``emitted`` -> its trajectories arrive, or it expires ``work_timeout_s`` after
+    emission.
+
+    The backlog is the trainer's durable consumer's ``num_pending + num_ack_pending`` (stored batches
+    not yet acked, the one in training included), read from JetStream itself: it needs no cooperation
+    from the trainer, survives restarts of either service and counts redeliveries. Work emitted while
+    the trainer lags would only be trained stale, or dropped by the trainer's staleness check.
     """
 
     def __init__(self, emission: EmissionConfig, state: DataState, bus: Bus, planner: WorkPlanner) -> None:
@@ -79,6 +89,7 @@ class DecoupledEmitter:
         self._planner = planner
         self.outstanding = OutstandingWork(state.clock)
         self._capacity = asyncio.Event()
+        self._throttled = False
 
     def arrived(self, group_id: str) -> None:
         """A trajectory arrived: room for more work, if it was one this emitter waited for."""
@@ -100,6 +111,10 @@ class DecoupledEmitter:
                 except TimeoutError:
                     self.outstanding.expire(emission.work_timeout_s)
                 continue
+            if await self._trainer_backlogged():
+                await asyncio.sleep(own.poll_interval_s)
+                self.outstanding.expire(emission.work_timeout_s)
+                continue
             # Items planned before a wait may predate a new policy version: refresh their floor.
             floor = min_policy_version(self._state.version, staleness)
             if items[0].min_policy_version != floor:
@@ -108,3 +123,24 @@ class DecoupledEmitter:
             self.outstanding.emitted(items[0].group_id, len(items))
             await publish_work(self._state, self._bus, items)
             items = None
+
+    async def _trainer_backlogged(self) -> bool:
+        """Whether more than ``max_queued_batches`` batches wait untrained (counts each pause once)."""
+        limit = self._emission.decoupled.max_queued_batches
+        if limit is None:
+            return False
+        try:
+            backlog = await self._bus.consumer_state("batch", durable_name(self._bus, "batch"))
+        except JetStreamError as exc:
+            # The trainer's own staleness check keeps the bound without this throttle: emit rather than stall.
+            log.warning("reading the trainer's backlog failed; emitting anyway: %s", exc)
+            return False
+        queued = backlog.num_pending + backlog.num_ack_pending
+        throttled = queued > limit
+        if throttled and not self._throttled:
+            self._state.counters["emission_throttles"] += 1
+            log.info("pausing work emission: %d batches wait for the trainer (limit %d)", queued, limit)
+            if self._state.telemetry is not None:
+                self._state.telemetry.event("data.emission_throttled", queued_batches=queued, limit=limit)
+        self._throttled = throttled
+        return throttled

@@ -55,7 +55,7 @@ class BatchFormer:
             fill=self._fill_from_pool,
             on_drop=self._group_dropped,
         )
-        self.batches = BatchAssembler(state.config.batching, state.config.curation)
+        self.batches = BatchAssembler(state.config.batching, state.config.curation, max_staleness=g.max_staleness)
         self.groups_dropped: Counter[str] = Counter()
         """Groups dropped, by reason."""
         self._pending_drops: list[tuple[str, str, str]] = []

@@ -70,6 +70,8 @@ class DataStats:
         rounds: Coupled rounds closed.
         round_lost: Coupled-round trajectories still missing when their round timed out.
         sync_timeouts: Coupled rounds whose new model version did not come in time.
+        emission_throttles: Times decoupled emission paused because more than
+            ``emission.decoupled.max_queued_batches`` batches waited for the trainer.
     """
 
     received: int = 0
@@ -92,6 +94,7 @@ class DataStats:
     rounds: int = 0
     round_lost: int = 0
     sync_timeouts: int = 0
+    emission_throttles: int = 0
 
 
 def _pooled_success_rate(stats: Iterable[TaskStats]) -> float:
@@ -240,6 +243,7 @@ class DataService:
             rounds=c["rounds"],
             round_lost=c["round_lost"],
             sync_timeouts=c["sync_timeouts"],
+            emission_throttles=c["emission_throttles"],
         )
 
     # --- model version and telemetry ------------------------------------------------------------
@@ -288,4 +292,5 @@ class DataService:
             rounds=s.rounds,
             round_lost=s.round_lost,
             sync_timeouts=s.sync_timeouts,
+            emission_throttles=s.emission_throttles,
         )

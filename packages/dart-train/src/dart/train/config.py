@@ -222,6 +222,10 @@ class TrainerConfig(ConfigModel):
     image_reads: RetryPolicy = Field(default_factory=RetryPolicy)
     """Backoff of screenshot reads that fail with a transient store error (unreachable, I/O error, not
     found yet); a read still failing after ``attempts`` tries skips its batch on every rank."""
+    debug_step_delay_s: float = Field(default=0.0, ge=0.0)
+    """Test and benchmark knob: wait this long before each training step (counted as training time), so
+    the trainer falls behind rollout and the staleness bounds act (``examples/smoke-slow-trainer.yaml``);
+    0 in real runs."""
 
     @model_validator(mode="before")
     @classmethod

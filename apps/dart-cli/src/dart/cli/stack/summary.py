@@ -8,7 +8,11 @@
 - utilization: busy records of each resource kind over the RL window (telemetry JSONL);
 - idle breakdown: where each resource kind's time went over the RL window
   (:mod:`dart.cli.analytics.idle`), resource counts from the run's ``config.yaml``;
-- GPU: mean NVML utilization of the rollout and train services' samples, or ``"no GPU"``.
+- GPU: mean NVML utilization of the rollout and train services' samples, or ``"no GPU"``;
+- staleness: the largest policy lag of any sample the trainer trained on (``trainer.step``
+  events; experience-pool replays apart), the samples it dropped as too stale
+  (``trainer.stale_dropped``) and the pauses of work emission on the trainer's backlog
+  (``data.emission_throttled``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import yaml
 
 from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
-from dart.protocol.telemetry import gpu_summary
+from dart.protocol.telemetry import gpu_summary, read_jsonl
 
 
 def trajectory_outcomes(db_path: Path) -> list[tuple[float, bool, int]]:
@@ -103,6 +107,39 @@ def idle_and_gpu(run_dir: Path, start_ns: int, end_ns: int) -> tuple[dict[str, A
     return idle, gpu
 
 
+def staleness_figures(telemetry_dir: Path) -> dict[str, Any]:
+    """What the staleness bounds let through and held back, from the services' telemetry events.
+
+    ``max_trained_policy_lag`` is the largest version lag of a fresh sample that was trained on (None
+    before the first step); experience-pool replays are old on purpose and get
+    ``max_trained_pool_policy_lag`` (None when none was trained). ``stale_samples_dropped`` and
+    ``stale_batches_dropped`` (left with no sample) count the trainer's drops; ``emission_throttles``
+    the pauses of work emission while batches queued for the trainer.
+    """
+    lags: list[int] = []
+    pool_lags: list[int] = []
+    dropped = dropped_batches = throttles = 0
+    events = read_jsonl(telemetry_dir, types={"event"}) if telemetry_dir.is_dir() else iter(())
+    for record in events:
+        name, attrs = record.get("name"), record.get("attributes") or {}
+        if name == "trainer.step":
+            lags.append(int(attrs.get("max_policy_lag", 0)))
+            if attrs.get("pool_samples"):
+                pool_lags.append(int(attrs.get("pool_max_policy_lag", 0)))
+        elif name == "trainer.stale_dropped":
+            dropped += int(attrs.get("samples", 0))
+            dropped_batches += attrs.get("kept") == 0
+        elif name == "data.emission_throttled":
+            throttles += 1
+    return {
+        "max_trained_policy_lag": max(lags, default=None),
+        "max_trained_pool_policy_lag": max(pool_lags, default=None),
+        "stale_samples_dropped": dropped,
+        "stale_batches_dropped": dropped_batches,
+        "emission_throttles": throttles,
+    }
+
+
 def build_summary(
     run_dir: Path,
     *,
@@ -135,6 +172,7 @@ def build_summary(
         "trainer_utilization": util.get("trainer"),
         "idle_breakdown": idle,
         "gpu": gpu,
+        **staleness_figures(run_dir / "telemetry"),
         "rl_seconds": round(rl_seconds, 1),
         "trajectories_per_minute": round(produced / rl_seconds * 60, 2) if rl_seconds > 0 else None,
         **extra,

@@ -39,6 +39,7 @@ _TRAIN_FIELDS_OUTSIDE_KEY = frozenset(
         "retention",
         "weights_prefix",
         "lr",  # warm start uses warm_start.lr
+        "debug_step_delay_s",  # RL steps only
     }
 )
 """Trainer settings that cannot change a warm start (it always runs on the single-process torch backend)."""

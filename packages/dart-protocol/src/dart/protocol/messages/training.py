@@ -73,6 +73,10 @@ class TrainingBatch(Message):
     max_policy_version: PolicyVersion
     created_at: NonNegFloat
     """Unix time, seconds."""
+    max_staleness: int | None = Field(default=None, ge=0)
+    """The staleness bound the batch was formed under (the data manager's ``grouping.max_staleness``):
+    the trainer drops samples more than this many versions behind its own at training time
+    (experience-pool replays excepted); None: no bound."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingBatch:
