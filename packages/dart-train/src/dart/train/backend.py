@@ -7,6 +7,10 @@ Usage::
     logps = backend.compute_logprobs(samples)    # teacher-forced log-probs of the response tokens
 
 Everything here is blocking (CPU/GPU work); asyncio callers run it in a worker thread.
+
+With ``dtype: bfloat16`` (or float16) the model computes in that dtype, the one the engines serve, and
+AdamW updates float32 master weights (:class:`~dart.train.precision.MasterWeights`): bfloat16 weights
+updated in place would round updates of ``lr`` away. Checkpoints hold the masters.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dart.train.config import TrainerConfig
 from dart.train.errors import CheckpointError
 from dart.train.interface import TrainerBackend
 from dart.train.loss import behaviour_logprobs
+from dart.train.precision import MasterWeights, needs_master_weights
 from dart.train.update import RLUpdate, SampleReader, TrainStepMetrics
 
 __all__ = ["TorchBackend", "TrainStepMetrics"]
@@ -51,7 +56,8 @@ class TorchBackend(TrainerBackend):
 
     Args:
         config: Trainer configuration.
-        model: A ``Qwen2_5_VLForConditionalGeneration``.
+        model: A ``Qwen2_5_VLForConditionalGeneration``; with a low-precision ``config.dtype`` its float32
+            values (when given in float32) become the masters and it is cast to ``config.dtype``.
         processor: Its processor.
         image_source: Reads screenshot references (default: local ``file://`` URIs only).
     """
@@ -60,6 +66,12 @@ class TorchBackend(TrainerBackend):
         self, config: TrainerConfig, model: Any, processor: Any, image_source: ImageSource | None = None
     ) -> None:
         self.config = config
+        self.dtype = _dtype(config.dtype)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.masters: MasterWeights | None = None
+        if needs_master_weights(self.dtype):
+            self.masters = MasterWeights(trainable)
+            model.to(self.dtype)
         self.model = model
         # The KL term compares against the initial policy: a frozen copy, kept only when it is used.
         self.ref_model: Any = None
@@ -68,13 +80,14 @@ class TorchBackend(TrainerBackend):
         self.processor = processor
         self.image_source: ImageSource = image_source or StoreImageSource()
         self.device = torch.device(config.device)
-        self.dtype = _dtype(config.dtype)
         self.step = 0
         self.rank, self.world_size, self.is_main = 0, 1, True
         self.reader = SampleReader(config, self.image_source, processor=processor)
         self.inputs = self.reader.builder
+        # The tensors AdamW updates: the float32 masters, or the model's own float32 parameters.
+        self.trainable: list[torch.nn.Parameter] = self.masters.masters if self.masters else trainable
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+            self.trainable,
             lr=config.lr,
             betas=config.betas,
             weight_decay=config.weight_decay,
@@ -97,9 +110,8 @@ class TorchBackend(TrainerBackend):
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            path, local_files_only=True, dtype=_dtype(config.dtype)
-        )
+        # Loaded in float32 so the masters start from the checkpoint's exact values; __init__ casts the model.
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         model.to(config.device)  # type: ignore[arg-type]  # transformers stubs mistype .to
         # Train mode only matters for dropout; Qwen2.5-VL has none, so log-probs match eval mode exactly.
         model.train()
@@ -171,11 +183,13 @@ class TorchBackend(TrainerBackend):
     # --- optimization -------------------------------------------------------------------------
     def optimizer_step(self) -> float:
         """Clip the accumulated gradients, take an optimizer step, clear them; returns the pre-clip norm."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.trainable if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip is not None else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            self.masters.copy_to_model()
         self.step += 1
         return norm
 
@@ -193,18 +207,30 @@ class TorchBackend(TrainerBackend):
 
     # --- weights and checkpoints --------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict on CPU, contiguous and detached (what safetensors stores)."""
+        """The model's state dict on CPU, contiguous and detached (what safetensors stores), in ``config.dtype``:
+        what the engines serve."""
         return {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
 
     weights = full_state_dict
 
+    def _master_names(self) -> dict[str, torch.Tensor]:
+        """State-dict name -> float32 master, for every parameter that has one."""
+        if self.masters is None:
+            return {}
+        of = {id(p): m for p, m in zip(self.masters.params, self.masters.masters, strict=True)}
+        return {n: of[id(p)] for n, p in self.model.named_parameters(remove_duplicate=False) if id(p) in of}
+
     def save_checkpoint(self, path: str | Path) -> None:
-        """Write ``model.safetensors`` and ``optimizer.pt`` into directory ``path`` (created if missing)."""
+        """Write ``model.safetensors`` (float32 masters where the model computes in lower precision) and
+        ``optimizer.pt`` into directory ``path`` (created if missing)."""
         from safetensors.torch import save_file
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        save_file(self.full_state_dict(), str(out / MODEL_FILE))
+        weights = self.full_state_dict()
+        for name, master in self._master_names().items():
+            weights[name] = master.detach().to("cpu").contiguous()
+        save_file(weights, str(out / MODEL_FILE))
         torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -226,6 +252,11 @@ class TorchBackend(TrainerBackend):
             self.model.load_state_dict(weights, strict=True)
         except RuntimeError as exc:
             raise CheckpointError(str(src), f"weights do not fit the model at {self.config.model_path}: {exc}") from exc
+        if self.masters is not None:
+            # load_state_dict rounded the weights into the model; the masters take them exactly.
+            named = self._master_names()
+            by_master = {id(m): weights[n] for n, m in named.items()}
+            self.masters.load([by_master[id(m)] for m in self.masters.masters])
         self.optimizer.load_state_dict(torch.load(src / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
 
     @property

@@ -210,7 +210,9 @@ class TrainerConfig(ConfigModel):
     device: str = "cpu"
     """Torch device, ``cpu`` or ``cuda[:n]``."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weight dtype. float32 keeps recomputed log-probs within ~1e-5 of the hf engine's on CPU."""
+    """Dtype the model computes in and publishes (set it to the engines' dtype). Below float32 the torch and
+    megatron backends keep float32 master weights for AdamW; fsdp takes float32 only (its bf16 compute is
+    ``backend.mixed_precision``). float32 keeps recomputed log-probs within ~1e-5 of the hf engine's on CPU."""
     seed: int = 0
     """Seed of torch's RNG (dropout-free models are deterministic anyway)."""
     num_threads: int | None = Field(default=None, ge=1)
@@ -234,3 +236,13 @@ class TrainerConfig(ConfigModel):
         if isinstance(data, dict) and isinstance(data.get("backend"), str):
             data = {**data, "backend": {"kind": data["backend"]}}
         return data
+
+    @model_validator(mode="after")
+    def _megatron_has_no_reference_model(self) -> TrainerConfig:
+        # Refused when the run starts rather than on every batch.
+        if self.backend.kind == "megatron" and self.loss.kl_coef > 0.0:
+            raise ValueError(
+                f"train.loss.kl_coef is {self.loss.kl_coef} but train.backend megatron keeps no reference model: "
+                "set train.loss.kl_coef to 0 or use train.backend torch"
+            )
+        return self

@@ -55,7 +55,8 @@ class FsdpBackend(TorchBackend):
 
         Raises:
             FileNotFoundError: ``model_path`` holds no ``config.json``.
-            TrainerError: The settings cannot work (bf16 on CPU, a KL term, a rank count torchrun did not start).
+            TrainerError: The settings cannot work (bf16 on CPU, a KL term, a rank count torchrun did not start,
+                low-precision weights).
         """
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
@@ -65,6 +66,13 @@ class FsdpBackend(TorchBackend):
             raise TrainerError(f"FsdpBackend needs train.backend.kind fsdp, got {settings.kind}")
         if config.loss.kl_coef > 0.0:
             raise TrainerError("train.backend fsdp keeps no reference model: set train.loss.kl_coef to 0")
+        if config.dtype != "float32":
+            # FSDP's float32 masters are its sharded parameters; AdamW on bfloat16 shards would round updates away.
+            raise TrainerError(
+                f"train.dtype {config.dtype} with train.backend fsdp would make AdamW update {config.dtype} "
+                "weights: keep train.dtype float32 (the master weights) and set train.backend.mixed_precision "
+                "bf16 to compute in bfloat16"
+            )
         path = Path(config.model_path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: expected {path / 'config.json'}")

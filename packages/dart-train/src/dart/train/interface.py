@@ -91,6 +91,11 @@ class TrainerBackend(abc.ABC):
         """Data-parallel ranks; samples of a mini-batch are spread over them."""
         return self.world_size
 
+    @property
+    def dp_group(self) -> Any:
+        """Process group over which per-sample figures are gathered and summed (None: the default group)."""
+        return None
+
     def reference_logprobs(self, inputs: ModelInputs, **sampling: Any) -> torch.Tensor:
         """Log-probs of the frozen initial policy (same sampling keywords as :meth:`forward_logprobs`), for
         ``loss.kl_coef > 0``; backends without one raise."""

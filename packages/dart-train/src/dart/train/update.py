@@ -114,19 +114,21 @@ def token_weights(samples: Sequence[TrainingSample], lengths: Sequence[int], agg
     return [1.0 / (len(per_traj) * per_traj[s.trajectory_id]) for s in samples]
 
 
-def _gather(obj: Any, dp_size: int) -> list[Any]:
+# Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
+# hold the same per-sample figures, and the world is larger than the number of distinct shares.
+def _gather(obj: Any, dp_size: int, group: Any) -> list[Any]:
     if dp_size == 1:
         return [obj]
     out: list[Any] = [None] * dp_size
-    torch.distributed.all_gather_object(out, obj)
+    torch.distributed.all_gather_object(out, obj, group=group)
     return out
 
 
-def _all_sum(values: list[float], dp_size: int) -> list[float]:
+def _all_sum(values: list[float], dp_size: int, group: Any) -> list[float]:
     if dp_size == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64)
-    torch.distributed.all_reduce(t)
+    torch.distributed.all_reduce(t, group=group)
     return [float(v) for v in t]
 
 
@@ -213,7 +215,7 @@ class RLUpdate:
         if not samples:
             raise TrainerError("an update needs at least one sample")
         cfg, backend = self.config, self.backend
-        dp_rank, dp_size = backend.dp_rank, backend.dp_size
+        dp_rank, dp_size, dp_group = backend.dp_rank, backend.dp_size, backend.dp_group
         kl = self.loss_config.kl_coef > 0.0
 
         # 1. logp_old, entropies (and reference log-probs) of every sample, once, before any update.
@@ -226,7 +228,7 @@ class RLUpdate:
                 if i is not None:
                     local[i] = (logp.float().cpu(), ent.float().cpu(), ref)
         old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        for part in _gather(local, dp_size):
+        for part in _gather(local, dp_size, dp_group):
             old.update(part)
         rollout = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
         total_tokens = sum(x.response_len for x in inputs)
@@ -247,7 +249,7 @@ class RLUpdate:
         for _ in range(cfg.ppo_epochs):
             for mini in minis:
                 step_sums = self._mini_batch(samples, inputs, mini, old, rollout, keys)
-                for key, value in zip(keys, _all_sum(step_sums, dp_size), strict=True):
+                for key, value in zip(keys, _all_sum(step_sums, dp_size, dp_group), strict=True):
                     sums[key] += value
                 norms.append(backend.optimizer_step())
         n_steps = len(norms)

@@ -16,7 +16,9 @@ ranks in :meth:`optimizer_step`, as DDP/FSDP do. Pipeline parallelism is not sup
 
 Megatron's own DDP, distributed optimizer, schedules and grad-norm are CUDA-only; this backend uses
 ``torch.optim.AdamW``, its own loop and a TP-aware gradient norm instead, so it runs on CPU (gloo)
-and on GPUs (NCCL) alike.
+and on GPUs (NCCL) alike. With ``dtype: bfloat16`` the model computes in bfloat16 and AdamW updates
+float32 master weights (:class:`~dart.train.precision.MasterWeights`, the torch backend's scheme);
+gradients are averaged and clipped in float32, and checkpoints hold the masters.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ import torch
 import torch.distributed as dist
 
 from dart.train.batching import ModelInputs
-from dart.train.errors import CheckpointError, ParallelismError
+from dart.train.errors import CheckpointError, ParallelismError, TrainerError
 from dart.train.loss import behaviour_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
+from dart.train.precision import MasterWeights, needs_master_weights
 
 _META = "megatron_meta.json"
 _FORMAT = "dart-megatron-1"
@@ -138,7 +141,11 @@ class MegatronBackend:
         self._tp_group = ps.get_tensor_model_parallel_group()
         self._dp_group = ps.get_data_parallel_group()
         self._tp_src = ps.get_tensor_model_parallel_src_rank()
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        # Float32 masters for a low-precision model (AdamW on bfloat16 weights rounds updates of lr away).
+        self.masters = MasterWeights(trainable) if needs_master_weights(getattr(torch, settings.dtype)) else None
+        # The tensors AdamW updates, whose gradients are averaged, measured and clipped.
+        self.params: list[torch.nn.Parameter] = self.masters.masters if self.masters else trainable
         self.optimizer = torch.optim.AdamW(
             self.params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
         )
@@ -148,7 +155,15 @@ class MegatronBackend:
         """Build from the trainer config (the ``TrainerBackend`` constructor; collective, every rank).
 
         ``image_source`` is kept for the caller that rebuilds sample inputs (``backend.image_source``).
+
+        Raises:
+            TrainerError: ``loss.kl_coef > 0``: this backend keeps no reference model.
         """
+        kl_coef = getattr(getattr(config, "loss", None), "kl_coef", 0.0)
+        if kl_coef > 0.0:
+            raise TrainerError(
+                f"train.backend megatron keeps no reference model: set train.loss.kl_coef to 0 (got {kl_coef})"
+            )
         backend = cls.create(MegatronSettings.from_config(config))
         backend.config = config
         backend.image_source = image_source
@@ -229,6 +244,11 @@ class MegatronBackend:
         """Data-parallel groups; the samples of a mini-batch are spread over them."""
         return int(self.data_parallel_size)
 
+    @property
+    def dp_group(self) -> Any:
+        """The data-parallel group: one rank per TP group, over which per-sample figures are gathered."""
+        return self._dp_group
+
     def forward_logprobs(
         self,
         inputs: ModelInputs,
@@ -289,6 +309,8 @@ class MegatronBackend:
                         p.grad.mul_(coef)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            self.masters.copy_to_model()
         self.step += 1
         return norm
 
@@ -315,9 +337,12 @@ class MegatronBackend:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full Hugging Face Qwen2.5-VL state dict (names of ``Qwen2_5_VLForConditionalGeneration.state_dict()``)
-        on CPU, on rank 0; ``{}`` on the other ranks. Collective."""
+        on CPU, in ``dtype`` (what the engines serve), on rank 0; ``{}`` on the other ranks. Collective."""
         gpt = dict(self.model.gpt.named_parameters())
-        return self._gather_hf(gpt, dict(self.model.visual.state_dict()))
+        weights = self._gather_hf(gpt, dict(self.model.visual.state_dict()))
+        # megatron keeps its RMSNorm weights in float32 whatever the model's dtype.
+        dtype = getattr(torch, self.settings.dtype)
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
 
     def full_grad_dict(self) -> dict[str, torch.Tensor]:
         """The current gradients in Hugging Face layout and names (zeros where none), on rank 0. Collective."""
@@ -339,6 +364,7 @@ class MegatronBackend:
             state = {
                 "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items() if "_extra_state" not in k},
                 "optimizer": self.optimizer.state_dict(),
+                "masters": [m.detach().cpu() for m in self.masters.masters] if self.masters else None,
                 "step": self.step,
             }
             target = self._shard_file(path)
@@ -378,6 +404,17 @@ class MegatronBackend:
         missing = [k for k in missing if "_extra_state" not in k]
         if missing or unexpected:
             raise CheckpointError(str(path), f"weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        saved = state.get("masters")
+        if saved is not None:
+            # A low-precision run's float32 masters: the weights above were rounded, these resume exactly.
+            with torch.no_grad():
+                for p, value in zip(self.params, saved, strict=True):
+                    p.copy_(value)
+        elif self.masters is not None:
+            # A float32 run's checkpoint: its weights, as loaded into this model, start the masters.
+            self.masters.load([p.detach() for p in self.masters.params])
+        if self.masters is not None:
+            self.masters.copy_to_model()
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         dist.barrier()
