@@ -3,6 +3,7 @@ test-unique pools, a crashing env."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -17,7 +18,13 @@ from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import Action, Observation, Wait, WorkItem
 from dart.protocol.messages.observation import MetadataValue
+from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.engine.vllm_server import VLLMServerProcess
 from dart.rollout.model.tiny import write_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[3]
+VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+"""Interpreter of the vLLM environment (``scripts/install-vllm-cpu.sh``); vLLM tests skip without it."""
 
 FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
 """The sim without simulated latency."""
@@ -49,6 +56,38 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny")
     write_tiny_checkpoint(path, seed=0)
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM environment's interpreter; tests that need it skip, saying why, where it is missing."""
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON}: run scripts/install-vllm-cpu.sh (or set DART_VLLM_PYTHON)")
+    return VLLM_PYTHON
+
+
+@pytest.fixture(scope="session")
+def vllm_launch_config(vllm_python: Path, checkpoint: Path) -> Callable[[Path], VLLMEngineConfig]:
+    """Makes the config of a launched server on the session's tiny checkpoint, logging into a directory."""
+
+    def make(log_dir: Path) -> VLLMEngineConfig:
+        launch = VLLMLaunchConfig(python=str(vllm_python), kv_cache_gib=1, max_model_len=2048, log_dir=str(log_dir))
+        return VLLMEngineConfig(model_path=str(checkpoint), launch=launch, request_timeout_s=300)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def vllm_url(
+    vllm_launch_config: Callable[[Path], VLLMEngineConfig], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """Base URL of one vLLM server serving the session's tiny checkpoint, shared by every vLLM test module."""
+    server = VLLMServerProcess("session", vllm_launch_config(tmp_path_factory.mktemp("vllm-logs")))
+    asyncio.run(server.start())
+    try:
+        yield server.url
+    finally:
+        asyncio.run(server.stop())
 
 
 @pytest.fixture

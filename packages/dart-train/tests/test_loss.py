@@ -163,6 +163,10 @@ def test_behaviour_logprobs_temperature_exclusions_and_nucleus() -> None:
     outside, _ = behaviour_logprobs(logits, torch.tensor([2]), top_p=0.8)
     assert float(outside) == pytest.approx(float(torch.log_softmax(logits[:, :3], -1)[0, 2]))
     assert float(behaviour_logprobs(logits, target, temperature=0.0)[0]) == pytest.approx(float(raw))
+    # Greedy takes its argmax over the allowed tokens: temperature 1, exclusions masked, no nucleus (as
+    # both engines record it; vLLM's processed log-probs apply its bad-words mask at temperature 0 too).
+    greedy, _ = behaviour_logprobs(logits, target, temperature=0.0, excluded_token_ids=[0], top_p=0.5)
+    assert float(greedy) == pytest.approx(float(excluded))
 
 
 def test_sum_reduction_is_invariant_to_padding() -> None:

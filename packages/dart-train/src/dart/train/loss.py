@@ -105,7 +105,8 @@ def behaviour_logprobs(
     ``softmax(logits / temperature)`` with ``excluded_token_ids`` masked, then the smallest set of most
     likely tokens whose mass reaches ``top_p`` (a token is kept when the mass of the tokens ranked above it
     is below ``top_p``; ties broken by the sort), renormalized. ``temperature == 0`` (greedy) gives the
-    plain temperature-1 log-probs of the raw logits, as the engines record them.
+    temperature-1 log-probs with ``excluded_token_ids`` masked and no nucleus: the distribution the
+    engines take their argmax over, and the log-probs they record for it.
 
     Nucleus boundary: the nucleus is chosen on *these* logits, without gradient, and the target token is
     always kept in it. A token the engine sampled from inside its nucleus can fall just outside the
@@ -128,7 +129,9 @@ def behaviour_logprobs(
     raw = logits.float()
     logp_raw = torch.log_softmax(raw, dim=-1)
     entropy = -(logp_raw.exp() * logp_raw).sum(-1)
-    if temperature == 0.0 or (temperature == 1.0 and not excluded_token_ids and top_p >= 1.0):
+    if temperature == 0.0:
+        temperature, top_p = 1.0, 1.0
+    if temperature == 1.0 and not excluded_token_ids and top_p >= 1.0:
         return logp_raw.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
     scaled = raw / temperature
     if excluded_token_ids:

@@ -69,7 +69,8 @@ class SamplingParams(Value):
     """
 
     temperature: NonNegFloat = 1.0
-    """Sampling temperature; 0 is greedy (then the recorded log-probs are those at temperature 1)."""
+    """Sampling temperature; 0 is greedy: the argmax of the temperature-1 distribution with
+    ``excluded_token_ids`` removed, whose log-probs are the recorded ones (``top_p`` plays no part)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus mass; 1 keeps the whole distribution."""
     excluded_token_ids: list[TokenId] = Field(default_factory=list, max_length=1024)

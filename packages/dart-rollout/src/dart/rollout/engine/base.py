@@ -118,7 +118,7 @@ class GenerationResult:
         response_token_ids: Generated tokens, the stop token (``<|im_end|>``) included when generated.
         response_logprobs: Behaviour log-prob of each token: under the distribution it was sampled from, as
             ``sampling`` describes it (temperature, excluded tokens, top-p nucleus), nats. For greedy
-            requests (temperature 0) the log-probs at temperature 1.
+            requests (temperature 0) the log-probs at temperature 1, excluded tokens masked.
         response_entropy: Entropy of the raw (temperature 1) next-token distribution at each position, nats;
             empty when the engine cannot report it (vLLM).
         sampling: The behaviour distribution ``response_logprobs`` belong to.

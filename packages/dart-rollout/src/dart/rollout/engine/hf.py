@@ -5,12 +5,15 @@ and served by one left-padded ``model.generate`` call on a dedicated worker thre
 never blocks. ``generate`` handles Qwen2.5-VL's multimodal rotary positions (mrope) with padding; a
 :class:`_RowSampler` logits processor replaces its sampling so each request keeps its own temperature,
 top-p, seed and token budget, and records behaviour log-probs (of the distribution actually sampled from)
-and entropies of the raw logits.
+and entropies of the raw logits. The checkpoint's own ``generation_config`` sampling settings (repetition
+penalty, top-k, ...) are dropped at start, with one warning naming them: a response is drawn from exactly the
+distribution its :class:`~dart.protocol.messages.SamplingParams` record, which is what the trainer recomputes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -34,6 +37,8 @@ from dart.rollout.engine.base import (
 )
 from dart.rollout.model.loading import load_policy
 
+log = logging.getLogger("dart.rollout.hf")
+
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 BANNED_TOKENS = (
     "<|vision_start|>",
@@ -46,6 +51,28 @@ BANNED_TOKENS = (
 """Never sampled: a vision placeholder in a response would break the trainer's forward pass (image tokens
 must match images), and a new turn is not a valid response. They are recorded as the result's
 ``SamplingParams.excluded_token_ids``, so the trainer masks them when it recomputes log-probs."""
+
+_INERT_GENERATION_FIELDS = frozenset(
+    {
+        "_from_model_config",
+        "transformers_version",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "decoder_start_token_id",
+        "use_cache",
+        "cache_implementation",
+        "max_length",
+        "max_new_tokens",
+        "output_attentions",
+        "output_hidden_states",
+        "output_scores",
+        "output_logits",
+        "return_dict_in_generate",
+    }
+)
+"""``generation_config`` fields that do not change which token is drawn or its log-prob."""
+_TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
 class HFEngineConfig(BaseModel):
@@ -104,8 +131,8 @@ class _RowSampler:
     ``generate`` runs greedy (no built-in warpers), so the returned one-hot scores make it emit exactly
     the token chosen here. The recorded log-prob is the behaviour log-prob: of the token under the
     distribution it was drawn from (``softmax(logits / T)``, banned tokens masked, top-p nucleus
-    renormalized), or the raw temperature-1 log-prob for greedy rows; the entropy is that of the raw
-    temperature-1 distribution.
+    renormalized), or for greedy rows under ``softmax(logits)`` with the banned tokens masked (the
+    distribution the argmax is taken over); the entropy is that of the raw temperature-1 distribution.
     """
 
     def __init__(self, requests: list[GenerationRequest], eos_id: int, banned_ids: list[int]) -> None:
@@ -128,6 +155,7 @@ class _RowSampler:
         entropy = (-(logp.exp() * logp).sum(-1)).clamp_min(0.0)
         allowed = logits.clone()
         allowed[:, self.banned_ids] = -math.inf
+        greedy_logp = torch.log_softmax(allowed, dim=-1)
         chosen = torch.empty(len(self.requests), dtype=torch.long)
         for i, req in enumerate(self.requests):
             if self.step >= req.max_new_tokens:
@@ -137,8 +165,8 @@ class _RowSampler:
             token, sampled_lp = self._sample(allowed[i], req, self.generators[i])
             chosen[i] = token
             self.tokens[i].append(token)
-            # Greedy rows have no sampling distribution: the contract records their temperature-1 log-prob.
-            self.logprobs[i].append(float(logp[i, token]) if req.temperature == 0 else sampled_lp)
+            # Greedy rows draw nothing: the contract records the temperature-1 log-prob, banned tokens masked.
+            self.logprobs[i].append(float(greedy_logp[i, token]) if req.temperature == 0 else sampled_lp)
             self.entropy[i].append(float(entropy[i]))
         self.step += 1
         out = torch.full_like(scores, -math.inf)
@@ -178,6 +206,7 @@ class HFEngine(InferenceEngine):
         self.stats = EngineStats()
         self._model = model
         self._processor = processor
+        _drop_checkpoint_sampling(model, config.model_path)
         processor.tokenizer.padding_side = "left"
         tok = processor.tokenizer
         self._stop_ids = [tok.convert_tokens_to_ids(t) for t in STOP_TOKENS]
@@ -337,7 +366,9 @@ class HFEngine(InferenceEngine):
                     response_logprobs=sampler.logprobs[i][:end],
                     response_entropy=sampler.entropy[i][:end],
                     sampling=SamplingParams(
-                        temperature=req.temperature, top_p=req.top_p, excluded_token_ids=list(self._banned_ids)
+                        temperature=req.temperature,
+                        top_p=1.0 if req.temperature == 0 else req.top_p,  # greedy: no nucleus was applied
+                        excluded_token_ids=list(self._banned_ids),
                     ),
                     text=self._processor.tokenizer.decode(tokens, skip_special_tokens=True),
                     finish_reason=finish,
@@ -370,6 +401,29 @@ class HFEngine(InferenceEngine):
             raise WeightUpdateError(version, f"shapes differ for {bad[:5]}")
         with torch.no_grad():
             self._model.load_state_dict(state, strict=True)
+
+
+def _drop_checkpoint_sampling(model: Any, model_path: str) -> None:
+    """Give ``model`` a generation config holding only its token ids, warning once about what it drops.
+
+    ``generate`` fills every field left unset with the checkpoint's value, and the processors those
+    values add (repetition penalty, n-gram blocking, ...) run before :class:`_RowSampler`: the recorded
+    log-probs would then belong to a distribution the trainer never recomputes.
+    """
+    from transformers import GenerationConfig
+
+    current = model.generation_config
+    dropped = {k: v for k, v in current.to_diff_dict().items() if k not in _INERT_GENERATION_FIELDS}
+    if dropped:
+        settings = ", ".join(f"{k}={v!r}" for k, v in sorted(dropped.items()))
+        log.warning(
+            "%s/generation_config.json sets %s: ignored; responses are sampled only as each request's "
+            "SamplingParams record (the distribution the trainer recomputes)",
+            model_path,
+            settings,
+        )
+    token_ids = {k: getattr(current, k, None) for k in _TOKEN_ID_FIELDS}
+    model.generation_config = GenerationConfig(**{k: v for k, v in token_ids.items() if v is not None})  # type: ignore[no-untyped-call]  # an unannotated transformers API
 
 
 def _with_timings(result: GenerationResult, timings: GenerationTimings) -> GenerationResult:

@@ -10,8 +10,14 @@ Weight update (:meth:`VLLMEngine.update_weights`), every HTTP call with ``contro
 
     serving --> draining (new generate calls wait here; ``wait`` mode: in-flight ones finish)
             --> loading: POST /pause?mode=wait|keep -> POST /collective_rpc reload_weights(dir)
-                         -> POST /reset_prefix_cache -> version = v
+                         -> version = v (the server serves v from here, whatever fails next)
+                         -> POST /reset_prefix_cache
             --> POST /resume (also after a failure: the previous weights keep serving) --> serving
+
+Pause, reset and resume are retried with backoff (``control_attempts``); a reload is not (the weight sync
+retries the whole update). A failed reload restores the weights served before. A response carries the
+version its request started on: in ``keep`` mode one that straddles an update is labelled with the older
+version, so its tokens' lag is never understated.
 
 A launched server that dies is restarted with exponential backoff (state ``loading`` meanwhile, requests in
 flight fail with :class:`EngineUnavailableError`); the weights it served are reloaded before it serves again.
@@ -202,7 +208,7 @@ class VLLMEngine(InferenceEngine):
             # Counted from here: a ``wait`` update drains this request before it pauses the server.
             self._in_flight += 1
             self._idle.clear()
-            epoch = self._epoch
+            epoch, version = self._epoch, self._version
             started = time.monotonic()
             try:
                 messages = await asyncio.to_thread(chat_messages, request.prompt)
@@ -213,10 +219,11 @@ class VLLMEngine(InferenceEngine):
                     self._idle.set()
             elapsed = time.monotonic() - started
             if epoch != self._epoch:
-                # Only ``keep`` pauses (or a restart) let a response cross a weight change: flag it.
+                # Only ``keep`` pauses (or a restart) let a response cross a weight change: flag it. Its
+                # first tokens came from ``version``: the older label overstates its lag, never understates.
                 self.stats.straddled += 1
-                _event("engine.response.straddled", engine_id=self.engine_id, version=self._version)
-            result = self._result(request, reply, GenerationTimings(started - submitted, elapsed, 1))
+                _event("engine.response.straddled", engine_id=self.engine_id, version=version, to=self._version)
+            result = self._result(request, reply, GenerationTimings(started - submitted, elapsed, 1), version)
             self.stats.requests += 1
             self.stats.generated_tokens += len(result.response_token_ids)
             return result
@@ -244,7 +251,7 @@ class VLLMEngine(InferenceEngine):
         return body
 
     def _result(
-        self, request: GenerationRequest, reply: dict[str, Any], timings: GenerationTimings
+        self, request: GenerationRequest, reply: dict[str, Any], timings: GenerationTimings, version: int
     ) -> GenerationResult:
         try:
             choice = reply["choices"][0]
@@ -274,7 +281,7 @@ class VLLMEngine(InferenceEngine):
             sampling=sampling,
             text=text,
             finish_reason=finish,
-            policy_version=self._version,
+            policy_version=version,
             timings=timings,
         )
 
@@ -307,8 +314,7 @@ class VLLMEngine(InferenceEngine):
                 if self.config.pause_mode == "wait":
                     await asyncio.wait_for(self._idle.wait(), self.config.control_timeout_s)
                 self._state = EngineState.LOADING
-                await self._swap(directory, version)
-                self._reference = header
+                await self._swap(directory, version, header)
                 self.stats.weight_updates += 1
                 self.stats.last_update_s = time.monotonic() - started
             except (EngineError, TimeoutError) as exc:
@@ -335,24 +341,59 @@ class VLLMEngine(InferenceEngine):
         if bad:
             raise WeightUpdateError(version, f"shapes differ for {bad[:5]}")
 
-    async def _swap(self, directory: Path, version: int) -> None:
-        """Pause, reload from the staged ``directory``, reset the prefix cache, set the version; always resume."""
-        timeout = self.config.control_timeout_s
-        await self._call("POST", "/pause", params={"mode": self.config.pause_mode}, timeout=timeout)
+    async def _swap(self, directory: Path, version: int, header: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+        """Pause, reload from the staged ``directory``, record ``version``, reset the prefix cache; always resume.
+
+        Raises:
+            EngineError: A step failed after its retries; the recorded version is still the served one.
+        """
+        error: EngineError | None = None
         try:
+            await self._control("/pause", params={"mode": self.config.pause_mode})
+            self._epoch += 1  # from here the served weights may change: responses in flight straddle
             try:
                 await self._reload(directory)
             except EngineError:
                 await self._restore()
                 raise
-            self._epoch += 1
-            await self._call("POST", "/reset_prefix_cache", timeout=timeout)
-            self._version = version
+            # The server serves the new weights from here on, whatever fails next: record them now.
+            self._version, self._reference = version, header
             previous, self._weights_dir = self._weights_dir, directory
             if previous is not None and previous != directory:  # the server no longer needs those bytes
                 await asyncio.to_thread(shutil.rmtree, previous, True)
-        finally:
-            await self._call("POST", "/resume", timeout=timeout)
+            await self._control("/reset_prefix_cache")
+        except EngineError as exc:
+            error = exc
+        try:
+            await self._control("/resume")
+        except EngineError as exc:
+            log.error("engine %s: the server stays paused, /resume failed: %s", self.engine_id, exc)
+            if error is None:
+                error = exc
+        if error is not None:
+            raise error
+
+    async def _control(self, route: str, *, params: dict[str, str] | None = None) -> None:
+        """POST a control route, retried with exponential backoff (``control_attempts`` tries in all)."""
+        delay = self.config.control_backoff_s
+        for attempt in range(1, self.config.control_attempts + 1):
+            try:
+                await self._call("POST", route, params=params, timeout=self.config.control_timeout_s)
+                return
+            except EngineError as exc:
+                if attempt == self.config.control_attempts or self._closed():
+                    raise
+                log.warning(
+                    "engine %s: POST %s failed (try %d of %d), retrying in %.2gs: %s",
+                    self.engine_id,
+                    route,
+                    attempt,
+                    self.config.control_attempts,
+                    delay,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.control_backoff_max_s)
 
     async def _reload(self, directory: Path) -> None:
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(directory)}}

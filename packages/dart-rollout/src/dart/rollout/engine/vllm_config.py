@@ -80,11 +80,18 @@ class VLLMEngineConfig(BaseModel):
     pause_mode: Literal["wait", "keep"] = "wait"
     """Weight updates: ``wait`` lets in-flight requests finish on the old weights first (no response straddles
     an update); ``keep`` freezes them and continues them on the new weights (such responses are counted as
-    straddling and reported with the new version)."""
+    straddling and reported with the older version, the one their first tokens came from)."""
     request_timeout_s: float = Field(default=600.0, gt=0)
     """Deadline of one generation request, seconds."""
     control_timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of each pause / reload / reset / resume call of a weight update, seconds."""
+    control_attempts: int = Field(default=5, ge=1)
+    """Tries of each pause / reset / resume call of a weight update, the first included (a failed reload
+    is not retried here: the weight sync retries the whole update)."""
+    control_backoff_s: float = Field(default=0.5, gt=0)
+    """Pause before the first retry of a control call, seconds; doubles per retry."""
+    control_backoff_max_s: float = Field(default=8.0, gt=0)
+    """Longest pause between two tries of a control call, seconds."""
     initial_version: int = Field(default=0, ge=0)
     """Policy version of the checkpoint the servers start with."""
 

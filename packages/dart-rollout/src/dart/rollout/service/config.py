@@ -81,6 +81,11 @@ class SyncConfig(ConfigModel):
     with two or more engines at least one engine always keeps serving, whatever the fraction."""
     cache_dir: str | None = None
     """Where fetched weights are kept for remote URIs; None uses a temporary directory."""
+    retry_backoff_s: float = Field(default=1.0, gt=0.0)
+    """Pause before retrying a version that some engine failed to load (or whose weights could not be
+    fetched), seconds; doubles per consecutive failure. A newer version announced meanwhile goes first."""
+    retry_backoff_max_s: float = Field(default=30.0, gt=0.0)
+    """Longest pause between two tries of the same version, seconds."""
 
 
 class RolloutConfig(ConfigModel):

@@ -8,6 +8,8 @@ Engine update lifecycle (driven by :class:`WeightSyncController`)::
            engine.update_weights(path, v): serving -> draining -> loading -> serving at v
            telemetry events engine.update.start / engine.update.end (engine id, version, times)
     a newer version announced meanwhile is applied next; versions in between are skipped.
+    a failed fetch or engine update is retried after ``retry_backoff_s`` (doubling up to
+    ``retry_backoff_max_s``) without waiting for another announcement; a newer version cuts the wait.
 
 In ``decoupled`` mode with two or more engines, at least one engine is serving at any time, so
 trajectory runners never stall on an update; ``coupled`` mode updates every engine at once.
@@ -163,6 +165,8 @@ class WeightSyncController:
         """Every update attempted, in completion order."""
         self.failed_fetches = 0
         """Announced versions whose weights could not be fetched or verified."""
+        self.retries = 0
+        """Times a version was applied again after a failed fetch or engine update."""
 
     @property
     def max_concurrent(self) -> int:
@@ -250,13 +254,30 @@ class WeightSyncController:
                 self.announce(entry.value)
 
     async def _apply_forever(self) -> None:
+        backoff = self._config.retry_backoff_s
+        failed_version: int | None = None
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             version = self._latest
             if version is None:
                 continue
+            if version.version == failed_version:
+                self.retries += 1
+            else:
+                backoff = self._config.retry_backoff_s
             try:
-                await self.apply(version)
+                failed = not all(u.ok for u in await self.apply(version))
             except WeightFetchError as exc:
                 log.error("%s", exc)
+                failed = True
+            if not failed:
+                failed_version = None
+                continue
+            failed_version = version.version
+            # Try again after a backoff, or at once when a newer version is announced meanwhile.
+            log.warning("version %d did not reach every engine; retrying in %.3gs", version.version, backoff)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), backoff)
+            self._wakeup.set()
+            backoff = min(backoff * 2, self._config.retry_backoff_max_s)

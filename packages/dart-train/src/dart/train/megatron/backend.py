@@ -260,7 +260,7 @@ class MegatronBackend:
         """Teacher-forced ``(logp, entropy)`` of the response tokens, each ``(R,)`` float32, with grad when enabled.
 
         ``logp`` is of the sampling distribution (``softmax(logits / temperature)``, excluded ids masked,
-        top-p nucleus; temperature 0 means the raw distribution), ``entropy`` that of the raw
+        top-p nucleus; temperature 0 means temperature 1, excluded ids masked), ``entropy`` that of the raw
         temperature-1 distribution, computed by the loss module's shared code on the full-vocabulary
         logits. Collective over the TP group: its ranks must pass the same inputs.
         """
