@@ -130,8 +130,7 @@ def _config(checkpoint: Path, url: str, **overrides: Any) -> VLLMEngineConfig:
     fields: dict[str, Any] = {
         "model_path": str(checkpoint),
         "attach": VLLMAttachConfig(urls=[url]),
-        "control_backoff_s": 0.05,
-        "control_backoff_max_s": 0.2,
+        "control_retry": {"attempts": 5, "initial_delay_s": 0.05, "max_delay_s": 0.2},
     }
     return VLLMEngineConfig(**{**fields, **overrides})
 

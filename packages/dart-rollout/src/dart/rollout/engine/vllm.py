@@ -14,7 +14,7 @@ Weight update (:meth:`VLLMEngine.update_weights`), every HTTP call with ``contro
                          -> POST /reset_prefix_cache
             --> POST /resume (also after a failure: the previous weights keep serving) --> serving
 
-Pause, reset and resume are retried with backoff (``control_attempts``); a reload is not (the weight sync
+Pause, reset and resume are retried with backoff (``control_retry``); a reload is not (the weight sync
 retries the whole update). A failed reload restores the weights served before. A response carries the
 version its request started on: in ``keep`` mode one that straddles an update is labelled with the older
 version, so its tokens' lag is never understated.
@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from dart.protocol.messages import SamplingParams
+from dart.protocol.retry import retry_async
 from dart.protocol.telemetry import current_telemetry
 from dart.rollout.engine.base import (
     EngineClosedError,
@@ -374,26 +375,13 @@ class VLLMEngine(InferenceEngine):
             raise error
 
     async def _control(self, route: str, *, params: dict[str, str] | None = None) -> None:
-        """POST a control route, retried with exponential backoff (``control_attempts`` tries in all)."""
-        delay = self.config.control_backoff_s
-        for attempt in range(1, self.config.control_attempts + 1):
-            try:
-                await self._call("POST", route, params=params, timeout=self.config.control_timeout_s)
-                return
-            except EngineError as exc:
-                if attempt == self.config.control_attempts or self._closed():
-                    raise
-                log.warning(
-                    "engine %s: POST %s failed (try %d of %d), retrying in %.2gs: %s",
-                    self.engine_id,
-                    route,
-                    attempt,
-                    self.config.control_attempts,
-                    delay,
-                    exc,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.control_backoff_max_s)
+        """POST a control route, retried with backoff (``control_retry``) until the engine is closed."""
+        await retry_async(
+            lambda: self._call("POST", route, params=params, timeout=self.config.control_timeout_s),
+            policy=self.config.control_retry,
+            retryable=lambda exc: isinstance(exc, EngineError) and not self._closed(),
+            what=f"engine {self.engine_id}: POST {route}",
+        )
 
     async def _reload(self, directory: Path) -> None:
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(directory)}}

