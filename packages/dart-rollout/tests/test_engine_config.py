@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from dart.rollout.engine.hf import HFEngineConfig
-from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import chat_template_path, server_args
 from dart.rollout.service.config import RolloutConfig
 
@@ -49,3 +49,12 @@ def test_server_args_carry_the_token_contract() -> None:
     assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert args[args.index("--chat-template") + 1] == str(chat_template_path())
     assert chat_template_path().is_file()
+
+
+def test_launched_servers_never_prefill_a_prompt_in_chunks_by_default() -> None:
+    # A seeded request prefilled in chunks kills the CPU build's engine (its generators have no offset).
+    args = server_args(VLLMEngineConfig(), model_path="/ckpt", host="127.0.0.1", port=8000)
+    assert args[args.index("--max-num-batched-tokens") + 1] == args[args.index("--max-model-len") + 1] == "4096"
+    launch = VLLMLaunchConfig(max_model_len=8192, max_num_batched_tokens=16384)
+    args = server_args(VLLMEngineConfig(launch=launch), model_path="/ckpt", host="127.0.0.1", port=8000)
+    assert args[args.index("--max-num-batched-tokens") + 1] == "16384"

@@ -34,6 +34,12 @@ class VLLMLaunchConfig(BaseModel):
     """Address the servers listen on (ports are picked free)."""
     max_model_len: int = Field(default=4096, ge=256)
     """Longest prompt + response, tokens."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=256)
+    """Tokens one engine step may schedule (``--max-num-batched-tokens``); None uses ``max_model_len``, so a
+    prompt is never prefilled in chunks. vLLM rewinds a seeded request's random generator after each
+    partial prefill, which the CPU build's generators cannot do (``CPU Generator does not use offset``,
+    the server's engine dies): a 1920x1080 screenshot at Qwen2.5-VL's own resolution is about 2,700
+    tokens, above the CPU build's default step budget."""
     kv_cache_gib: int = Field(default=1, ge=1)
     """KV cache of a CPU server, whole GiB (``VLLM_CPU_KVCACHE_SPACE``); ignored by GPU builds."""
     enforce_eager: bool = True

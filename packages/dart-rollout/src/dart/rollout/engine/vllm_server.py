@@ -62,6 +62,8 @@ def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: i
         config.dtype,
         "--max-model-len",
         str(launch.max_model_len),
+        "--max-num-batched-tokens",
+        str(launch.max_num_batched_tokens or launch.max_model_len),
         "--chat-template",
         str(chat_template_path()),
         "--chat-template-content-format",
