@@ -12,32 +12,82 @@ import typer
 model_app = typer.Typer(help="Create and inspect policy checkpoints.", no_args_is_help=True)
 
 
-@model_app.command("init-tiny")
-def init_tiny(
-    path: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],
-    seed: Annotated[int, typer.Option(help="Seed of the weights and the tokenizer corpus.")] = 0,
-    suite: Annotated[
-        list[Path] | None,
-        typer.Option(help="Task suite file(s) whose instructions extend the tokenizer's training text."),
-    ] = None,
-    sim_suites: Annotated[bool, typer.Option(help="Also train the tokenizer on the built-in sim suites.")] = True,
+PathArg = Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of the weights and the tokenizer corpus.")]
+SuiteOpt = Annotated[
+    list[Path] | None,
+    typer.Option(help="Task suite file(s) whose instructions extend the tokenizer's training text."),
+]
+SimSuitesOpt = Annotated[bool, typer.Option(help="Also train the tokenizer on the built-in sim suites.")]
+
+
+@model_app.command("init")
+def init(
+    path: PathArg,
+    arch: Annotated[
+        str, typer.Option(help="Architecture: tiny, qwen2.5-vl-3b, qwen2.5-vl-7b or qwen2.5-vl-32b.")
+    ] = "tiny",
+    dtype: Annotated[str, typer.Option(help="Weight dtype: bfloat16 or float32 (tiny: float32 only).")] = "",
+    layers: Annotated[int | None, typer.Option(help="Decoder layers (default: the architecture's).")] = None,
+    vision_blocks: Annotated[int | None, typer.Option(help="Vision blocks (default: the architecture's).")] = None,
+    seed: SeedOpt = 0,
+    suite: SuiteOpt = None,
+    sim_suites: SimSuitesOpt = True,
 ) -> None:
-    """Write a random tiny Qwen2.5-VL checkpoint with a locally trained tokenizer."""
+    """Write a random Qwen2.5-VL checkpoint of a named architecture with a locally trained tokenizer.
+
+    The published architectures keep every width, the vocabulary (151,936) and the image processor
+    settings when cut with --layers / --vision-blocks; special tokens sit at Qwen's ids.
+    """
+    from dataclasses import replace
+
+    from dart.rollout.errors import ModelInitError
+    from dart.rollout.model.architectures import get_architecture
+    from dart.rollout.model.random_init import write_checkpoint
+    from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
+
+    texts = _tokenizer_texts(suite, sim_suites)
+    t0 = time.perf_counter()
+    try:
+        manifest: object
+        if arch == "tiny":
+            if dtype not in ("", "float32"):
+                raise ModelInitError(f"dtype={dtype}: the tiny checkpoint is written in float32 only")
+            spec = TinyModelSpec()
+            spec = replace(spec, num_layers=layers or spec.num_layers, vision_depth=vision_blocks or spec.vision_depth)
+            manifest = write_tiny_checkpoint(path, seed=seed, vocab_texts=texts, spec=spec)
+        else:
+            if dtype not in ("", "bfloat16", "float32"):
+                raise ModelInitError(f"dtype={dtype}: choose bfloat16 or float32")
+            cut = get_architecture(arch).cut(layers=layers, vision_blocks=vision_blocks)
+            manifest = write_checkpoint(
+                path, cut, dtype="float32" if dtype == "float32" else "bfloat16", seed=seed, vocab_texts=texts
+            )
+    except ModelInitError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    elapsed = time.perf_counter() - t0
+    summary = {"path": str(path), "seed": seed, "seconds": round(elapsed, 2), **_manifest_dict(manifest)}
+    typer.echo(f"wrote {arch} Qwen2.5-VL checkpoint to {path} in {elapsed:.1f}s")
+    typer.echo(json.dumps(summary, default=str))
+
+
+@model_app.command("init-tiny")
+def init_tiny(path: PathArg, seed: SeedOpt = 0, suite: SuiteOpt = None, sim_suites: SimSuitesOpt = True) -> None:
+    """Write a random tiny Qwen2.5-VL checkpoint (same as ``dart model init --arch tiny``)."""
+    init(path, arch="tiny", dtype="", layers=None, vision_blocks=None, seed=seed, suite=suite, sim_suites=sim_suites)
+
+
+def _tokenizer_texts(suite: list[Path] | None, sim_suites: bool) -> list[str]:
     from dart.env.sim import BUILTIN_SUITES, load_builtin_suite
     from dart.env.suite import load_suite
-    from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, write_tiny_checkpoint
+    from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS
 
     texts = list(DEFAULT_INSTRUCTIONS)
     suites = [load_suite(p) for p in suite or []]
     if sim_suites:
         suites += [load_builtin_suite(name) for name in BUILTIN_SUITES]
-    texts += [t.instruction for s in suites for t in s.tasks if t.instruction]
-    t0 = time.perf_counter()
-    manifest = write_tiny_checkpoint(path, seed=seed, vocab_texts=texts)
-    elapsed = time.perf_counter() - t0
-    summary = {"path": str(path), "seed": seed, "seconds": round(elapsed, 2), **_manifest_dict(manifest)}
-    typer.echo(f"wrote tiny Qwen2.5-VL checkpoint to {path} in {elapsed:.1f}s")
-    typer.echo(json.dumps(summary, default=str))
+    return texts + [t.instruction for s in suites for t in s.tasks if t.instruction]
 
 
 def _manifest_dict(manifest: object) -> dict[str, object]:

@@ -214,10 +214,17 @@ def tokenizer_corpus(instructions: Iterable[str], *, seed: int = 0, num_actions:
     return texts
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
+def build_tokenizer(texts: Iterable[str], vocab_size: int, *, first_special_id: int | None = None) -> Any:
     """Train a byte-level BPE on ``texts`` and wrap it as a Qwen2 fast tokenizer.
 
     Byte-level means any text encodes, and decode(encode(text)) == text, which the action parser relies on.
+
+    Args:
+        texts: Training text.
+        vocab_size: Target size of the BPE vocabulary, before the special tokens.
+        first_special_id: Put the special tokens from this id on (Qwen's is 151643), filling the ids between
+            the trained vocabulary and it with reserved tokens (``<|dart_reserved_<id>|>``) that no text
+            encodes to; None puts them right after the trained vocabulary.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast  # type: ignore[attr-defined]  # lazily exported alias
@@ -234,6 +241,8 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(list(texts), trainer=trainer)
+    if first_special_id is not None:
+        tok = _reserve_ids_until(tok, first_special_id)
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     return Qwen2TokenizerFast(
         tokenizer_object=tok,
@@ -244,6 +253,20 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
         model_max_length=32768,
         chat_template=CHAT_TEMPLATE,
     )
+
+
+def _reserve_ids_until(tok: Any, first_free: int) -> Any:
+    """``tok`` with vocabulary entries added up to id ``first_free - 1``; no merge produces them."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    if len(vocab) > first_free:
+        raise ValueError(
+            f"the trained vocabulary has {len(vocab)} tokens, more than the {first_free} ids below the first special id"
+        )
+    vocab.update({f"<|dart_reserved_{i}|>": i for i in range(len(vocab), first_free)})
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def write_tiny_checkpoint(
