@@ -130,3 +130,19 @@ def test_policy_lag_counts_pool_samples_apart(rollout_samples: list[TrainingSamp
     lag = policy_lag(5, fresh + pooled)
     assert lag["max_policy_lag"] == 1 and lag["mean_policy_lag"] == 0.5
     assert lag["pool_samples"] == 1 and lag["pool_max_policy_lag"] == 4
+
+
+def test_trajectory_mean_weighs_trajectories_equally_over_the_whole_batch_with_mini_batches(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    s = rollout_samples[0]
+    # Three steps of a trajectory with advantage +1 and one step of another with -1: the mini-batches
+    # ([0, 2] and [1, 3]) hold two and one of the long trajectory's steps.
+    samples = [s.model_copy(update={"trajectory_id": "long", "step_index": i, "advantage": 1.0}) for i in range(3)]
+    samples.append(s.model_copy(update={"trajectory_id": "short", "step_index": 0, "advantage": -1.0}))
+    # A learning rate too small to move the ratio from 1: each step's loss is -sum(weight * advantage).
+    metrics = _backend(tiny_checkpoint, lr=1e-9, grad_clip=None, mini_batches=2).train_step(samples)
+    assert metrics.optimizer_steps == 2
+    # Equal trajectory shares over the batch cancel (+1 and -1); weighting per mini-batch gave the long
+    # trajectory 1.5 of the 2 shares (loss -0.5).
+    assert metrics.loss == pytest.approx(0.0, abs=1e-3)

@@ -8,12 +8,15 @@ One batch goes through:
    full logits. Spread over data-parallel ranks, then gathered so every rank holds all of them.
 2. **Selection**: the ``entropy_top_fraction`` of steps with the highest mean entropy (per batch or per
    trajectory); the others are not trained on.
-3. **Token weights**: ``token_mean`` or ``trajectory_mean`` over the selected steps (see
-   :class:`~dart.train.config.TrainerConfig`).
-4. **``ppo_epochs`` x ``mini_batches`` optimizer steps**: each mini-batch's weights are renormalized to
-   sum to 1, its samples are spread over data-parallel ranks and cut into micro-batches, gradients of
-   the weighted-sum loss accumulate, then :meth:`optimizer_step`. From the second step on the policy is
-   no longer the one ``logp_old`` came from, so ratios leave 1 and clipping acts.
+3. **Token weights**: ``token_mean`` or ``trajectory_mean`` over all the selected steps of the batch
+   (see :class:`~dart.train.config.TrainerConfig`), so a trajectory's share does not depend on how its
+   steps fall into mini-batches.
+4. **``ppo_epochs`` x ``mini_batches`` optimizer steps**: each mini-batch keeps its samples' batch-wide
+   weights times ``mini_batches`` (so a mini-batch's weights sum to about 1 and the step size does not
+   shrink with more mini-batches), its samples are spread over data-parallel ranks and cut into
+   micro-batches, gradients of the weighted-sum loss accumulate, then :meth:`optimizer_step`. From the
+   second step on the policy is no longer the one ``logp_old`` came from, so ratios leave 1 and
+   clipping acts.
 
 Every rank makes the same number of forward/backward calls (FSDP all-gathers parameters inside them):
 a rank short of samples runs a dummy row with weight 0. Each sample is one unpadded row, and the loss
@@ -44,7 +47,7 @@ class TrainStepMetrics:
     Attributes:
         step: Optimizer steps taken so far, this batch's included.
         loss: Mean over optimizer steps of the mini-batch's weighted GRPO loss.
-        clip_fraction: Token-weighted fraction of tokens whose ratio was clipped.
+        clip_fraction: Token-weighted fraction of tokens whose clipped term was the one chosen (no gradient).
         ratio_mean: Token-weighted mean of ``exp(logp - logp_old)`` (1 on a batch's first step).
         tis_weight_mean: Token-weighted mean off-policy correction weight.
         tis_truncated_fraction: Fraction of tokens whose weight was truncated (tis) or dropped (decoupled).
@@ -237,7 +240,12 @@ class RLUpdate:
         mean_entropy = [float(old[i][1].mean()) if inputs[i].response_len else 0.0 for i in range(len(samples))]
         chosen = select_high_entropy(samples, mean_entropy, cfg.entropy_top_fraction, cfg.entropy_scope)
         n_mini = min(cfg.mini_batches, len(chosen))
-        minis = [chosen[k::n_mini] for k in range(n_mini)]
+        weights = token_weights(
+            [samples[i] for i in chosen], [inputs[i].response_len for i in chosen], cfg.loss_aggregation
+        )
+        weight_of = {i: w * n_mini for i, w in zip(chosen, weights, strict=True)}
+        # Each mini-batch: its sample indices and their token weights.
+        minis = [{i: weight_of[i] for i in chosen[k::n_mini]} for k in range(n_mini)]
 
         keys = ("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction") + (
             ("kl",) if kl else ()
@@ -274,23 +282,24 @@ class RLUpdate:
         self,
         samples: Sequence[TrainingSample],
         inputs: Sequence[ModelInputs],
-        mini: Sequence[int],
+        mini: dict[int, float],
         old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
         rollout: Sequence[torch.Tensor],
         keys: Sequence[str],
     ) -> list[float]:
-        """Accumulate one mini-batch's gradients on this rank; returns this rank's weighted metric sums."""
+        """Accumulate one mini-batch's gradients on this rank; returns this rank's weighted metric sums.
+
+        ``mini`` maps the mini-batch's sample indices to their token weights (batch-wide, see the module
+        docstring).
+        """
         backend, dp_size = self.backend, self.backend.dp_size
-        weights = token_weights(
-            [samples[i] for i in mini], [inputs[i].response_len for i in mini], self.config.loss_aggregation
-        )
-        weight_of = dict(zip(mini, weights, strict=True))
-        mine = _shard(mini, backend.dp_rank, dp_size)
+        indices = list(mini)
+        mine = _shard(indices, backend.dp_rank, dp_size)
         sums = dict.fromkeys(keys, 0.0)
         mbs = self.config.micro_batch_size
         for lo in range(0, len(mine), mbs):
             rows = mine[lo : lo + mbs]
-            real = [mini[0] if i is None else i for i in rows]
+            real = [indices[0] if i is None else i for i in rows]
             outs = [self._logp(inputs[i], samples[i])[0] for i in real]
             logp, mask = pad_rows(outs)
             device = logp.device
@@ -301,12 +310,12 @@ class RLUpdate:
             adv = torch.tensor([samples[i].advantage for i in real], dtype=torch.float32, device=device)
             # Per-token weights ride in the mask; a padding row (None) weighs 0 but still runs its
             # forward/backward so every rank makes the same collective calls.
-            row_w = torch.tensor([0.0 if i is None else weight_of[i] for i in rows], device=device)
+            row_w = torch.tensor([0.0 if i is None else mini[i] for i in rows], device=device)
             loss, metrics = grpo_loss(
                 logp, logp_old, roll, adv, mask.to(device) * row_w[:, None], self.loss_config, ref, reduction="sum"
             )
-            # Data-parallel backends average gradients over ranks; the weights already sum to 1 over the
-            # whole mini-batch, so undo the average.
+            # Data-parallel backends average gradients over ranks; the weights already cover the whole
+            # mini-batch, so undo the average.
             (loss * dp_size).backward()
             for key in keys:
                 sums[key] += metrics[key]
