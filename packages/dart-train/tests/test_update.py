@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,26 @@ def test_trajectory_mean_weighs_trajectories_equally_over_the_whole_batch_with_m
     # Equal trajectory shares over the batch cancel (+1 and -1); weighting per mini-batch gave the long
     # trajectory 1.5 of the 2 shares (loss -0.5).
     assert metrics.loss == pytest.approx(0.0, abs=1e-3)
+
+
+def test_samples_with_meaningless_advantages_or_logprobs_are_refused_not_the_batch(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    from dart.train.errors import SampleError
+
+    s = rollout_samples[0]
+    n = len(s.rollout_logprobs)
+    # An in-process caller skips the wire schema's finiteness check: model_construct does the same.
+    bad = [
+        s.model_copy(update={"trajectory_id": "huge", "advantage": 1e6}),
+        s.model_copy(update={"trajectory_id": "positive", "rollout_logprobs": [0.5] * n}),
+        TrainingSample.model_construct(**{**dict(s), "trajectory_id": "nan", "advantage": float("nan")}),
+        TrainingSample.model_construct(**{**dict(s), "trajectory_id": "inf", "rollout_logprobs": [-math.inf] * n}),
+    ]
+    backend = _backend(tiny_checkpoint, lr=1e-3, max_abs_advantage=10.0)
+    with pytest.raises(SampleError, match="every sample refused"):
+        backend.train_step(bad)
+    assert backend.step == 0
+    metrics = backend.train_step([*bad, *rollout_samples])
+    assert metrics.refused_samples == 4 and metrics.samples == len(rollout_samples) and backend.step == 1
+    assert math.isfinite(metrics.loss) and math.isfinite(metrics.grad_norm)

@@ -25,6 +25,7 @@ is a weighted sum, so neither padding nor micro-batching changes the result.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -34,10 +35,13 @@ from typing import Any
 import torch
 
 from dart.protocol.messages import TrainingSample
+from dart.train.admission import admissible
 from dart.train.batching import ImageSource, InputBuilder, ModelInputs, StoreImageSource, decode_screenshot, pad_rows
 from dart.train.config import TrainerConfig
-from dart.train.errors import TrainerError
+from dart.train.errors import SampleError, TrainerError
 from dart.train.loss import grpo_loss
+
+log = logging.getLogger("dart.train")
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,8 @@ class TrainStepMetrics:
         tis_weight_mean: Token-weighted mean off-policy correction weight.
         tis_truncated_fraction: Fraction of tokens whose weight was truncated (tis) or dropped (decoupled).
         grad_norm: Mean pre-clip global gradient L2 norm.
-        tokens: Response tokens of the batch (all samples).
-        samples: Samples in the batch.
+        tokens: Response tokens of the batch (all samples trained on).
+        samples: Samples trained on (the batch's, less the refused ones).
         rollout_mismatch: Token-mean ``|logp_old - logp_rollout|`` in nats over the batch: engine-vs-trainer
             numerics plus policy lag; near 0 for on-policy data served by the same weights.
         entropy: Token-mean exact entropy of the policy on the batch's response tokens, nats.
@@ -62,6 +66,8 @@ class TrainStepMetrics:
         kl: k3 estimate of KL(policy || reference), when ``loss.kl_coef > 0``.
         optimizer_steps: Optimizer steps taken on this batch (``ppo_epochs * mini_batches``).
         selected_samples: Samples trained on after high-entropy selection.
+        refused_samples: Samples refused for a non-finite or out-of-bounds advantage or log-prob
+            (:mod:`dart.train.admission`).
     """
 
     step: int
@@ -80,6 +86,7 @@ class TrainStepMetrics:
     kl: float | None = None
     optimizer_steps: int = 1
     selected_samples: int = 0
+    refused_samples: int = 0
 
     def as_dict(self) -> dict[str, float | int | None]:
         """Plain dict, for telemetry events."""
@@ -211,11 +218,18 @@ class RLUpdate:
 
         Raises:
             TrainerError: No samples.
+            SampleError: Every sample was refused (:mod:`dart.train.admission`).
         """
         started = time.perf_counter()
         if not samples:
             raise TrainerError("an update needs at least one sample")
         cfg, backend = self.config, self.backend
+        keep, refused = admissible(samples, cfg.max_abs_advantage)
+        if not keep:
+            raise SampleError(samples[0].trajectory_id, samples[0].step_index, f"every sample refused: {dict(refused)}")
+        if refused:
+            log.warning("refusing %d samples of the batch: %s", sum(refused.values()), dict(refused))
+            samples, inputs = [samples[i] for i in keep], [inputs[i] for i in keep]
         dp_rank, dp_size = backend.dp_rank, backend.dp_size
         kl = self.loss_config.kl_coef > 0.0
 
@@ -276,6 +290,7 @@ class RLUpdate:
             kl=sums["kl"] / n_steps if kl else None,
             optimizer_steps=n_steps,
             selected_samples=len(chosen),
+            refused_samples=sum(refused.values()),
         )
 
     def _mini_batch(
