@@ -61,3 +61,17 @@ def test_summary_of_an_empty_window_has_no_breakdown(tmp_path: Path) -> None:
     summary = build_summary(tmp_path, produced=0, versions=0, rl_start_ns=T0, rl_end_ns=T0, extra={})
     assert summary["idle_breakdown"] is None
     assert summary["gpu"] == {"rollout": "no GPU", "train": "no GPU"}
+
+
+def test_summary_reports_rejections_and_does_not_count_them_lost(tmp_path: Path) -> None:
+    from dart.data.index import TrajectoryIndex
+
+    index = TrajectoryIndex(f"sqlite:///{tmp_path / 'data.sqlite3'}")
+    index.migrate()
+    for seq, reason in enumerate(["unknown_work", "duplicate_work", "unknown_work"], start=1):
+        index.record_rejection("traj", seq, reason, "test")
+    index.close()
+    (tmp_path / "telemetry").mkdir()
+    summary = build_summary(tmp_path, produced=3, versions=0, rl_start_ns=T0, rl_end_ns=T0, extra={})
+    assert summary["rejected"] == {"total": 3, "by_reason": {"duplicate_work": 1, "unknown_work": 2}}
+    assert summary["trajectories_lost"] == 0

@@ -43,12 +43,14 @@ def make_traj(
     task: m.TaskSpec = TASK,
     status: m.TrajectoryStatus = m.TrajectoryStatus.OK,
     entropies: list[float] | None = None,
+    work_id: str | None = None,
 ) -> m.Trajectory:
-    """A trajectory of ``steps`` steps with distinct screenshots; ``success`` is ``reward > 0``."""
+    """A trajectory of ``steps`` steps with distinct screenshots; ``success`` is ``reward > 0``; its work
+    id is ``w-<tid>`` unless given (an emitting data manager accepts only work it emitted)."""
     ents = entropies or [0.5] * steps
     return m.Trajectory(
         trajectory_id=tid,
-        work_id=f"w-{tid}",
+        work_id=work_id or f"w-{tid}",
         task=task,
         group_id=gid,
         rollout_index=idx,

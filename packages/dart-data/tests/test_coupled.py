@@ -62,7 +62,9 @@ async def answer(bus: Bus, work: list[Delivery[m.WorkItem]], rewards: dict[str, 
     for d in work:
         w = d.message
         reward = rewards[w.task.task_id][w.rollout_index]
-        traj = traj_factory(f"t-{w.work_id}", gid=w.group_id, idx=w.rollout_index, reward=reward, task=w.task)
+        traj = traj_factory(
+            f"t-{w.work_id}", gid=w.group_id, idx=w.rollout_index, reward=reward, task=w.task, work_id=w.work_id
+        )
         await bus.js_publish(bus.subjects.stream_subject("traj"), traj, msg_id=traj.trajectory_id)
         await d.ack()
 

@@ -106,3 +106,16 @@ def test_timeout_emits_partial_group() -> None:
     ready = asm.poll(5)
     assert len(ready) == 1 and not ready[0].complete and len(ready[0].trajectories) == 2
     assert asm.open_groups == 0
+
+
+def test_a_redelivered_unusable_trajectory_counts_once_towards_closing() -> None:
+    asm = GroupAssembler(GroupPolicy(min_group_size=2))
+    failed = traj("f", idx=0, size=3, status=m.TrajectoryStatus.ENV_FAILED)
+    asm.add(failed, 5)
+    assert asm.add(failed, 5) == []  # redelivered: the same id, not a second arrival
+    assert asm.drops["duplicate"] == 1
+    # Two of three arrived: the group stays open for its last member instead of closing too small.
+    assert asm.add(traj("a", idx=1, size=3, reward=1.0), 5) == []
+    assert asm.open_groups == 1
+    ready = asm.add(traj("b", idx=2, size=3), 5)
+    assert [t.trajectory_id for t in ready[0].trajectories] == ["a", "b"] and not ready[0].complete

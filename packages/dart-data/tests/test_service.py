@@ -151,7 +151,9 @@ async def test_work_emission_respects_max_outstanding(bus: Bus, tmp_path: Path, 
         await wait_for(lambda: service.policy_version == 7)
         for i, delivery in enumerate(items):
             work = delivery.message
-            traj = traj_factory(f"t{i}", gid=work.group_id, idx=work.rollout_index, reward=float(i))
+            traj = traj_factory(
+                f"t{i}", gid=work.group_id, idx=work.rollout_index, reward=float(i), work_id=work.work_id
+            )
             await bus.js_publish(bus.subjects.stream_subject("traj"), traj, msg_id=traj.trajectory_id)
             await delivery.ack()
         # Two trajectories arrived: room for exactly one more group of two.

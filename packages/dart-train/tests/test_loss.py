@@ -58,6 +58,16 @@ def test_clip_bounds_are_separate_and_stop_gradient() -> None:
     assert loss == pytest.approx(1.5) and grad == pytest.approx(1.5)
 
 
+def test_clip_fraction_counts_only_tokens_where_the_clipped_term_is_chosen() -> None:
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28, tis_cap=None)
+    # (ratio, advantage) -> whether the min picks the clipped term (and the token loses its gradient).
+    cases = {(1.5, 1.0): 1.0, (0.5, -1.0): 1.0, (0.5, 1.0): 0.0, (1.5, -1.0): 0.0, (1.1, 1.0): 0.0}
+    for (ratio, adv), expected in cases.items():
+        _, grad, m = _loss(ratio, adv, cfg)
+        assert m["clip_fraction"] == expected, (ratio, adv)
+        assert (grad == 0.0) == (expected == 1.0)
+
+
 def test_tis_weight_scales_the_loss() -> None:
     cfg = LossConfig(tis_cap=2.0)
     base, _, _ = _loss(1.0, 1.0, LossConfig(tis_cap=None))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,42 @@ def test_high_entropy_selection_in_the_trainer(tiny_checkpoint: Path, rollout_sa
     assert select_high_entropy(samples, entropies, 0.01) == [1]  # ceil: at least one
     metrics = _backend(tiny_checkpoint, entropy_top_fraction=0.5).train_step(rollout_samples)
     assert metrics.samples == 2 and metrics.selected_samples == 1
+
+
+def test_trajectory_mean_weighs_trajectories_equally_over_the_whole_batch_with_mini_batches(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    s = rollout_samples[0]
+    # Three steps of a trajectory with advantage +1 and one step of another with -1: the mini-batches
+    # ([0, 2] and [1, 3]) hold two and one of the long trajectory's steps.
+    samples = [s.model_copy(update={"trajectory_id": "long", "step_index": i, "advantage": 1.0}) for i in range(3)]
+    samples.append(s.model_copy(update={"trajectory_id": "short", "step_index": 0, "advantage": -1.0}))
+    # A learning rate too small to move the ratio from 1: each step's loss is -sum(weight * advantage).
+    metrics = _backend(tiny_checkpoint, lr=1e-9, grad_clip=None, mini_batches=2).train_step(samples)
+    assert metrics.optimizer_steps == 2
+    # Equal trajectory shares over the batch cancel (+1 and -1); weighting per mini-batch gave the long
+    # trajectory 1.5 of the 2 shares (loss -0.5).
+    assert metrics.loss == pytest.approx(0.0, abs=1e-3)
+
+
+def test_samples_with_meaningless_advantages_or_logprobs_are_refused_not_the_batch(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    from dart.train.errors import SampleError
+
+    s = rollout_samples[0]
+    n = len(s.rollout_logprobs)
+    # An in-process caller skips the wire schema's finiteness check: model_construct does the same.
+    bad = [
+        s.model_copy(update={"trajectory_id": "huge", "advantage": 1e6}),
+        s.model_copy(update={"trajectory_id": "positive", "rollout_logprobs": [0.5] * n}),
+        TrainingSample.model_construct(**{**dict(s), "trajectory_id": "nan", "advantage": float("nan")}),
+        TrainingSample.model_construct(**{**dict(s), "trajectory_id": "inf", "rollout_logprobs": [-math.inf] * n}),
+    ]
+    backend = _backend(tiny_checkpoint, lr=1e-3, max_abs_advantage=10.0)
+    with pytest.raises(SampleError, match="every sample refused"):
+        backend.train_step(bad)
+    assert backend.step == 0
+    metrics = backend.train_step([*bad, *rollout_samples])
+    assert metrics.refused_samples == 4 and metrics.samples == len(rollout_samples) and backend.step == 1
+    assert math.isfinite(metrics.loss) and math.isfinite(metrics.grad_norm)

@@ -21,8 +21,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from dart.protocol.errors import DartError
 from dart.protocol.messages import ImageRef, InlineImage, Trajectory
-from dart.protocol.store import ArtifactStore
+from dart.protocol.store import ArtifactStore, resolve_uri
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -110,6 +111,18 @@ class TrajectoryBlobs:
             else self.store.put(key, body, content_type="application/json", sha256=digest)
         )
         return StoredTrajectory(stored, key, info.uri)
+
+    def image_exists(self, ref: ImageRef) -> bool:
+        """Whether an image reference names a stored object: in this store, or where its URI points."""
+        base = self.store.uri("probe")[: -len("probe")]
+        if ref.uri.startswith(base):
+            return self.store.exists(ref.uri[len(base) :])
+        try:
+            store, key = resolve_uri(ref.uri)
+            with store:
+                return store.exists(key)
+        except DartError:  # a malformed URI, or a store this process cannot open: unreadable for training too
+            return False
 
     def get(self, blob_key: str) -> Trajectory:
         """Read a stored trajectory back (screenshots stay references)."""

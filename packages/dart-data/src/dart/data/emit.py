@@ -39,13 +39,13 @@ class Emitter(Protocol):
 
 
 async def publish_work(state: DataState, bus: Bus, items: list[WorkItem]) -> None:
-    """Record one group ``open`` in the index and publish its work items, retrying until the bus
-    took them (work ids are dedupe ids, so publishing an item again is harmless)."""
+    """Record one group ``open`` and its work items in the index (what the ingestion checks a
+    trajectory against), then publish the items, retrying until the bus took them (work ids are
+    dedupe ids, so publishing an item again is harmless)."""
     subject = bus.subjects.stream_subject("work")
-    head = items[0]
     while True:
         try:
-            await state.db(state.index.record_group, head.group_id, head.task.task_id, len(items), "open")
+            await state.db(state.index.record_work, items)
             for item in items:
                 await bus.js_publish(subject, item, msg_id=item.work_id)
             break

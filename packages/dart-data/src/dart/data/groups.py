@@ -1,12 +1,12 @@
 """GRPO group formation with staleness and variance filters.
 
 Group lifecycle: ``open`` when its first trajectory arrives -> ``complete`` when ``group_size``
-trajectories arrived, or ``timed out`` when ``timeout_s`` passed since the first one (then it is
-emitted if it has at least ``min_group_size`` usable members, else dropped) -> emitted or dropped,
-never both. Just before that decision, a group none of whose members succeeded may be filled with
-one stored success of the same task (the experience pool, through the ``fill`` hook). A
-trajectory is usable when its status is trainable and its policy lag
-(``current_version - min_policy_version``) is within ``max_staleness``.
+distinct trajectories arrived (by id, usable or not: a redelivered one counts once), or ``timed out``
+when ``timeout_s`` passed since the first one (then it is emitted if it has at least
+``min_group_size`` usable members, else dropped) -> emitted or dropped, never both. Just before that
+decision, a group none of whose members succeeded may be filled with one stored success of the same
+task (the experience pool, through the ``fill`` hook). A trajectory is usable when its status is
+trainable and its policy lag (``current_version - min_policy_version``) is within ``max_staleness``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,14 @@ class _OpenGroup:
     first_seen: float
     task_id: str
     members: dict[str, Trajectory] = field(default_factory=dict)
-    unusable: int = 0
+    """Usable members by trajectory id."""
+    seen: set[str] = field(default_factory=set)
+    """Every trajectory id that arrived, usable or not: a redelivery of any of them counts once."""
+
+    @property
+    def unusable(self) -> int:
+        """Arrivals that are not (or no longer) members: not trainable, or stale."""
+        return len(self.seen) - len(self.members)
 
 
 class GroupAssembler:
@@ -101,18 +108,17 @@ class GroupAssembler:
             self.drops["late"] += 1
             return []
         group = self._open.setdefault(traj.group_id, _OpenGroup(traj.group_size, self._clock(), traj.task.task_id))
-        if traj.trajectory_id in group.members:
+        if traj.trajectory_id in group.seen:
             self.drops["duplicate"] += 1
             return []
+        group.seen.add(traj.trajectory_id)
         if not traj.trainable:
             self.drops["not_trainable"] += 1
-            group.unusable += 1
         elif self.is_stale(traj, current_version):
             self.drops["stale"] += 1
-            group.unusable += 1
         else:
             group.members[traj.trajectory_id] = traj
-        if len(group.members) + group.unusable >= group.expected:
+        if len(group.seen) >= group.expected:
             return self._close(traj.group_id, complete=group.unusable == 0)
         return []
 
@@ -124,7 +130,6 @@ class GroupAssembler:
             for tid, traj in list(group.members.items()):
                 if self.is_stale(traj, current_version):
                     del group.members[tid]
-                    group.unusable += 1
                     self.drops["stale"] += 1
             if now - group.first_seen >= self.policy.timeout_s:
                 ready.extend(self._close(gid, complete=False))

@@ -8,7 +8,8 @@ first trajectory arrives, for work emitted elsewhere) -> ``emitted`` (in a train
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from dart.data.blobs import StoredTrajectory
-from dart.data.schema import migrate, rollout_groups, task_stats, trajectories
+from dart.data.schema import migrate, rejected_trajectories, rollout_groups, task_stats, trajectories, work_items
 from dart.data.stats import TaskStats
+from dart.protocol.messages import WorkItem
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,87 @@ class TrajectoryIndex:
                         group_id=group_id, task_id=task_id, group_size=group_size, created_at=now, **values
                     )
                 )
+
+    def record_work(self, items: Sequence[WorkItem]) -> None:
+        """Record one group ``open`` and its work items (before they are published), in one transaction.
+
+        A group or work item already recorded (a retried emission) is left as it is.
+        """
+        head, now = items[0], time.time()
+        group = {
+            "group_id": head.group_id,
+            "task_id": head.task.task_id,
+            "group_size": len(items),
+            "status": "open",
+            "created_at": now,
+        }
+        with self.engine.begin() as conn:
+            conn.execute(
+                self._insert(rollout_groups).values(**group).on_conflict_do_nothing(index_elements=["group_id"])
+            )
+            rows = [
+                {
+                    "work_id": w.work_id,
+                    "group_id": w.group_id,
+                    "task_id": w.task.task_id,
+                    "rollout_index": w.rollout_index,
+                    "created_at": now,
+                }
+                for w in items
+            ]
+            conn.execute(self._insert(work_items).values(rows).on_conflict_do_nothing(index_elements=["work_id"]))
+
+    def work_item(self, work_id: str) -> dict[str, Any] | None:
+        """An emitted work item's row, or None when this data manager never emitted it."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(work_items).where(work_items.c.work_id == work_id)).mappings().first()
+        return dict(row) if row else None
+
+    def trajectory_ids_of_work(self, work_id: str) -> list[str]:
+        """Ids of the stored trajectories answering one work item (at most one once ingestion checks)."""
+        t = trajectories.c
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(t.trajectory_id).where(t.work_id == work_id)).scalars())
+
+    def record_rejection(
+        self,
+        stream: str,
+        stream_seq: int,
+        reason: str,
+        detail: str,
+        *,
+        trajectory_id: str | None = None,
+        work_id: str | None = None,
+        task_id: str | None = None,
+    ) -> bool:
+        """Record a delivery refused at ingestion, once per stream message.
+
+        Returns:
+            True when it was new, False for a redelivery of a message already recorded.
+        """
+        values = {
+            "stream": stream,
+            "stream_seq": stream_seq,
+            "reason": reason,
+            "detail": detail,
+            "trajectory_id": trajectory_id,
+            "work_id": work_id,
+            "task_id": task_id,
+            "rejected_at": time.time(),
+        }
+        stmt = self._insert(rejected_trajectories).values(**values)
+        stmt = stmt.on_conflict_do_nothing(index_elements=["stream", "stream_seq"]).returning(
+            rejected_trajectories.c.stream_seq
+        )
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).first() is not None
+
+    def rejections(self) -> Counter[str]:
+        """Deliveries refused at ingestion, by reason."""
+        r = rejected_trajectories.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(r.reason, func.count()).group_by(r.reason)).all()
+        return Counter({reason: int(n) for reason, n in rows})
 
     def group(self, group_id: str) -> dict[str, Any] | None:
         """A group's row, or None."""

@@ -1,6 +1,10 @@
 """Trajectory ingestion: from the ``traj`` stream into the store, the index, statistics and groups.
 
-A delivery's lifecycle: ``delivered`` -> screenshots and JSON ``stored`` as blobs
+A delivery's lifecycle: ``delivered`` -> ``checked`` (:mod:`dart.data.admission`: a trajectory that
+is meaningless is ``rejected``: recorded in ``rejected_trajectories`` with its reason, counted in
+``data.rejected``, logged once per reason, and acked, so it is neither redelivered nor stored, grouped,
+counted in statistics or pooled; its work item, if real, expires as unanswered) -> screenshots and
+JSON ``stored`` as blobs
 (content-addressed, so a retry rewrites nothing) -> ``indexed`` (one row, in the same transaction
 as the task's new statistics; a redelivery finds the row and changes nothing) -> statistics and
 experience pool ``updated`` (first delivery only) -> ``grouped`` (offered to the batch former) ->
@@ -12,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
+from dart.data.admission import Rejection, check_trajectory, undecodable_reason
 from dart.data.blobs import StoredTrajectory
 from dart.data.config import IngestConfig
 from dart.data.former import BatchFormer
@@ -21,9 +27,21 @@ from dart.data.index import trajectory_row
 from dart.data.state import DataState
 from dart.data.stats import TaskStats
 from dart.protocol.bus import Delivery, PullConsumer
-from dart.protocol.messages import Trajectory
+from dart.protocol.errors import MessageValidationError
+from dart.protocol.messages import TaskSpec, Trajectory
 
 log = logging.getLogger("dart.data")
+
+
+@dataclass(frozen=True)
+class _Stored:
+    stored: StoredTrajectory
+    inserted: bool
+    """Whether the trajectory was new (False: a redelivery found it stored)."""
+    new_stats: TaskStats | None
+    """The task's new statistics (new trainable trajectories only)."""
+    group_closed: bool
+    """For a redelivery: whether its group was already batched or dropped."""
 
 
 class Ingestor:
@@ -41,6 +59,9 @@ class Ingestor:
         state: DataState,
         former: BatchFormer,
         arrived: Callable[[str], None] | None = None,
+        *,
+        tasks: Mapping[str, TaskSpec] | None = None,
+        require_work: bool = False,
     ) -> None:
         """Create the ingestor.
 
@@ -50,11 +71,18 @@ class Ingestor:
             former: Where stored trajectories join their groups.
             arrived: Told the group id of every new trajectory once its group was handled (the
                 emitter's account of outstanding work); None when nothing emits work.
+            tasks: The run's tasks by id: their declared reward ranges are what rewards are checked
+                against (a trajectory's own copy of its task is used for tasks not listed).
+            require_work: Refuse trajectories for work items this data manager did not emit (set
+                when it emits the run's work).
         """
         self._config = config
         self._state = state
         self._former = former
         self._arrived = arrived
+        self._tasks = dict(tasks or {})
+        self._require_work = require_work
+        self._logged: set[str] = set()
 
     async def run(self, consumer: PullConsumer[Trajectory]) -> None:
         """Fetch and ingest until cancelled; a failing bus is retried, not fatal."""
@@ -72,18 +100,26 @@ class Ingestor:
                 await asyncio.sleep(1.0)
 
     async def ingest(self, delivery: Delivery[Trajectory]) -> None:
-        """Store, index, curate and group one delivered trajectory, then ack it."""
+        """Check, store, index, curate and group one delivered trajectory, then ack it."""
         state = self._state
         traj = delivery.message
         state.counters["received"] += 1
         try:
-            stored, inserted, new_stats, group_closed = await state.db(self._store, traj)
+            outcome = await state.db(self._store, traj, delivery.stream, delivery.stream_seq)
         except Exception as exc:
             state.counters["ingest_errors"] += 1
             log.warning("storing trajectory %s failed, asking for redelivery: %s", traj.trajectory_id, exc)
             await delivery.nak(delay=self._config.retry_delay_s)
             return
-        if inserted:
+        if isinstance(outcome, tuple):
+            rejection, new = outcome
+            if new:
+                self._rejected(rejection, traj.trajectory_id, traj.work_id)
+            # Acked: no redelivery can change what the message says.
+            await delivery.ack()
+            return
+        stored, new_stats = outcome.stored, outcome.new_stats
+        if outcome.inserted:
             state.counters["stored"] += 1
             if new_stats is not None:
                 state.task_stats[new_stats.task_id] = new_stats
@@ -96,28 +132,80 @@ class Ingestor:
         # Duplicates of open groups are offered too: after a crash between indexing and acking,
         # the redelivery is the only way the trajectory reaches its group (the assembler drops
         # true repeats). A group already batched or dropped must not be formed a second time.
-        if not group_closed:
+        if not outcome.group_closed:
             await self._former.offer(stored.trajectory)
         # Told only after its group was handled: a coupled round's batch must see the group it closed.
-        if inserted and self._arrived is not None:
+        if outcome.inserted and self._arrived is not None:
             self._arrived(traj.group_id)
         await delivery.ack()
 
-    def _store(self, traj: Trajectory) -> tuple[StoredTrajectory, bool, TaskStats | None, bool]:
-        """Blobs, then the row (and the task's statistics, in the same transaction). Worker thread.
+    async def undecodable(self, stream: str, stream_seq: int, error: MessageValidationError) -> None:
+        """Record a message that failed the wire schema (the consumer terminates it)."""
+        state = self._state
+        state.counters["received"] += 1
+        rejection = undecodable_reason(error)
+        if await state.db(state.index.record_rejection, stream, stream_seq, rejection.reason, rejection.detail):
+            self._rejected(rejection, None, None)
+
+    def _rejected(self, rejection: Rejection, trajectory_id: str | None, work_id: str | None) -> None:
+        state = self._state
+        state.rejected[rejection.reason] += 1
+        if state.telemetry is not None:
+            state.telemetry.event(
+                "data.rejected",
+                reason=rejection.reason,
+                count=state.rejected[rejection.reason],
+                trajectory_id=trajectory_id or "",
+                work_id=work_id or "",
+                detail=rejection.detail[:500],
+            )
+        # Once per reason: a misbehaving runner would otherwise flood the log; the table has every one.
+        if rejection.reason not in self._logged:
+            self._logged.add(rejection.reason)
+            log.warning(
+                "rejected trajectory %s (%s): %s; further %s rejections are counted in data.rejected, not logged",
+                trajectory_id,
+                rejection.reason,
+                rejection.detail,
+                rejection.reason,
+            )
+
+    def _store(self, traj: Trajectory, stream: str, stream_seq: int) -> _Stored | tuple[Rejection, bool]:
+        """Checks, blobs, then the row (and the task's statistics, in the same transaction). Worker thread.
 
         Returns:
-            The stored trajectory, whether it was new, the task's new statistics (new trainable
-            trajectories only) and, for a duplicate, whether its group was already closed.
+            What was stored, or the rejection and whether it was newly recorded (False for a
+            redelivery of a message already rejected).
         """
         state = self._state
+        index = state.index
+        if index.trajectory(traj.trajectory_id) is None:  # a redelivery of a stored one was checked then
+            rejection = check_trajectory(
+                traj,
+                work=index.work_item(traj.work_id) if self._require_work else None,
+                require_work=self._require_work,
+                task=self._tasks.get(traj.task.task_id),
+                answered_by=index.trajectory_ids_of_work(traj.work_id),
+                image_exists=state.blobs.image_exists,
+            )
+            if rejection is not None:
+                new = index.record_rejection(
+                    stream,
+                    stream_seq,
+                    rejection.reason,
+                    rejection.detail,
+                    trajectory_id=traj.trajectory_id,
+                    work_id=traj.work_id,
+                    task_id=traj.task.task_id,
+                )
+                return rejection, new
         stored = state.blobs.put(traj)
         new_stats = None
         if traj.trainable:
             old = state.task_stats.get(traj.task.task_id) or TaskStats(traj.task.task_id)
             new_stats = old.recorded(traj.success, len(traj.steps), state.config.curation.stats_window)
-        inserted = state.index.store_trajectory(trajectory_row(stored), new_stats)
+        inserted = index.store_trajectory(trajectory_row(stored), new_stats)
         if inserted:
-            return stored, True, new_stats, False
-        group = state.index.group(traj.group_id)
-        return stored, False, None, group is not None and group["status"] != "open"
+            return _Stored(stored, True, new_stats, False)
+        group = index.group(traj.group_id)
+        return _Stored(stored, False, None, group is not None and group["status"] != "open")

@@ -15,6 +15,9 @@ per-trajectory aggregates that are worth querying (``num_steps``, ``mean_entropy
 Versions:
     1. ``trajectories``, ``rollout_groups``, ``task_stats``.
     2. ``trajectories.pooled`` (member of the experience pool) and its index.
+    3. ``work_items`` (every work item this data manager emitted: what a trajectory must answer),
+       ``rejected_trajectories`` (deliveries refused at ingestion, with the reason) and an index on
+       ``trajectories.work_id``.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ trajectories = Table(
     "trajectories",
     metadata,
     Column("trajectory_id", String(_ID), primary_key=True),
-    Column("work_id", String(_ID), nullable=False),
+    Column("work_id", String(_ID), nullable=False, index=True),
     Column("task_id", String(_ID), nullable=False, index=True),
     Column("group_id", String(_ID), nullable=False, index=True),
     Column("rollout_index", Integer, nullable=False),
@@ -93,6 +96,31 @@ rollout_groups = Table(
     Column("batch_id", String(_ID)),
     Column("created_at", Float, nullable=False),
     Column("closed_at", Float),
+)
+
+work_items = Table(
+    "work_items",
+    metadata,
+    Column("work_id", String(_ID), primary_key=True),
+    Column("group_id", String(_ID), nullable=False, index=True),
+    Column("task_id", String(_ID), nullable=False),
+    Column("rollout_index", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+rejected_trajectories = Table(
+    "rejected_trajectories",
+    metadata,
+    # The delivery's place in the trajectory stream (where the message itself stays): a redelivery of
+    # a rejected message is recorded once.
+    Column("stream", String(_ID), primary_key=True),
+    Column("stream_seq", Integer, primary_key=True, autoincrement=False),
+    Column("trajectory_id", String(_ID)),
+    Column("work_id", String(_ID)),
+    Column("task_id", String(_ID)),
+    Column("reason", String(64), nullable=False, index=True),
+    Column("detail", Text, nullable=False),
+    Column("rejected_at", Float, nullable=False),
 )
 
 task_stats = Table(
@@ -133,7 +161,15 @@ def _v2(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_trajectories_pool ON trajectories (task_id, pooled)"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2}
+def _v3(conn: Connection) -> None:
+    v3 = MetaData()
+    work_items.to_metadata(v3)
+    rejected_trajectories.to_metadata(v3)
+    v3.create_all(conn)
+    conn.execute(text("CREATE INDEX ix_trajectories_work_id ON trajectories (work_id)"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3}
 """Schema version -> the migration that produces it from the previous version."""
 LATEST_VERSION = max(MIGRATIONS)
 _MIGRATION_LOCK = 0x64617274  # PostgreSQL advisory lock key of schema migrations ("dart")

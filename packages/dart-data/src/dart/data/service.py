@@ -17,6 +17,7 @@ trajectories stay stored and indexed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -53,6 +54,8 @@ class DataStats:
         stored: New trajectories stored.
         duplicates: Redelivered or republished trajectories found already stored.
         ingest_errors: Deliveries nak'ed because storing failed.
+        rejected: Deliveries refused at ingestion (meaningless or undecodable), by reason; recorded in
+            the index's ``rejected_trajectories`` (see :mod:`dart.data.admission`).
         drops: Trajectories (or groups, for ``no_samples``) discarded, by reason.
         groups_emitted: Groups that went into a training batch.
         groups_dropped: Groups dropped, by reason.
@@ -78,6 +81,7 @@ class DataStats:
     stored: int = 0
     duplicates: int = 0
     ingest_errors: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=dict)
     groups_emitted: int = 0
     groups_dropped: dict[str, int] = field(default_factory=dict)
@@ -148,7 +152,15 @@ class DataService:
             else:
                 self.emitter = DecoupledEmitter(emission, self.state, bus, self.planner)
         arrived = self.emitter.arrived if self.emitter is not None and emission.enabled else None
-        self.ingestor = Ingestor(config.ingest, self.state, self.former, arrived=arrived)
+        # Where this data manager emits the run's work, a trajectory must answer work it emitted.
+        self.ingestor = Ingestor(
+            config.ingest,
+            self.state,
+            self.former,
+            arrived=arrived,
+            tasks={t.task_id: t for t in tasks},
+            require_work=emission.enabled,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._consumer: PullConsumer[Trajectory] | None = None
         self._kv: KeyValueStore | None = None
@@ -170,6 +182,7 @@ class DataService:
         if latest is not None:
             self.state.observe_version(latest.version)
         self._consumer = await self.bus.pull_consumer("traj", durable_name(self.bus, "traj"), Trajectory)
+        self._consumer.on_undecodable = functools.partial(self.ingestor.undecodable, self._consumer.stream)
         loops: dict[str, Coroutine[Any, Any, None]] = {
             "ingest": self.ingestor.run(self._consumer),
             "groups": self.former.poll_loop(),
@@ -227,6 +240,7 @@ class DataService:
             stored=c["stored"],
             duplicates=c["duplicates"],
             ingest_errors=c["ingest_errors"],
+            rejected=dict(state.rejected),
             drops=dict(self.former.groups.drops),
             groups_emitted=c["groups_emitted"],
             groups_dropped=dict(self.former.groups_dropped),
@@ -276,6 +290,7 @@ class DataService:
             stored=s.stored,
             duplicates=s.duplicates,
             ingest_errors=s.ingest_errors,
+            rejected=s.rejected,
             drops=s.drops,
             groups_emitted=s.groups_emitted,
             groups_dropped=s.groups_dropped,

@@ -4,8 +4,8 @@ The ingestor, the batch former and the emitters each do one job; they meet here.
 blocks (SQL, blob reads and writes) runs on one worker thread through :meth:`DataState.db`, so the
 index sees one writer and the event loop stays free.
 
-Lifecycle: ``created`` -> :meth:`DataState.load` (migrate the database, reload task statistics and
-the experience pool) -> ``loaded`` -> :meth:`DataState.close` (release the database, the store
+Lifecycle: ``created`` -> :meth:`DataState.load` (migrate the database, reload task statistics, the
+rejection counts and the experience pool) -> ``loaded`` -> :meth:`DataState.close` (release the database, the store
 client and the worker thread) -> ``closed``.
 """
 
@@ -45,6 +45,7 @@ class DataState:
         task_stats: Recent outcomes per task id (updated by the ingestor, read by the planner).
         pool: The experience pool of successes of hard tasks.
         counters: Event counts by name (``received``, ``stored``, ``batches``, ...).
+        rejected: Deliveries refused at ingestion, by reason (reloaded from the index at start).
         version: Newest model version seen.
         new_version: Set whenever ``version`` grows (the coupled emitter waits on it).
     """
@@ -64,12 +65,13 @@ class DataState:
         self.task_stats: dict[str, TaskStats] = {}
         self.pool = ExperiencePool(config.curation)
         self.counters: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
         self.version = 0
         self.new_version = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart-data-db")
 
     async def load(self) -> None:
-        """Migrate the database, then reload task statistics and the experience pool from it.
+        """Migrate the database, then reload task statistics, rejection counts and the experience pool.
 
         Raises:
             SchemaVersionError: The database is newer than this code.
@@ -78,6 +80,7 @@ class DataState:
         if before != after:
             log.info("migrated the data index from schema %d to %d", before, after)
         self.task_stats.update(await self.db(self.index.task_stats))
+        self.rejected.update(await self.db(self.index.rejections))
         for entry in reversed(await self.db(self.index.pool)):  # oldest first: the newest ends in front
             self.pool.add(await self.db(self.blobs.get, entry.blob_key))
 

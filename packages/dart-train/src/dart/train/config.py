@@ -200,6 +200,10 @@ class TrainerConfig(ConfigModel):
     trajectories (failures that ran to max_steps have the most steps) dominate the gradient with their
     negative advantages; ``trajectory_mean`` gives every trajectory the same total weight, spread over
     its steps' tokens, so successes and failures of a group count alike."""
+    max_abs_advantage: float = Field(default=100.0, gt=0.0)
+    """Samples whose advantage exceeds this in magnitude (or is not finite, or whose behaviour log-probs
+    are not finite or above 0) are refused, counted in ``trainer.step``'s ``refused_samples``, and the rest
+    of the batch is trained. GRPO's std-normalized advantages of a group of n stay within sqrt(n - 1)."""
     publish_every: int = Field(default=1, ge=1)
     """Publish new weights every this many optimizer steps (K)."""
     checkpoint_every: int | None = Field(default=None, ge=1)

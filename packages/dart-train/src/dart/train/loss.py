@@ -221,7 +221,9 @@ def grpo_loss(
         limited = weight < torch.exp(logp_old - logp_rollout).detach()
     loss = -(weight * surrogate * mask).sum() / denom
     metrics = {
-        "clip_fraction": float(((unclipped != clipped).to(logp.dtype) * mask).sum() / denom),
+        # Clipped only where the min picked the clipped term (the token gets no gradient): a ratio past a
+        # bound on the side the advantage does not push towards is not clipped.
+        "clip_fraction": float(((clipped < unclipped).to(logp.dtype) * mask).sum() / denom),
         "ratio_mean": float((ratio.detach() * mask).sum() / denom),
         "tis_weight_mean": float((weight * mask).sum() / denom),
         "tis_truncated_fraction": float((limited.to(logp.dtype) * mask).sum() / denom),

@@ -28,7 +28,7 @@ from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
 from dart.train.distributed import Commander, train_batch
-from dart.train.errors import BatchSkippedError
+from dart.train.errors import BatchSkippedError, SampleError
 from dart.train.interface import TrainerBackend, load_backend
 from dart.train.publish import WeightPublisher
 from dart.train.retention import prune_checkpoints, prune_weights
@@ -226,6 +226,14 @@ class TrainerService:
                     metrics = await self._train_step(split.kept)
             except BatchSkippedError as exc:
                 await self._skip(delivery, exc)
+                return
+            except SampleError as exc:
+                # Every sample was refused by the update's admission check, on every rank alike (same
+                # samples, same rule): redelivery would be refused the same way.
+                log.error("terminating batch %s: %s", batch.batch_id, exc)
+                self.stats.rejected += 1
+                self._event("trainer.batch_refused", batch_id=batch.batch_id, error=str(exc))
+                await delivery.term()
                 return
             except Exception:
                 log.exception("training on batch %s failed; handing it back", batch.batch_id)

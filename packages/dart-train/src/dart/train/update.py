@@ -8,12 +8,15 @@ One batch goes through:
    full logits. Spread over data-parallel ranks, then gathered so every rank holds all of them.
 2. **Selection**: the ``entropy_top_fraction`` of steps with the highest mean entropy (per batch or per
    trajectory); the others are not trained on.
-3. **Token weights**: ``token_mean`` or ``trajectory_mean`` over the selected steps (see
-   :class:`~dart.train.config.TrainerConfig`).
-4. **``ppo_epochs`` x ``mini_batches`` optimizer steps**: each mini-batch's weights are renormalized to
-   sum to 1, its samples are spread over data-parallel ranks and cut into micro-batches, gradients of
-   the weighted-sum loss accumulate, then :meth:`optimizer_step`. From the second step on the policy is
-   no longer the one ``logp_old`` came from, so ratios leave 1 and clipping acts.
+3. **Token weights**: ``token_mean`` or ``trajectory_mean`` over all the selected steps of the batch
+   (see :class:`~dart.train.config.TrainerConfig`), so a trajectory's share does not depend on how its
+   steps fall into mini-batches.
+4. **``ppo_epochs`` x ``mini_batches`` optimizer steps**: each mini-batch keeps its samples' batch-wide
+   weights times ``mini_batches`` (so a mini-batch's weights sum to about 1 and the step size does not
+   shrink with more mini-batches), its samples are spread over data-parallel ranks and cut into
+   micro-batches, gradients of the weighted-sum loss accumulate, then :meth:`optimizer_step`. From the
+   second step on the policy is no longer the one ``logp_old`` came from, so ratios leave 1 and
+   clipping acts.
 
 Every rank makes the same number of forward/backward calls (FSDP all-gathers parameters inside them):
 a rank short of samples runs a dummy row with weight 0. Each sample is one unpadded row, and the loss
@@ -22,6 +25,7 @@ is a weighted sum, so neither padding nor micro-batching changes the result.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -31,10 +35,13 @@ from typing import Any
 import torch
 
 from dart.protocol.messages import TrainingSample
+from dart.train.admission import admissible
 from dart.train.batching import ImageSource, InputBuilder, ModelInputs, StoreImageSource, decode_screenshot, pad_rows
 from dart.train.config import TrainerConfig
-from dart.train.errors import TrainerError
+from dart.train.errors import SampleError, TrainerError
 from dart.train.loss import grpo_loss
+
+log = logging.getLogger("dart.train")
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,13 @@ class TrainStepMetrics:
     Attributes:
         step: Optimizer steps taken so far, this batch's included.
         loss: Mean over optimizer steps of the mini-batch's weighted GRPO loss.
-        clip_fraction: Token-weighted fraction of tokens whose ratio was clipped.
+        clip_fraction: Token-weighted fraction of tokens whose clipped term was the one chosen (no gradient).
         ratio_mean: Token-weighted mean of ``exp(logp - logp_old)`` (1 on a batch's first step).
         tis_weight_mean: Token-weighted mean off-policy correction weight.
         tis_truncated_fraction: Fraction of tokens whose weight was truncated (tis) or dropped (decoupled).
         grad_norm: Mean pre-clip global gradient L2 norm.
-        tokens: Response tokens of the batch (all samples).
-        samples: Samples in the batch.
+        tokens: Response tokens of the batch (all samples trained on).
+        samples: Samples trained on (the batch's, less the refused ones).
         rollout_mismatch: Token-mean ``|logp_old - logp_rollout|`` in nats over the batch: engine-vs-trainer
             numerics plus policy lag; near 0 for on-policy data served by the same weights.
         entropy: Token-mean exact entropy of the policy on the batch's response tokens, nats.
@@ -59,6 +66,8 @@ class TrainStepMetrics:
         kl: k3 estimate of KL(policy || reference), when ``loss.kl_coef > 0``.
         optimizer_steps: Optimizer steps taken on this batch (``ppo_epochs * mini_batches``).
         selected_samples: Samples trained on after high-entropy selection.
+        refused_samples: Samples refused for a non-finite or out-of-bounds advantage or log-prob
+            (:mod:`dart.train.admission`).
     """
 
     step: int
@@ -77,6 +86,7 @@ class TrainStepMetrics:
     kl: float | None = None
     optimizer_steps: int = 1
     selected_samples: int = 0
+    refused_samples: int = 0
 
     def as_dict(self) -> dict[str, float | int | None]:
         """Plain dict, for telemetry events."""
@@ -210,11 +220,18 @@ class RLUpdate:
 
         Raises:
             TrainerError: No samples.
+            SampleError: Every sample was refused (:mod:`dart.train.admission`).
         """
         started = time.perf_counter()
         if not samples:
             raise TrainerError("an update needs at least one sample")
         cfg, backend = self.config, self.backend
+        keep, refused = admissible(samples, cfg.max_abs_advantage)
+        if not keep:
+            raise SampleError(samples[0].trajectory_id, samples[0].step_index, f"every sample refused: {dict(refused)}")
+        if refused:
+            log.warning("refusing %d samples of the batch: %s", sum(refused.values()), dict(refused))
+            samples, inputs = [samples[i] for i in keep], [inputs[i] for i in keep]
         dp_rank, dp_size, dp_group = backend.dp_rank, backend.dp_size, backend.dp_group
         kl = self.loss_config.kl_coef > 0.0
 
@@ -239,7 +256,12 @@ class RLUpdate:
         mean_entropy = [float(old[i][1].mean()) if inputs[i].response_len else 0.0 for i in range(len(samples))]
         chosen = select_high_entropy(samples, mean_entropy, cfg.entropy_top_fraction, cfg.entropy_scope)
         n_mini = min(cfg.mini_batches, len(chosen))
-        minis = [chosen[k::n_mini] for k in range(n_mini)]
+        weights = token_weights(
+            [samples[i] for i in chosen], [inputs[i].response_len for i in chosen], cfg.loss_aggregation
+        )
+        weight_of = {i: w * n_mini for i, w in zip(chosen, weights, strict=True)}
+        # Each mini-batch: its sample indices and their token weights.
+        minis = [{i: weight_of[i] for i in chosen[k::n_mini]} for k in range(n_mini)]
 
         keys = ("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction") + (
             ("kl",) if kl else ()
@@ -270,29 +292,31 @@ class RLUpdate:
             kl=sums["kl"] / n_steps if kl else None,
             optimizer_steps=n_steps,
             selected_samples=len(chosen),
+            refused_samples=sum(refused.values()),
         )
 
     def _mini_batch(
         self,
         samples: Sequence[TrainingSample],
         inputs: Sequence[ModelInputs],
-        mini: Sequence[int],
+        mini: dict[int, float],
         old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
         rollout: Sequence[torch.Tensor],
         keys: Sequence[str],
     ) -> list[float]:
-        """Accumulate one mini-batch's gradients on this rank; returns this rank's weighted metric sums."""
+        """Accumulate one mini-batch's gradients on this rank; returns this rank's weighted metric sums.
+
+        ``mini`` maps the mini-batch's sample indices to their token weights (batch-wide, see the module
+        docstring).
+        """
         backend, dp_size = self.backend, self.backend.dp_size
-        weights = token_weights(
-            [samples[i] for i in mini], [inputs[i].response_len for i in mini], self.config.loss_aggregation
-        )
-        weight_of = dict(zip(mini, weights, strict=True))
-        mine = _shard(mini, backend.dp_rank, dp_size)
+        indices = list(mini)
+        mine = _shard(indices, backend.dp_rank, dp_size)
         sums = dict.fromkeys(keys, 0.0)
         mbs = self.config.micro_batch_size
         for lo in range(0, len(mine), mbs):
             rows = mine[lo : lo + mbs]
-            real = [mini[0] if i is None else i for i in rows]
+            real = [indices[0] if i is None else i for i in rows]
             outs = [self._logp(inputs[i], samples[i])[0] for i in real]
             logp, mask = pad_rows(outs)
             device = logp.device
@@ -303,12 +327,12 @@ class RLUpdate:
             adv = torch.tensor([samples[i].advantage for i in real], dtype=torch.float32, device=device)
             # Per-token weights ride in the mask; a padding row (None) weighs 0 but still runs its
             # forward/backward so every rank makes the same collective calls.
-            row_w = torch.tensor([0.0 if i is None else weight_of[i] for i in rows], device=device)
+            row_w = torch.tensor([0.0 if i is None else mini[i] for i in rows], device=device)
             loss, metrics = grpo_loss(
                 logp, logp_old, roll, adv, mask.to(device) * row_w[:, None], self.loss_config, ref, reduction="sum"
             )
-            # Data-parallel backends average gradients over ranks; the weights already sum to 1 over the
-            # whole mini-batch, so undo the average.
+            # Data-parallel backends average gradients over ranks; the weights already cover the whole
+            # mini-batch, so undo the average.
             (loss * dp_size).backward()
             for key in keys:
                 sums[key] += metrics[key]

@@ -2,7 +2,8 @@
 
 - versions published: the newest ModelVersion in the state bucket;
 - trajectories produced: messages on the trajectory stream; stored: rows in dart-data's index;
-  lost: produced minus stored;
+  rejected: messages dart-data refused at ingestion (its ``rejected_trajectories``, by reason);
+  lost: produced minus stored minus rejected;
 - success rates: trainable RL trajectories (ok/truncated, experience-pool replays excluded) in
   order of finish, first and last quarter;
 - utilization: busy records of each resource kind over the RL window (telemetry JSONL);
@@ -49,6 +50,20 @@ def stored_count(db_path: Path) -> int:
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
         return int(con.execute("SELECT COUNT(*) FROM trajectories").fetchone()[0])
+    finally:
+        con.close()
+
+
+def rejected_counts(db_path: Path) -> dict[str, int]:
+    """Messages dart-data refused at ingestion, by reason (none before the index records them)."""
+    if not db_path.is_file():
+        return {}
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'rejected_trajectories'").fetchone():
+            return {}
+        rows = con.execute("SELECT reason, COUNT(*) FROM rejected_trajectories GROUP BY reason ORDER BY reason")
+        return {str(reason): int(n) for reason, n in rows}
     finally:
         con.close()
 
@@ -152,6 +167,7 @@ def build_summary(
     """The summary dict printed as the run's last line and written to ``summary.json``."""
     db = run_dir / "data.sqlite3"
     stored = stored_count(db)
+    rejected = rejected_counts(db)
     outcomes = trajectory_outcomes(db)
     first, last = quarter_success(outcomes)
     util = utilization_by_kind(run_dir / "telemetry", rl_start_ns, rl_end_ns)
@@ -162,7 +178,8 @@ def build_summary(
         "versions_published": versions,
         "trajectories_produced": produced,
         "trajectories_stored": stored,
-        "trajectories_lost": produced - stored,
+        "trajectories_lost": produced - stored - sum(rejected.values()),
+        "rejected": {"total": sum(rejected.values()), "by_reason": rejected},
         "trainable_trajectories": len(outcomes),
         "success_rate_first_quarter": first,
         "success_rate_last_quarter": last,

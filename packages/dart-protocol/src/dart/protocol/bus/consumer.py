@@ -7,7 +7,7 @@ fix it; everything else is redelivered by the server until acked or out of ``max
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Generic, TypeVar, cast
 
@@ -124,6 +124,9 @@ class PullConsumer(Generic[T]):
     Attributes:
         stream: Stream name.
         durable: Durable consumer name.
+        on_undecodable: Called as ``await on_undecodable(stream_seq, error)`` for each undecodable
+            message before it is terminated (the owner records it: nothing is dropped silently);
+            None only counts and logs it.
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class PullConsumer(Generic[T]):
         self._stats = stats
         self._tracer = tracer
         self._closed = False
+        self.on_undecodable: Callable[[int, MessageValidationError], Awaitable[None]] | None = None
 
     @property
     def poisoned(self) -> int:
@@ -202,6 +206,17 @@ class PullConsumer(Generic[T]):
             # A message that cannot decode will not decode on redelivery either: stop it here.
             self._stats.count_poison(self.stream, self.durable)
             log.error("terminating undecodable message on %s (%s/%s): %s", msg.subject, self.stream, self.durable, exc)
+            if self.on_undecodable is not None:
+                try:
+                    await self.on_undecodable(msg.metadata.sequence.stream, exc)
+                except Exception:
+                    # Not recorded: have it redelivered to record it then, rather than lose it unrecorded.
+                    log.exception("recording the undecodable message on %s failed; asking for redelivery", msg.subject)
+                    try:
+                        await msg.nak(delay=1.0)
+                    except nats.errors.Error as nak_exc:
+                        log.warning("cannot nak the undecodable message on %s: %s", msg.subject, nak_exc)
+                    return None
             try:
                 await msg.term()
             except nats.errors.Error as term_exc:

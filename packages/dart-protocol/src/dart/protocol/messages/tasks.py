@@ -28,6 +28,17 @@ class TaskSpec(Value):
     """Default step budget for this task."""
     tags: tuple[str, ...] = ()
     """Free-form labels (domain, family, difficulty)."""
+    reward_range: tuple[FiniteFloat, FiniteFloat] = (0.0, 1.0)
+    """Lowest and highest reward the task's evaluator gives. The built-in backends (sim, miniwob,
+    desktop, osworld) score in [0, 1] and succeed at the top; dart-data rejects a trajectory whose
+    reward falls outside the range, that succeeds with the lowest reward, or fails with the highest."""
+
+    @model_validator(mode="after")
+    def _ordered_range(self) -> TaskSpec:
+        low, high = self.reward_range
+        if not low < high:
+            raise ValueError(f"reward_range must be (low, high) with low < high, got {self.reward_range}")
+        return self
 
 
 class WorkItem(Message):

@@ -32,6 +32,7 @@ RESOURCE_LABELS = frozenset({"service.name", "service.instance.id", "dart.run_id
 """Resource attributes copied as labels onto every Prometheus series."""
 
 EVENT_LABELS: Mapping[str, tuple[str, ...]] = {
+    "data.rejected": ("reason",),
     "engine.update.end": ("engine_id",),
     "gpu.sample": ("source", "gpu"),
 }

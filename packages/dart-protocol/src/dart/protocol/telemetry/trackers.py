@@ -46,6 +46,7 @@ DEFAULT_TRACKED_EVENTS = (
     "trainer.published",
     "data.stats",
     "data.batch",
+    "data.rejected",
     "engine.update.end",
     "gpu.sample",
     "eval.",
