@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -282,6 +283,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
                 out.write_text(json.dumps(report, indent=1) + "\n")
     finally:
         sampling.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the checkpoint (7.5 GB at 3B size) and the run directory
     report["seconds"] = round(time.monotonic() - started, 1)
     report["ok"] = all(p["status"] in ("ok", "skipped") for p in report["phases"].values())
     if out:
