@@ -1,0 +1,234 @@
+"""The phases of ``gpu_check.py``, each run in its own process: ``python gpu_check.py --worker PHASE ...``.
+
+Every worker writes its figures as one JSON object to ``--worker-out`` (rank 0 only under torchrun).
+Kept apart from the orchestration so a phase can be run (and debugged) alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+# Peak dense bf16 tensor throughput by GPU name (vendor data sheets), FLOP/s. The first match wins.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM / HBM3
+    ("H200", 989e12),
+    ("A100", 312e12),
+)
+
+FLOP_FORMULA = (
+    "per update: sum over samples of S * (8 * N + 16 * L * d * S): the training pass 6 * N * S + 12 * L * d * S^2 "
+    "(PaLM appendix B, attention counted non-causal) plus the no-grad logp_old pass 2 * N * S + 4 * L * d * S^2; "
+    "S = a sample's tokens (prompt + response, one unpadded row), N = language-model parameters a text token "
+    "passes through (decoder layers, final norm, lm_head; no input embedding, no vision tower: the samples are "
+    "text only), L = decoder layers, d = attention width (heads x head_dim)"
+)
+
+
+def peak_flops(gpu_name: str | None) -> float | None:
+    """The peak bf16 FLOP/s of ``gpu_name``; None when unknown (or no GPU)."""
+    for key, peak in PEAK_BF16_FLOPS:
+        if gpu_name and key in gpu_name:
+            return peak
+    return None
+
+
+def gpu_name(device: str) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None
+
+
+def write_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
+    """Write the check's policy: the tiny one, or ``--arch`` (cut by --layers / --vision-blocks) in bf16."""
+    from dataclasses import asdict
+
+    started = time.perf_counter()
+    if args.tiny:
+        from dart.rollout.model.tiny import write_tiny_checkpoint
+
+        manifest: Any = write_tiny_checkpoint(args.model, seed=0)
+    else:
+        import torch
+
+        from dart.rollout.model.architectures import get_architecture
+        from dart.rollout.model.random_init import write_checkpoint as write_arch
+
+        arch = get_architecture(args.arch).cut(layers=args.layers, vision_blocks=args.vision_blocks)
+        # On a GPU the random init runs there (seconds instead of a minute on the host's cores).
+        device = torch.device("cuda" if args.device.startswith("cuda") else "cpu")
+        with device:
+            manifest = write_arch(args.model, arch, dtype="bfloat16", seed=0)
+    figures = asdict(manifest)
+    figures.pop("spec", None)
+    return {**figures, "write_s": round(time.perf_counter() - started, 1)}
+
+
+def _samples(n: int, prompt_len: int, response_len: int, vocab: int) -> list[Any]:
+    from dart.protocol.messages import TrainingSample
+
+    rng = random.Random(0)
+    return [
+        TrainingSample(
+            trajectory_id=f"t{i}",
+            step_index=0,
+            group_id="g",
+            task_id="gpu-check",
+            advantage=1.0 if i % 2 == 0 else -1.0,
+            reward=float(i % 2 == 0),
+            policy_version=0,
+            prompt_token_ids=[rng.randrange(100, vocab) for _ in range(prompt_len)],
+            response_token_ids=[rng.randrange(100, vocab) for _ in range(response_len)],
+            rollout_logprobs=[-1.0] * response_len,
+        )
+        for i in range(n)
+    ]
+
+
+def update_flops(model: Any, lengths: list[int]) -> float:
+    """FLOPs of one RL update on rows of ``lengths`` tokens (see :data:`FLOP_FORMULA`)."""
+    lm = model.model.language_model
+    n = sum(p.numel() for p in lm.parameters()) - lm.embed_tokens.weight.numel() + model.lm_head.weight.numel()
+    text = model.config.text_config
+    layers, width = text.num_hidden_layers, text.num_attention_heads * (text.hidden_size // text.num_attention_heads)
+    return float(sum(s * (8 * n + 16 * layers * width * s) for s in lengths))
+
+
+def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """Time RL updates of one trainer backend on synthetic text samples; tokens/s and MFU."""
+    import torch
+
+    from dart.train.config import TrainerConfig
+    from dart.train.interface import load_backend
+    from dart.train.update import RLUpdate, SampleReader
+
+    backend_cfg: dict[str, Any] = {"kind": kind}
+    if kind == "megatron":
+        backend_cfg["tensor_parallel_size"] = 1
+    dtype = "float32" if args.device == "cpu" else "bfloat16"
+    config = TrainerConfig.model_validate(
+        {
+            "model_path": args.model,
+            "backend": backend_cfg,
+            "device": args.device,
+            "dtype": dtype,
+            "lr": 1e-6,
+            "micro_batch_size": args.micro_batch_size,
+        }
+    )
+    started = time.perf_counter()
+    backend = load_backend(config)
+    load_s = time.perf_counter() - started
+    model_cfg = json.loads((Path(args.model) / "config.json").read_text())
+    bos = int(model_cfg["text_config"]["bos_token_id"])  # the special tokens start here: stay below them
+    samples = _samples(args.samples, args.prompt_len, args.response_len, bos)
+    reader = SampleReader(config)
+    inputs = [reader(s) for s in samples]
+    cuda = args.device.startswith("cuda")
+    times = []
+    for i in range(args.steps + 1):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        RLUpdate(backend, config).run(samples, inputs)
+        if cuda:
+            torch.cuda.synchronize()
+        if i > 0:  # the first update warms up (allocations, kernels)
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+
+    with torch.device("meta"):  # only the shapes, for the FLOP count
+        shapes = Qwen2_5_VLForConditionalGeneration._from_config(AutoConfig.from_pretrained(args.model))
+    flops = update_flops(shapes, lengths)
+    peak = peak_flops(gpu_name(args.device))
+    return {
+        "backend": kind,
+        "world_size": int(getattr(backend, "world_size", 1)),
+        "dtype": dtype,
+        "load_s": round(load_s, 1),
+        "step_s": round(step_s, 4),
+        "steps_timed": len(times),
+        "tokens_per_update": sum(lengths),
+        "tokens_per_s": round(sum(lengths) / step_s, 1),
+        "flops_per_update": flops,
+        "tflops_per_s": float(f"{flops / step_s / 1e12:.4g}"),
+        "mfu": round(flops / step_s / peak, 4) if peak else None,
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+    }
+
+
+async def _generate(args: argparse.Namespace) -> dict[str, Any]:
+    from PIL import Image
+
+    from dart.rollout.engine.base import GenerationRequest
+    from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+    from dart.rollout.model.prompt import build_prompt
+
+    dtype = "float32" if args.device == "cpu" else "bfloat16"
+    started = time.perf_counter()
+    engine = await HFEngine.start(
+        HFEngineConfig(model_path=args.model, device=args.device, dtype=dtype, max_batch_size=args.gen_concurrency)
+    )
+    load_s = time.perf_counter() - started
+    # A 1280x720 screenshot at the processor's own resolution rules (the tiny processor makes it 224 px).
+    prompts = [
+        build_prompt(
+            f"Open the settings page {i}.", Image.new("RGB", (1280, 720), (i * 37 % 256, 90, 120)), image_size=None
+        )
+        for i in range(args.gen_requests)
+    ]
+    gate = asyncio.Semaphore(args.gen_concurrency)
+    tokens = 0
+
+    async def one(i: int) -> None:
+        nonlocal tokens
+        async with gate:
+            request = GenerationRequest(prompts[i], max_new_tokens=args.max_new_tokens, temperature=1.0, seed=i)
+            tokens += len((await engine.generate(request)).response_token_ids)
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(min(2, args.gen_requests))))  # warm-up
+        tokens = 0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(args.gen_requests)))
+        wall = time.perf_counter() - t0
+    finally:
+        await engine.close()
+    return {
+        "dtype": dtype,
+        "load_s": round(load_s, 1),
+        "requests": args.gen_requests,
+        "concurrency": args.gen_concurrency,
+        "max_new_tokens": args.max_new_tokens,
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+    }
+
+
+def generate(args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s of the hf engine with ``--gen-concurrency`` requests in flight."""
+    return asyncio.run(_generate(args))
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """Run ``args.worker`` in this process and write its figures to ``args.worker_out``."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.worker == "checkpoint":
+        result = write_checkpoint(args)
+    elif args.worker == "generate":
+        result = generate(args)
+    else:
+        result = train(args, args.worker.removeprefix("train-"))
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(args.worker_out).write_text(json.dumps(result))
