@@ -113,7 +113,11 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     backend_cfg: dict[str, Any] = {"kind": kind}
     if kind == "megatron":
         backend_cfg["tensor_parallel_size"] = 1
-    dtype = "float32" if args.device == "cpu" else "bfloat16"
+    # bf16 on a GPU: torch and megatron keep a bfloat16 model over float32 master weights; FSDP keeps
+    # float32 sharded parameters (its masters) and computes in bfloat16 through its mixed precision.
+    dtype = "float32" if args.device == "cpu" or kind == "fsdp" else "bfloat16"
+    if kind == "fsdp" and args.device != "cpu":
+        backend_cfg["mixed_precision"] = "bf16"
     config = TrainerConfig.model_validate(
         {
             "model_path": args.model,
@@ -155,6 +159,7 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "backend": kind,
         "world_size": int(getattr(backend, "world_size", 1)),
         "dtype": dtype,
+        "mixed_precision": backend_cfg.get("mixed_precision", "none"),
         "load_s": round(load_s, 1),
         "step_s": round(step_s, 4),
         "steps_timed": len(times),
