@@ -10,11 +10,12 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from trainer_throughput import synthetic_samples
 
 # Peak dense bf16 tensor throughput by GPU name (vendor data sheets), FLOP/s. The first match wins.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
@@ -72,27 +73,6 @@ def write_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     return {**figures, "write_s": round(time.perf_counter() - started, 1)}
 
 
-def _samples(n: int, prompt_len: int, response_len: int, vocab: int) -> list[Any]:
-    from dart.protocol.messages import TrainingSample
-
-    rng = random.Random(0)
-    return [
-        TrainingSample(
-            trajectory_id=f"t{i}",
-            step_index=0,
-            group_id="g",
-            task_id="gpu-check",
-            advantage=1.0 if i % 2 == 0 else -1.0,
-            reward=float(i % 2 == 0),
-            policy_version=0,
-            prompt_token_ids=[rng.randrange(100, vocab) for _ in range(prompt_len)],
-            response_token_ids=[rng.randrange(100, vocab) for _ in range(response_len)],
-            rollout_logprobs=[-1.0] * response_len,
-        )
-        for i in range(n)
-    ]
-
-
 def update_flops(model: Any, lengths: list[int]) -> float:
     """FLOPs of one RL update on rows of ``lengths`` tokens (see :data:`FLOP_FORMULA`)."""
     lm = model.model.language_model
@@ -133,7 +113,7 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     model_cfg = json.loads((Path(args.model) / "config.json").read_text())
     bos = int(model_cfg["text_config"]["bos_token_id"])  # the special tokens start here: stay below them
-    samples = _samples(args.samples, args.prompt_len, args.response_len, bos)
+    samples = synthetic_samples(args.samples, args.prompt_len, args.response_len, bos, seed=0)
     reader = SampleReader(config)
     inputs = [reader(s) for s in samples]
     cuda = args.device.startswith("cuda")

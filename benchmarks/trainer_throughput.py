@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _samples(n: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> list[Any]:
+def synthetic_samples(n: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> list[Any]:
+    """``n`` text-only samples of random tokens below ``vocab`` (advantages alternating +1/-1), the same for a seed."""
     import random
 
     from dart.protocol.messages import TrainingSample
@@ -80,7 +81,7 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
     model_cfg = json.loads((Path(args.model) / "config.json").read_text())
     vocab = int(model_cfg.get("text_config", {}).get("vocab_size", model_cfg.get("vocab_size", 1000)))
     # Stay below the special tokens (image pads would need images).
-    samples = _samples(args.samples, args.prompt_len, args.response_len, min(vocab - 300, 150000), seed=0)
+    samples = synthetic_samples(args.samples, args.prompt_len, args.response_len, min(vocab - 300, 150000), seed=0)
     reader = SampleReader(config)
     inputs = [reader(s) for s in samples]
     times = []
