@@ -57,7 +57,8 @@ async def test_published_weights_load_into_the_hf_engine_and_match_the_trainer(
         await engine.close()
     inputs = backend.raw_inputs(encoded.input_ids, result.response_token_ids, list(prompt.images))
     with torch.no_grad():
-        trainer_logp, _ = backend.forward_logprobs(inputs)
+        # Greedy log-probs are those of the recorded distribution: temperature 1, excluded tokens masked.
+        trainer_logp, _ = backend.forward_logprobs(inputs, excluded_token_ids=result.sampling.excluded_token_ids)
     assert torch.allclose(trainer_logp, torch.tensor(result.response_logprobs), atol=1e-4, rtol=0)
 
 

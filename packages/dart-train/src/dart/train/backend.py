@@ -32,6 +32,7 @@ from dart.train.errors import CheckpointError
 from dart.train.interface import TrainerBackend
 from dart.train.loss import behaviour_logprobs
 from dart.train.precision import MasterWeights, needs_master_weights
+from dart.train.tied import missing_are_tied, without_tied_aliases
 from dart.train.update import RLUpdate, SampleReader, TrainStepMetrics
 
 __all__ = ["TorchBackend", "TrainStepMetrics"]
@@ -230,7 +231,7 @@ class TorchBackend(TrainerBackend):
         weights = self.full_state_dict()
         for name, master in self._master_names().items():
             weights[name] = master.detach().to("cpu").contiguous()
-        save_file(weights, str(out / MODEL_FILE))
+        save_file(without_tied_aliases(weights), str(out / MODEL_FILE))
         torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -249,13 +250,20 @@ class TorchBackend(TrainerBackend):
             )
         weights = load_file(str(src / MODEL_FILE), device=str(self.device))
         try:
-            self.model.load_state_dict(weights, strict=True)
+            result = self.model.load_state_dict(weights, strict=False)
         except RuntimeError as exc:
             raise CheckpointError(str(src), f"weights do not fit the model at {self.config.model_path}: {exc}") from exc
+        missing = missing_are_tied(self.model, result.missing_keys)
+        if missing or result.unexpected_keys:
+            raise CheckpointError(
+                str(src),
+                f"weights do not fit the model at {self.config.model_path}: missing {missing[:5]}, "
+                f"unexpected {result.unexpected_keys[:5]}",
+            )
         if self.masters is not None:
             # load_state_dict rounded the weights into the model; the masters take them exactly.
             named = self._master_names()
-            by_master = {id(m): weights[n] for n, m in named.items()}
+            by_master = {id(m): weights[n] for n, m in named.items() if n in weights}
             self.masters.load([by_master[id(m)] for m in self.masters.masters])
         self.optimizer.load_state_dict(torch.load(src / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
 

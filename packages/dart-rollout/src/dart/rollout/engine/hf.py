@@ -391,8 +391,11 @@ class HFEngine(InferenceEngine):
             raise WeightUpdateError(
                 version, f"weights must be a state dict or a .safetensors path, not {type(weights)}"
             )
-        current = self._model.state_dict()
-        missing = sorted(set(current) - set(state))
+        current = self._model.state_dict(keep_vars=True)
+        # A tied parameter is published once, under its first name (the embedding for tied heads).
+        first: dict[int, str] = {}
+        aliases = {n for n, t in current.items() if first.setdefault(id(t), n) != n}
+        missing = sorted(set(current) - set(state) - aliases)
         unexpected = sorted(set(state) - set(current))
         if missing or unexpected:
             raise WeightUpdateError(version, "parameter names differ", missing, unexpected)
@@ -400,7 +403,7 @@ class HFEngine(InferenceEngine):
         if bad:
             raise WeightUpdateError(version, f"shapes differ for {bad[:5]}")
         with torch.no_grad():
-            self._model.load_state_dict(state, strict=True)
+            self._model.load_state_dict(state, strict=False)
 
 
 def _drop_checkpoint_sampling(model: Any, model_path: str) -> None:

