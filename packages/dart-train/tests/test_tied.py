@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dart.train.tied import missing_are_tied, without_tied_aliases
+from dart.train.tied import missing_are_tied, with_tied_aliases_copied, without_tied_aliases
 
 pytestmark = pytest.mark.unit
 
@@ -45,3 +45,13 @@ def test_untied_copies_are_all_kept() -> None:
     base = torch.arange(6.0)
     views = {"x": base[:3], "y": base[3:], "z": base[:3]}  # z repeats x; y is another part of the storage
     assert list(without_tied_aliases(views)) == ["x", "y"]
+
+
+def test_published_weights_keep_every_name_with_aliases_as_copies(tmp_path: Path) -> None:
+    model = TiedLM()
+    state = with_tied_aliases_copied(model.state_dict())
+    assert list(state) == ["embed.weight", "norm.weight", "norm.bias", "head.weight"]
+    assert state["head.weight"].data_ptr() != state["embed.weight"].data_ptr()
+    assert torch.equal(state["head.weight"], state["embed.weight"])
+    save_file(state, str(tmp_path / "w.safetensors"))  # no shared memory left
+    assert set(load_file(str(tmp_path / "w.safetensors"))) == set(model.state_dict())

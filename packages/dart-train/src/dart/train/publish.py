@@ -27,7 +27,7 @@ from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import ModelVersion
 from dart.protocol.store import ArtifactStore
 from dart.protocol.topology import LATEST_MODEL_KEY
-from dart.train.tied import without_tied_aliases
+from dart.train.tied import with_tied_aliases_copied
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,10 @@ class WeightPublisher:
 
         with tempfile.TemporaryDirectory(prefix="dart-weights-") as tmp:
             path = Path(tmp) / WEIGHTS_NAME
-            # A tied tensor once, under its first name (engines fill the alias in from their model's tying).
-            save_file(without_tied_aliases(weights), str(path), metadata={"format": "pt", "dart_version": str(version)})
+            # Every name, a tied alias as its own copy: engines load the head from the file (dart.train.tied).
+            save_file(
+                with_tied_aliases_copied(weights), str(path), metadata={"format": "pt", "dart_version": str(version)}
+            )
             info = self.store.put_file(self.key(version), path, content_type="application/octet-stream")
         assert info.sha256 is not None  # put_file always records the digest
         created_at = time.time()
