@@ -54,7 +54,7 @@ class MasterWeights:
                 if hasattr(p, name):
                     setattr(master, name, getattr(p, name))
             self.masters.append(master)
-            p.register_post_accumulate_grad_hook(functools.partial(_accumulate, master))
+            p.register_post_accumulate_grad_hook(functools.partial(_accumulate, master))  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def copy_to_model(self) -> None:
         """Round the masters into the model's parameters (after each optimizer step or load)."""

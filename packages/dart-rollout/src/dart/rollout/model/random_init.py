@@ -123,7 +123,7 @@ def write_checkpoint(
     torch_dtype = getattr(torch, dtype)
     # _from_config builds every module with ``dtype`` as the default dtype: the weights exist once, in
     # the target dtype, and are initialized in place (a 3B model in float32 first would need 15 GB).
-    model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=torch_dtype).eval()
+    model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=torch_dtype).eval()  # type: ignore[no-untyped-call]  # an unannotated transformers API
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.save_pretrained(out, max_shard_size=MAX_SHARD_SIZE)
