@@ -65,6 +65,10 @@ def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         return venvs[name]
 
     yield venv_of
+    # A venv with torch is ~5 GB: gone with the module, not at the end of the session (later tests, the
+    # image build among them, need the disk).
+    for venv in venvs.values():
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def _modules(wheel: Path) -> list[str]:
