@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
+from dart.env.sim import LatencyConfig, SimConfig
 from dart.protocol.bus import Bus
-from dart.protocol.messages import Trajectory, TrajectoryStatus, WorkItem
+from dart.protocol.messages import Click, InlineImage, Trajectory, TrajectoryStatus, WorkItem
 from dart.protocol.messages.codec import decode, encode
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.rollout.engine.base import EngineError
+from dart.rollout.engine.base import EngineError, GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.model.screen import ResizeRule
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
@@ -163,3 +165,43 @@ async def test_runner_time_is_accounted_lease_to_release(
     assert "leased" in activities and activities[-1] == "leased"  # the release, after evaluate
     # Segments of one runner never overlap: totals add up to its busy span exactly.
     assert all(a.end_ns <= b.start_ns for a, b in zip(intervals, intervals[1:], strict=False))
+
+
+async def test_a_real_resolution_prompt_keeps_the_aspect_and_pixel_coordinates_land_where_the_model_meant(
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
+) -> None:
+    """``image_size: model`` + ``coordinates: pixels``: a 1280x720 screen is shown aspect-kept at the
+    processor rule's size, and a click the model writes in those pixels becomes the same screen point."""
+    pool = await env_pool(sim=SimConfig(latency=LatencyConfig(scale=0.0), width=1280, height=720))
+    rule = ResizeRule(3136, 200_704)
+    shown: list[tuple[int, int]] = []
+    prompts: list[str] = []
+
+    def answer(request: GenerationRequest) -> str:
+        w, h = request.prompt.images[-1].size
+        shown.append((w, h))
+        prompts.append(request.prompt.text)
+        return (
+            f"Thought: a point.\nAction: click(start_box='({w // 2},{h // 4})')"
+            if len(shown) == 1
+            else "Action: wait()"
+        )
+
+    runner = runner_for(
+        bus,
+        pool,
+        ScriptedEngine([], answer=answer),
+        image_size="model",
+        min_pixels=3136,
+        max_pixels=200_704,
+        coordinates="pixels",
+        max_images=1,
+    )
+    trajectory = await runner.run(work_item(max_steps=2))
+    w, h = rule.size(1280, 720)
+    assert shown[0] == (w, h) and abs(w / h - 16 / 9) < 0.1
+    first = trajectory.steps[0]
+    record = first.prompt_images[0]
+    assert isinstance(record, InlineImage) and (record.width, record.height) == (w, h)
+    assert first.action == Click(x=(w // 2) / w, y=(h // 4) / h)
+    assert "pixels of the current screenshot" in prompts[0] and "0..1000" not in prompts[0]

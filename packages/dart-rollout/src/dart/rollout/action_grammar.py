@@ -5,9 +5,10 @@ The policy answers in the UI-TARS format::
     Thought: the OK button is at the bottom right.
     Action: click(start_box='(912,871)')
 
-Coordinates in the text live in a ``coord_scale`` x ``coord_scale`` grid (UI-TARS uses 1000) and
-become normalized [0, 1] coordinates. Boxes ``(x1,y1,x2,y2)`` resolve to their centre; the
-``<|box_start|>``/``<|box_end|>`` wrappers and ``<point>x y</point>`` are accepted too.
+Coordinates in the text live in a ``coord_scale`` x ``coord_scale`` grid (UI-TARS uses 1000), or in
+a ``(width, height)`` space (the pixels of the screenshot the model was shown, see
+:mod:`dart.rollout.model.screen`), and become normalized [0, 1] coordinates. Boxes ``(x1,y1,x2,y2)``
+resolve to their centre; the ``<|box_start|>``/``<|box_end|>`` wrappers and ``<point>x y</point>`` are accepted too.
 
 :func:`parse_action` never raises: unparseable output yields a :class:`ParsedOutput` whose
 ``error`` says why, and the runner records it as a step with a parse error.
@@ -36,6 +37,8 @@ from dart.protocol.messages import (
 )
 
 DEFAULT_COORD_SCALE = 1000
+CoordScale = int | float | tuple[float, float]
+"""A square grid's side, or the ``(width, height)`` that positions are divided by."""
 MAX_OUTPUT_CHARS = 16384
 
 _ACTION_LINE = re.compile(r"^\s*Action:\s*(?P<call>.*)", re.DOTALL | re.MULTILINE)
@@ -87,12 +90,13 @@ class _ParseFailure(Exception):
     pass
 
 
-def parse_action(text: str, coord_scale: int = DEFAULT_COORD_SCALE) -> ParsedOutput:
+def parse_action(text: str, coord_scale: CoordScale = DEFAULT_COORD_SCALE) -> ParsedOutput:
     """Parse UI-TARS-style model output into a typed action. Never raises.
 
     Args:
         text: Raw decoded model output.
-        coord_scale: Size of the coordinate grid the model writes positions in.
+        coord_scale: Size of the coordinate space the model writes positions in (a grid's side, or
+            ``(width, height)``).
     """
     try:
         if not isinstance(text, str):
@@ -111,7 +115,7 @@ def parse_action(text: str, coord_scale: int = DEFAULT_COORD_SCALE) -> ParsedOut
         return ParsedOutput(None, "", f"internal parser error: {type(exc).__name__}: {exc}")
 
 
-def _parse_call(text: str, scale: int) -> Action:
+def _parse_call(text: str, scale: CoordScale) -> Action:
     match = _ACTION_LINE.search(text)
     if match is None:
         raise _ParseFailure("no 'Action:' line")
@@ -146,7 +150,11 @@ def _unescape(value: str) -> str:
     return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), value)
 
 
-def _point(value: str | None, scale: int) -> tuple[float, float]:
+def _scales(scale: CoordScale) -> tuple[float, float]:
+    return (float(scale[0]), float(scale[1])) if isinstance(scale, tuple) else (float(scale), float(scale))
+
+
+def _point(value: str | None, scale: CoordScale) -> tuple[float, float]:
     if value is None:
         raise _ParseFailure("missing position argument")
     value = value.replace("<|box_start|>", "").replace("<|box_end|>", "")
@@ -159,9 +167,11 @@ def _point(value: str | None, scale: int) -> tuple[float, float]:
             raise _ParseFailure(f"cannot read a position from {value[:40]!r}")
         nums = [float(g) for g in tup.groups() if g is not None]
         x, y = (nums[0], nums[1]) if len(nums) == 2 else ((nums[0] + nums[2]) / 2, (nums[1] + nums[3]) / 2)
-    nx, ny = x / scale, y / scale
+    sx, sy = _scales(scale)
+    nx, ny = x / sx, y / sy
     if not (0.0 <= nx <= 1.0 and 0.0 <= ny <= 1.0):
-        raise _ParseFailure(f"position ({x:g},{y:g}) is outside the 0..{scale} screen grid")
+        space = f"{sx:g}x{sy:g} screenshot" if isinstance(scale, tuple) else f"0..{sx:g} screen grid"
+        raise _ParseFailure(f"position ({x:g},{y:g}) is outside the {space}")
     return nx, ny
 
 
@@ -172,7 +182,7 @@ def _keys(value: str | None) -> tuple[str, ...]:
     return keys
 
 
-def _build(name: str, args: dict[str, str], scale: int) -> Action:
+def _build(name: str, args: dict[str, str], scale: CoordScale) -> Action:
     box = args.get("start_box", args.get("point"))
     if name == "click":
         x, y = _point(box, scale)
@@ -204,11 +214,12 @@ def _build(name: str, args: dict[str, str], scale: int) -> Action:
     return Fail(reason=args.get("reason", args.get("content", "")))
 
 
-def format_action(action: Action, coord_scale: int = DEFAULT_COORD_SCALE) -> str:
+def format_action(action: Action, coord_scale: CoordScale = DEFAULT_COORD_SCALE) -> str:
     """Format a typed action as the call text the policy is trained to emit (no ``Action:`` prefix)."""
+    sx, sy = _scales(coord_scale)
 
     def pt(x: float, y: float) -> str:
-        return f"'({round(x * coord_scale)},{round(y * coord_scale)})'"
+        return f"'({round(x * sx)},{round(y * sy)})'"
 
     def quote(s: str) -> str:
         return "'" + s.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
@@ -237,6 +248,6 @@ def format_action(action: Action, coord_scale: int = DEFAULT_COORD_SCALE) -> str
     raise TypeError(f"not an action: {action!r}")
 
 
-def format_output(thought: str, action: Action, coord_scale: int = DEFAULT_COORD_SCALE) -> str:
+def format_output(thought: str, action: Action, coord_scale: CoordScale = DEFAULT_COORD_SCALE) -> str:
     """The full model output for a demonstration step: ``Thought: ...`` then ``Action: ...``."""
     return f"Thought: {thought}\nAction: {format_action(action, coord_scale)}"

@@ -80,7 +80,9 @@ class ModelSection(ConfigModel):
 class WarmStartSection(ConfigModel):
     """Supervised warm start on oracle demonstrations, so RL starts from non-zero success."""
 
-    enabled: bool = True
+    enabled: bool | None = None
+    """None: on for the tiny policy ``dart run`` writes, off when ``model.path`` names a checkpoint (its
+    weights are not to be overwritten by SFT on sim demonstrations at ``lr``); true or false decides."""
     episodes_per_task: int = Field(default=1, ge=1)
     """Oracle episodes recorded per task of the suite."""
     steps: int = Field(default=60, ge=1)
@@ -165,6 +167,12 @@ class RunConfig(ConfigModel):
                 f"validation.pool must differ from env.pool ({self.env.pool!r}): it gets its own env slots"
             )
         return self
+
+
+def warm_start_on(config: RunConfig) -> bool:
+    """Whether the run warm-starts its policy (see :attr:`WarmStartSection.enabled`)."""
+    enabled = config.warm_start.enabled
+    return enabled if enabled is not None else config.model.path is None
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config
+from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config, warm_start_on
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
@@ -59,6 +59,7 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
 
     from dart.cli.stack.warmstart import record_demos, run_sft, save_policy
     from dart.cli.stack.warmstart_cache import WarmStartCache, warm_start_key
+    from dart.rollout.service.config import resolve_runner
 
     run_dir = config.run.run_dir
     assert run_dir is not None
@@ -67,7 +68,8 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
     tasks = load_tasks(config)
     ws = config.warm_start
     out = run_dir / "model" / "sft"
-    cache = WarmStartCache(ws.cache_dir) if ws.enabled and ws.cache_dir is not None else None
+    enabled = warm_start_on(config)
+    cache = WarmStartCache(ws.cache_dir) if enabled and ws.cache_dir is not None else None
     key = warm_start_key(config, tasks) if cache is not None else ""
     if cache is not None:
         cached = cache.get(key, out)
@@ -85,7 +87,7 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
         console.log(f"wrote tiny Qwen2.5-VL checkpoint to {base}")
     else:
         base = config.model.path.resolve()
-    if not ws.enabled:
+    if not enabled:
         return base, info
     from dart.train.backend import TorchBackend
 
@@ -98,8 +100,7 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
             backend.processor,
             env_config=config.env,
             episodes_per_task=ws.episodes_per_task,
-            max_images=config.rollout.runner.max_images,
-            image_size=config.rollout.runner.image_size,
+            runner=resolve_runner(config.rollout.runner, base),
             seed=config.run.seed,
         )
     )
@@ -134,6 +135,7 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
 def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig:
     """Fill in what the services need: bus URL, policy path, database, engine config."""
     from dart.rollout.engine.hf import HFEngineConfig
+    from dart.rollout.service.config import resolve_runner
 
     run_dir = config.run.run_dir
     assert run_dir is not None
@@ -160,12 +162,14 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
     )
     bus = config.bus.model_copy(update={"url": nats_url}) if nats_url else config.bus
     data = config.data.model_copy(update={"database_url": f"sqlite:///{run_dir / 'data.sqlite3'}"})
+    # ``image_size: model``: the checkpoint's pixel bounds, written into config.yaml for every reader.
+    runner = resolve_runner(config.rollout.runner, policy)
     return config.model_copy(
         update={
             "bus": bus,
             "train": train,
             "data": data,
-            "rollout": config.rollout.model_copy(update={"engine": engine}),
+            "rollout": config.rollout.model_copy(update={"engine": engine, "runner": runner}),
         }
     )
 

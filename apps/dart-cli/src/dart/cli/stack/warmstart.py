@@ -21,6 +21,7 @@ from typing import Any
 from dart.env.service.config import EnvServiceConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
+from dart.rollout.service.config import RunnerConfig
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,7 @@ async def record_demos(
     *,
     env_config: EnvServiceConfig,
     episodes_per_task: int,
-    max_images: int,
-    image_size: int | None,
+    runner: RunnerConfig,
     seed: int,
 ) -> tuple[list[Any], int]:
     """Roll out the backend's oracle on every task and tokenize each step as the rollout engine would.
@@ -70,13 +70,15 @@ async def record_demos(
     from dart.env.service.config import backend_factory
     from dart.env.sim import LatencyConfig
     from dart.rollout.action_grammar import format_output
-    from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
+    from dart.rollout.model.prompt import HistoryStep, action_space, build_prompt, encode_prompt, to_pil
+    from dart.rollout.model.screen import coordinate_scale
     from dart.train.sft import SftSample
 
     quiet = env_config.model_copy(
         update={"sim": env_config.sim.model_copy(update={"latency": LatencyConfig(scale=0.0)})}
     )
     env = backend_factory(env_config.backend)(quiet, 0)
+    sizing = runner.image_sizing()
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     demos: list[SftSample] = []
     episodes = 0
@@ -91,14 +93,21 @@ async def record_demos(
                     if step is None:
                         break
                     thought, action = step
+                    shown = to_pil(observation.screenshot, sizing) if observation.screenshot is not None else None
                     prompt = build_prompt(
-                        instruction, observation.screenshot, history, max_images=max_images, image_size=image_size
+                        instruction,
+                        shown,
+                        history,
+                        max_images=runner.max_images,
+                        image_size=sizing,
+                        action_space=action_space(runner.coordinates),
                     )
                     encoded = encode_prompt(processor, prompt)
-                    text = format_output(thought, action)
+                    scale = coordinate_scale(runner.coordinates, shown.size if shown is not None else None)
+                    text = format_output(thought, action, scale)
                     response = processor.tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
                     demos.append(SftSample(list(encoded.input_ids), list(response), list(prompt.images)))
-                    history.append(HistoryStep(text, observation.screenshot))
+                    history.append(HistoryStep(text, shown))
                     observation, done, _ = await env.step(action)
                     if done:
                         break

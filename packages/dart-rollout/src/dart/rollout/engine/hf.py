@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from dart.protocol.errors import ConfigError
 from dart.protocol.messages import SamplingParams
 from dart.rollout.engine.base import (
     EngineClosedError,
@@ -81,8 +82,8 @@ class HFEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["hf"] = "hf"
-    model_path: str
-    """Local checkpoint directory (never a hub id)."""
+    model_path: str | None = None
+    """Local checkpoint directory (never a hub id); ``dart run`` fills it in with the run's policy."""
     device: str = "cpu"
     """Torch device, ``cpu`` or ``cuda[:n]``."""
     dtype: str = "float32"
@@ -224,6 +225,8 @@ class HFEngine(InferenceEngine):
     @classmethod
     async def start(cls, config: HFEngineConfig) -> HFEngine:
         """Load the checkpoint (off the event loop) and start serving."""
+        if not config.model_path:
+            raise ConfigError("hf engine", "model_path", "no checkpoint to serve: set model_path (dart run sets it)")
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         dtype = getattr(torch, config.dtype)
@@ -406,7 +409,7 @@ class HFEngine(InferenceEngine):
             self._model.load_state_dict(state, strict=False)
 
 
-def _drop_checkpoint_sampling(model: Any, model_path: str) -> None:
+def _drop_checkpoint_sampling(model: Any, model_path: str | None) -> None:
     """Give ``model`` a generation config holding only its token ids, warning once about what it drops.
 
     ``generate`` fills every field left unset with the checkpoint's value, and the processors those

@@ -26,6 +26,7 @@ from typing import Any
 from PIL import Image
 
 from dart.protocol.messages import ImageRef, InlineImage
+from dart.rollout.model.screen import Coordinates, ImageSizing, coordinates_note, fit
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -49,7 +50,12 @@ fail(reason='xxx')
 
 ## Note
 Coordinates are on a 0..1000 grid of the screen. End typed content with \\n to press Enter."""
-"""The action call forms of :mod:`dart.rollout.action_grammar`, as the policy is told them."""
+"""The action call forms of :mod:`dart.rollout.action_grammar`, as the policy is told them (grid coordinates)."""
+
+
+def action_space(coordinates: Coordinates = "grid") -> str:
+    """:data:`ACTION_SPACE` with the sentence about positions for ``coordinates`` (see :mod:`.screen`)."""
+    return ACTION_SPACE.replace(coordinates_note("grid"), coordinates_note(coordinates))
 
 
 @dataclass(frozen=True)
@@ -68,21 +74,22 @@ class PromptImage:
     record: InlineImage | ImageRef
 
 
-def prompt_image(png: bytes, size: int | None, screenshot: InlineImage | ImageRef) -> PromptImage:
-    """Decode a screenshot's PNG to RGB, resize it to ``size`` x ``size`` when it differs, and record the result.
+def prompt_image(png: bytes, size: ImageSizing, screenshot: InlineImage | ImageRef) -> PromptImage:
+    """Decode a screenshot's PNG to RGB, resize it as ``size`` says when that changes it, and record the result.
 
     Args:
         png: The screenshot's PNG bytes.
-        size: Side to resize to (bicubic; stretching is fine: actions are normalized); None keeps the size.
+        size: A side to stretch to, the model's :class:`~dart.rollout.model.screen.ResizeRule`, or None
+            (kept as captured); bicubic either way.
         screenshot: The screenshot ``png`` belongs to: the record when no resize happens.
     """
-    pixels = Image.open(io.BytesIO(png)).convert("RGB")
-    if size is None or pixels.size == (size, size):
+    decoded = Image.open(io.BytesIO(png)).convert("RGB")
+    pixels = fit(decoded, size)
+    if pixels is decoded:
         return PromptImage(pixels, screenshot)
-    pixels = pixels.resize((size, size), Image.Resampling.BICUBIC)
     out = io.BytesIO()
     pixels.save(out, format="PNG")
-    return PromptImage(pixels, InlineImage(png=out.getvalue(), width=size, height=size))
+    return PromptImage(pixels, InlineImage(png=out.getvalue(), width=pixels.width, height=pixels.height))
 
 
 ScreenshotLike = Image.Image | InlineImage | ImageRef | PromptImage
@@ -154,10 +161,8 @@ class EncodedPrompt:
         return inputs
 
 
-def to_pil(image: ScreenshotLike, size: int | None) -> Image.Image:
-    """Decode a screenshot to RGB and resize it to ``size`` x ``size`` (fixed visual token count).
-
-    Stretching is fine because actions are in normalized coordinates.
+def to_pil(image: ScreenshotLike, size: ImageSizing) -> Image.Image:
+    """Decode a screenshot to RGB and resize it as ``size`` says (see :func:`prompt_image`).
 
     A :class:`PromptImage` is returned as fed (it was resized when it was made).
 
@@ -169,10 +174,7 @@ def to_pil(image: ScreenshotLike, size: int | None) -> Image.Image:
     if isinstance(image, ImageRef):
         raise ValueError(f"screenshot {image.uri} is a reference; fetch its bytes into an InlineImage first")
     pil = Image.open(io.BytesIO(image.png)) if isinstance(image, InlineImage) else image
-    pil = pil.convert("RGB")
-    if size is not None and pil.size != (size, size):
-        pil = pil.resize((size, size), Image.Resampling.BICUBIC)
-    return pil
+    return fit(pil.convert("RGB"), size)
 
 
 def _turn(role: str, content: str) -> str:
@@ -185,7 +187,7 @@ def build_prompt(
     history: Sequence[HistoryStep] = (),
     *,
     max_images: int = 1,
-    image_size: int | None = 224,
+    image_size: ImageSizing = 224,
     system_prompt: str = SYSTEM_PROMPT,
     action_space: str = ACTION_SPACE,
 ) -> ChatPrompt:
@@ -196,7 +198,7 @@ def build_prompt(
         screenshot: The current screen (None for text-only environments).
         history: Every earlier step of the episode, oldest first.
         max_images: Screenshots shown at most, the current one included; older ones appear only as text.
-        image_size: Side the screenshots are resized to; None keeps their size.
+        image_size: How screenshots are sized (see :func:`prompt_image`).
         system_prompt: The system message.
         action_space: The description of the action call forms.
     """

@@ -6,19 +6,22 @@ Example (YAML)::
       num_engines: 2
       runners: 8
       engine: {kind: hf, model_path: /ckpt/tiny, device: cpu}   # or {kind: vllm, launch: {...} | attach: {...}}
-      runner: {pool: sim, max_images: 2, max_new_tokens: 256}
+      runner: {pool: sim, max_images: 2, max_new_tokens: 256}   # real checkpoints: image_size: model
       sync: {mode: decoupled, max_updating_fraction: 0.5}
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from dart.protocol.config import ConfigModel
+from dart.protocol.errors import ConfigError
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.rollout.model.screen import Coordinates, ImageSizing, ResizeRule
 
 
 def _engine_kind(value: Any) -> str:
@@ -41,8 +44,23 @@ class RunnerConfig(ConfigModel):
     """Env pool to lease from (``subjects.env_lease(pool)``)."""
     max_images: int = Field(default=2, ge=1, le=16)
     """Screenshots in a prompt, the current one included; older steps appear as their text only."""
-    image_size: int | None = Field(default=224, ge=28)
-    """Side screenshots are resized to before encoding; None keeps their size."""
+    image_size: Annotated[int, Field(ge=28)] | Literal["model"] | None = 224
+    """How screenshots are sized before encoding (see :mod:`dart.rollout.model.screen`): a side N stretches
+    them to N x N (the tiny model's fixed token count); ``model`` keeps their aspect and sizes them by the
+    checkpoint's image processor rule (sides multiples of 28, area within ``min_pixels`` .. ``max_pixels``),
+    as a real Qwen2.5-VL sees a screen; None feeds them as captured."""
+    min_pixels: int | None = Field(default=None, ge=1)
+    """Smallest screenshot area under ``image_size: model``; None: the checkpoint processor's."""
+    max_pixels: int | None = Field(default=None, ge=1)
+    """Largest screenshot area under ``image_size: model`` (fewer visual tokens per screenshot); None: the
+    checkpoint processor's (12,845,056 for Qwen2.5-VL: a 1920x1080 screen is 2,691 tokens)."""
+    patch_factor: int = Field(default=28, ge=1)
+    """Side of one visual token in pixels (``patch_size * merge_size``) under ``image_size: model``; filled
+    in from the checkpoint with the pixel bounds."""
+    coordinates: Coordinates = "grid"
+    """Where the positions the model writes live: ``grid``, a 0..1000 grid of the screen; ``pixels``, pixels
+    of the screenshot as the model was shown it (UI-TARS-1.5's absolute coordinates), mapped back through
+    the resize."""
     max_new_tokens: int = Field(default=256, ge=1)
     """Response token budget per step."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -68,6 +86,51 @@ class RunnerConfig(ConfigModel):
     min_version_wait_s: float = Field(default=5.0, ge=0.0)
     """How long to wait for an engine at the work item's ``min_policy_version`` before using any
     serving engine, seconds (staleness is then visible in the step versions)."""
+
+    @model_validator(mode="after")
+    def _pixels_need_a_known_image(self) -> RunnerConfig:
+        if self.coordinates == "pixels" and self.image_size is None:
+            raise ValueError(
+                "coordinates 'pixels' needs image_size (a side or 'model'): with None the processor resizes "
+                "the screenshot on its own and the pixels the model sees are not known here"
+            )
+        return self
+
+    def image_sizing(self) -> ImageSizing:
+        """The sizing the runner applies (see :mod:`dart.rollout.model.screen`).
+
+        Raises:
+            ConfigError: ``image_size: model`` with pixel bounds not filled in (see :func:`resolve_runner`).
+        """
+        if self.image_size != "model":
+            return self.image_size
+        if self.min_pixels is None or self.max_pixels is None:
+            raise ConfigError(
+                "runner",
+                "image_size",
+                "image_size 'model' needs min_pixels and max_pixels: give them, or let the rollout service "
+                "read them from the checkpoint (resolve_runner)",
+            )
+        try:
+            return ResizeRule(self.min_pixels, self.max_pixels, self.patch_factor)
+        except ValueError as exc:
+            raise ConfigError("runner", "max_pixels", str(exc)) from None
+
+
+def resolve_runner(runner: RunnerConfig, model_path: str | Path | None) -> RunnerConfig:
+    """``runner`` with the pixel bounds of ``image_size: model`` filled in from the checkpoint's image
+    processor (a ``max_pixels`` given lowers the checkpoint's); unchanged otherwise.
+
+    Raises:
+        ConfigError: ``image_size: model`` and neither bounds given nor a checkpoint that has them.
+    """
+    if runner.image_size != "model" or (runner.min_pixels is not None and runner.max_pixels is not None):
+        return runner
+    if model_path is None:
+        raise ConfigError("runner", "image_size", "image_size 'model' needs min_pixels/max_pixels or a checkpoint")
+    rule = ResizeRule.of_checkpoint(model_path, max_pixels=runner.max_pixels)
+    low = runner.min_pixels if runner.min_pixels is not None else min(rule.min_pixels, rule.max_pixels)
+    return runner.model_copy(update={"min_pixels": low, "max_pixels": rule.max_pixels, "patch_factor": rule.factor})
 
 
 class SyncConfig(ConfigModel):

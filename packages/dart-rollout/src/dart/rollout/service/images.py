@@ -21,6 +21,7 @@ from dart.protocol.store import StoreConfig
 from dart.protocol.store.cache import ArtifactCache
 from dart.rollout.errors import ImageFetchError
 from dart.rollout.model.prompt import PromptImage, prompt_image
+from dart.rollout.model.screen import ImageSizing
 
 
 class ImageCache:
@@ -59,10 +60,11 @@ class PromptImages:
 
     Args:
         cache: Where referenced screenshots are read.
-        size: Side screenshots are resized to (``runner.image_size``); None feeds them as they are.
+        size: How screenshots are sized (``runner.image_sizing()``): a square side, the model's resize
+            rule, or None (fed as captured).
     """
 
-    def __init__(self, cache: ImageCache, size: int | None) -> None:
+    def __init__(self, cache: ImageCache, size: ImageSizing) -> None:
         self.cache = cache
         self.size = size
 

@@ -43,7 +43,8 @@ from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.base import EngineError, GenerationRequest, GenerationResult
 from dart.rollout.errors import EnvFailed, ImageFetchError, NoEngineError
-from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
+from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, action_space, build_prompt
+from dart.rollout.model.screen import coordinate_scale
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient
 from dart.rollout.service.images import ImageCache, PromptImages
@@ -111,7 +112,9 @@ class TrajectoryRunner:
         self._bus = bus
         self._router = router
         self._config = config
-        self._images = PromptImages(images or ImageCache(), config.image_size)
+        self._sizing = config.image_sizing()
+        self._images = PromptImages(images or ImageCache(), self._sizing)
+        self._action_space = action_space(config.coordinates)
         self.tracker = BusyTracker("runner", runner_id, telemetry)
         """Where this runner's time went (see the module docstring)."""
 
@@ -172,7 +175,7 @@ class TrajectoryRunner:
             step_started = time.monotonic()
             prompt, result = await self._generate(work, instruction, shown, history, len(episode.steps))
             generate_s = time.monotonic() - step_started
-            parsed = parse_action(result.text)
+            parsed = parse_action(result.text, self._coordinate_scale(shown))
             env_s = 0.0
             next_observation = observation
             if parsed.action is not None:
@@ -216,6 +219,10 @@ class TrajectoryRunner:
         status = TrajectoryStatus.OK if ended else TrajectoryStatus.TRUNCATED
         return status, score.reward, score.success
 
+    def _coordinate_scale(self, shown: PromptImage | None) -> tuple[float, float]:
+        """What the positions in the model's text divide by (the shown screenshot's size for ``pixels``)."""
+        return coordinate_scale(self._config.coordinates, shown.pixels.size if shown is not None else None)
+
     async def _generate(
         self, work: WorkItem, instruction: str, shown: PromptImage | None, history: list[HistoryStep], index: int
     ) -> tuple[ChatPrompt, GenerationResult]:
@@ -224,7 +231,8 @@ class TrajectoryRunner:
             shown,
             history,
             max_images=self._config.max_images,
-            image_size=self._config.image_size,
+            image_size=self._sizing,
+            action_space=self._action_space,
         )
         request = GenerationRequest(
             prompt,

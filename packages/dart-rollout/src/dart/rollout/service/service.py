@@ -33,7 +33,7 @@ from dart.rollout.engine.base import InferenceEngine
 from dart.rollout.engine.hf import HFEngine
 from dart.rollout.engine.vllm import start_vllm_engines
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
-from dart.rollout.service.config import RolloutConfig
+from dart.rollout.service.config import RolloutConfig, resolve_runner
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
@@ -142,6 +142,8 @@ class RolloutService:
         )
         await self._sync.start(state)
         durable = durable_name(self._bus, "work")
+        engine = self.config.engine
+        runner_config = resolve_runner(self.config.runner, engine.model_path if engine is not None else None)
         for i in range(self.config.runners):
             # One subscription per runner: each fetches one item at a time, so nothing waits in a
             # local buffer while its ack_wait ticks (rollout-wise sampling, no batch barrier).
@@ -151,7 +153,7 @@ class RolloutService:
                 f"runner-{i}",
                 self._bus,
                 self._router,
-                self.config.runner,
+                runner_config,
                 telemetry=self._telemetry,
                 images=self.images,
             )
