@@ -47,9 +47,11 @@ def test_held_out_validation_evaluated_the_first_and_the_final_version(
     final = summary["versions_published"]
     assert [h["version"] for h in heldout] == ([0, final] if final else [0])
     for entry in heldout:
-        # Every one of the 32 held-out tasks ran to an outcome, once, greedily.
+        # Every one of the 32 held-out tasks ran to an outcome, once, greedily, on the run's own engine.
         assert (entry["n"], entry["errors"]) == (32, 0)
+        assert (entry["served_by"], entry["engine"]) == ("run engines", "engine-0, hf on cpu (float32)")
         assert entry["ci95"][0] <= entry["success"] <= entry["ci95"][1]
+    assert summary["heldout_served_by"] == ["run engines: engine-0, hf on cpu (float32)"]
     assert summary["heldout_success_first"] == heldout[0]["success"]
     assert summary["heldout_success_final"] == heldout[-1]["success"]
     lines = [json.loads(line) for line in (run_dir / "heldout.jsonl").read_text().splitlines()]

@@ -73,6 +73,8 @@ def test_eval_of_a_run_directory_loads_the_published_version(run_dir: Path) -> N
     assert (line["version"], line["policy_version"], line["n"], line["errors"]) == (3, 3, 4, 0)
     assert line["num_tasks"] == 2 and line["episodes_per_task"] == 2 and set(line["pass_at_k"]) == {"1", "2"}
     assert line["suite"] == str(run_dir / "suite.yaml")
+    # Served by an engine like the run's rollout engine (hf, on its device and dtype), and it says so.
+    assert line["engine"] == "hf on cpu (float32)"
 
     code, line = _eval(str(run_dir), "--version", "0")
     assert code == 0, line

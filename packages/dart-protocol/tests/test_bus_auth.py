@@ -182,7 +182,11 @@ async def test_permissions_follow_the_topology() -> None:
     assert not any(
         s == ">" or s.startswith("$JS.API.>") for r in ROLES for s in service_permissions(r, PREFIX, RUN).publish
     )
-    assert service_permissions("rollout", PREFIX, RUN).subscribe == ("_INBOX.rollout.>",)
+    # The rollout service answers evaluation requests on its engines; only the eval role asks.
+    rollout = service_permissions("rollout", PREFIX, RUN)
+    assert rollout.subscribe == ("_INBOX.rollout.>", f"{PREFIX}.eval.{RUN}") and rollout.allow_responses
+    askers = [r for r in ROLES if f"{PREFIX}.eval.{RUN}" in service_permissions(r, PREFIX, RUN).publish]
+    assert askers == ["eval"]
     with pytest.raises(ValueError, match="unknown role"):
         service_permissions("admin", PREFIX, RUN)  # type: ignore[arg-type]
 

@@ -171,3 +171,62 @@ async def test_failed_publish_naks_the_work_item_for_redelivery(bus: Bus, nats_u
     finally:
         await env.stop()
     assert await work_left(bus) == 1  # never acked
+
+
+async def test_an_evaluation_request_runs_on_one_engine_held_at_the_version_while_the_other_updates(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """The run's held-out validation path: an ``EvalRequest`` on the rollout service's own engines."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    from dart.protocol.errors import RemoteError
+    from dart.protocol.messages import EvalRequest, EvalResult, ModelVersion
+    from dart.protocol.topology import LATEST_MODEL_KEY
+
+    def published(version: int) -> ModelVersion:
+        path = tmp_path / f"v{version}.safetensors"
+        save_file({"w": torch.full((2,), float(version))}, str(path))
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        return ModelVersion(version=version, uri=path.as_uri(), sha256=digest, created_at=time.time())
+
+    train_env, eval_env = await start_env(bus, instances=1), await start_env(bus, instances=2)
+    engines = {n: ScriptedEngine(["Action: finished(content='done')"], generate_s=0.3) for n in ("a", "b")}
+    config = RolloutConfig(runners=1, runner=RunnerConfig(pool=train_env.config.pool), fetch_timeout_s=0.2)
+    state = await ensure_topology(bus)
+    tasks = [sim_task("click-button", "easy", i) for i in range(3)]
+    try:
+        async with RolloutService(config, bus, engines=dict(engines)):
+            await state.put(LATEST_MODEL_KEY, published(1))
+            await stats_reach(lambda: all(e.version == 1 for e in engines.values()))
+            request = EvalRequest(
+                label="heldout-v1",
+                version=published(1),
+                tasks=tasks,
+                pool=eval_env.config.pool,
+                episodes_per_task=2,
+                temperature=0.0,
+                concurrency=2,
+            )
+            asked = asyncio.create_task(bus.request(bus.subjects.eval_request(), request, EvalResult, timeout=60))
+            await stats_reach(lambda: any(e.load > 0 for e in engines.values()))
+            await state.put(LATEST_MODEL_KEY, published(2))  # announced mid-evaluation
+            await stats_reach(lambda: sorted(e.version for e in engines.values()) == [1, 2])
+            result = await asked
+            held = engines[result.engine_id]
+            # Every episode ran on the held engine at version 1; the other one took version 2 meanwhile.
+            assert result.policy_version == 1 and result.engine == "ScriptedEngine"
+            assert sum(t.n for t in result.tasks) == 6 and sum(t.errors for t in result.tasks) == 0
+            assert {c.version for c in held.calls} == {1}
+            # Released, the held engine catches up with the newest version.
+            await stats_reach(lambda: all(e.version == 2 for e in engines.values()))
+            # Version 0 (the start checkpoint) is served by no engine any more: refused, not served by another.
+            with pytest.raises(RemoteError, match="version 0"):
+                await bus.request(
+                    bus.subjects.eval_request(), request.model_copy(update={"version": None}), EvalResult, timeout=30
+                )
+    finally:
+        await train_env.stop()
+        await eval_env.stop()

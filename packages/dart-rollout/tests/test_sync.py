@@ -17,7 +17,7 @@ from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.errors import WeightFetchError
+from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.router import EngineRouter
@@ -155,3 +155,38 @@ async def test_weights_that_cannot_be_fetched_yet_are_retried_without_a_new_vers
         assert engine.loaded == [weights] and sync.retries >= 1
     finally:
         await sync.stop()
+
+
+@pytest.mark.unit
+async def test_an_evaluation_holds_one_engine_at_its_version_and_the_sync_catches_it_up_after(tmp_path: Path) -> None:
+    v1, v2 = tmp_path / "v1.safetensors", tmp_path / "v2.safetensors"
+    save_file({"w": torch.ones(2)}, str(v1))
+    save_file({"w": torch.full((2,), 2.0)}, str(v2))
+    a = ScriptedEngine(["Action: wait()"], update_s=0.05)
+    b = ScriptedEngine(["Action: wait()"], update_s=0.05)
+    sync = WeightSyncController({"a": a, "b": b}, SyncConfig())
+    await sync.apply(_model_version(v1, 1))
+    assert a.version == b.version == 1
+
+    # Held at version 1: a newer version reaches the other engine only.
+    async with sync.hold(_model_version(v1, 1), timeout_s=5.0) as (held_id, held):
+        assert held.version == 1
+        updates = await sync.apply(_model_version(v2, 2))
+        assert [u.engine_id for u in updates] == ["b" if held_id == "a" else "a"]
+        assert held.version == 1
+        # The other engine cannot be held at version 1 any more: it is loaded back for a second evaluation.
+        async with sync.hold(_model_version(v1, 1), timeout_s=5.0) as (second_id, second):
+            assert second_id != held_id and second.version == 1
+            # Every engine held: nothing is left for a third, and a newer version waits for the holds.
+            with pytest.raises(NoEngineAtVersionError, match="every engine is held"):
+                async with sync.hold(_model_version(v2, 2), timeout_s=5.0):
+                    pass
+            assert await sync.apply(_model_version(v2, 2)) == []
+    # Released: both go to the newest version.
+    assert {u.engine_id for u in await sync.apply(_model_version(v2, 2))} == {"a", "b"}
+    assert a.version == b.version == 2
+
+    # The start checkpoint is never loaded back: with every engine past version 0 the hold is refused.
+    with pytest.raises(NoEngineAtVersionError, match="version 0"):
+        async with sync.hold(None, timeout_s=5.0):
+            pass

@@ -116,11 +116,15 @@ async def _on_bus(
 ) -> tuple[EvalReport, dict[str, Any]]:
     from dart.cli.evaluation import EvalEnv, evaluate_policy, start_engine
     from dart.protocol.bus import Bus
+    from dart.rollout.service.service import describe_engine
 
     bus_config = config.bus.model_copy(update={"url": url, "run": config.run.name, "name": "dart-eval"})
     bus = await Bus.connect(bus_config)
     try:
-        engine = await start_engine(config, policy)
+        # The run's eval engine when it configured one, else one like its rollout engines (hf on their
+        # device, or a vLLM server): never a silent stand-in.
+        engine = await start_engine(config, policy, engine_config=config.validation.engine)
+        served_by = describe_engine(engine)
         try:
             async with EvalEnv(config, bus, pool=EVAL_POOL, instances=instances):
                 report = await evaluate_policy(
@@ -138,7 +142,14 @@ async def _on_bus(
             await engine.close()
     finally:
         await bus.close()
-    line = {"policy": target, "base": str(policy.base), "version": policy.version, "suite": suite, **report.to_dict()}
+    line = {
+        "policy": target,
+        "base": str(policy.base),
+        "version": policy.version,
+        "suite": suite,
+        "engine": served_by,
+        **report.to_dict(),
+    }
     return report, line
 
 

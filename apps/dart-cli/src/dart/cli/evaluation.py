@@ -1,9 +1,11 @@
 """The evaluation stack shared by ``dart eval`` and ``dart run``'s held-out validation.
 
 It composes, in one process, what a policy evaluation needs: an env service hosting its own pool
-(so evaluation never takes a training env slot), one engine built from the run's rollout engine
-config, and :func:`dart.rollout.eval.evaluate` driving trajectory runners over the bus. No trainer
-and no dart-data are involved; nothing is published.
+(so evaluation never takes a training env slot), one engine of the kind the run's rollout engine
+config (or an explicit eval engine config) says, on its device (hf) or as a vLLM server, and
+:func:`dart.rollout.eval.evaluate` driving trajectory runners over the bus. No trainer and no
+dart-data are involved; nothing is published. During ``dart run`` the held-out validator can
+instead have the run's rollout service evaluate on its own engines (``dart.cli.stack.validation``).
 
 A policy is named in one of three ways (:func:`resolve_policy`):
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from dart.env.service import EnvService
     from dart.rollout.engine.base import InferenceEngine
     from dart.rollout.eval import EvalReport
+    from dart.rollout.service.config import EngineConfig
 
 WEIGHTS_PREFIX = "weights"
 _VERSION_KEY = re.compile(rf"^{WEIGHTS_PREFIX}/v(\d+)/manifest\.json$")
@@ -137,27 +140,43 @@ def resolve_policy(
     )
 
 
-async def start_engine(config: RunConfig, policy: Policy, *, num_threads: int | None = None) -> InferenceEngine:
-    """One engine built from the run's rollout engine config (hf where it names vLLM servers), serving ``policy``.
+async def start_engine(
+    config: RunConfig,
+    policy: Policy,
+    *,
+    engine_config: EngineConfig | None = None,
+    num_threads: int | None = None,
+) -> InferenceEngine:
+    """One engine serving ``policy``, of the kind ``engine_config`` says (default: the run's rollout engine).
 
-    The engine loads ``policy.base``, then the published weights through the rollout service's
-    own fetch (sha256-verified), exactly as a rollout engine takes a new version.
+    An hf engine loads ``policy.base`` on its configured device and dtype; a vLLM engine is launched as
+    the run launched its servers (or attached to the first ``attach`` URL). Either then loads the
+    published weights through the rollout service's own fetch (sha256-verified), exactly as a rollout
+    engine takes a new version. Nothing falls back to another kind or device.
     """
     from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+    from dart.rollout.engine.vllm import start_vllm_engines
 
-    engine_cfg = config.rollout.engine
-    if not isinstance(engine_cfg, HFEngineConfig):
-        # Evaluation serves the policy in this process: a run whose rollout uses vLLM servers is evaluated
-        # with the hf engine on the same weights (greedy decoding does not depend on the engine's sampler).
-        engine_cfg = HFEngineConfig(model_path=str(policy.base))
-    engine_cfg = engine_cfg.model_copy(
-        update={
-            "model_path": str(policy.base),
-            "initial_version": 0,
-            "num_threads": num_threads or engine_cfg.num_threads or config.run.torch_threads,
-        }
-    )
-    engine = await HFEngine.start(engine_cfg)
+    engine_cfg = engine_config or config.rollout.engine or HFEngineConfig()
+    engine: InferenceEngine
+    if isinstance(engine_cfg, HFEngineConfig):
+        engine = await HFEngine.start(
+            engine_cfg.model_copy(
+                update={
+                    "model_path": str(policy.base),
+                    "initial_version": 0,
+                    "num_threads": num_threads or engine_cfg.num_threads or config.run.torch_threads,
+                }
+            )
+        )
+    else:
+        attach = engine_cfg.attach
+        if attach is not None:
+            attach = attach.model_copy(update={"urls": attach.urls[:1]})
+        vllm_cfg = engine_cfg.model_copy(
+            update={"model_path": str(policy.base), "initial_version": 0, "attach": attach}
+        )
+        (engine,) = (await start_vllm_engines(vllm_cfg, 1)).values()
     if policy.weights is not None:
         try:
             await load_version(engine, policy.weights, policy.store)

@@ -21,6 +21,8 @@ What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` 
     env                    sub P.env.*.lease, P.env.inst.*.* + responses       serve leases and instances
                            pub P.env.inst.*.heartbeat                          probe for taken instance ids
     rollout, eval          pub P.env.*.lease, P.env.inst.*.*                   lease and drive envs
+    rollout                sub P.eval.<run> + responses                        evaluate on its engines
+    eval                   pub P.eval.<run>                                    request such an evaluation
     every role             sub _INBOX.<role>.>                                 replies to its requests
 
 Replies to requests need no publish grant: ``allow_responses`` lets a server answer the reply
@@ -121,6 +123,12 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
         pub.append(f"{prefix}.env.inst.*.heartbeat")
     if role in _ENV_CALLERS:
         pub += [f"{prefix}.env.*.lease", f"{prefix}.env.inst.*.*"]
+    if role == "rollout":
+        sub.append(subjects.eval_request())
+    if role == "eval":
+        pub.append(subjects.eval_request())
     return Permissions(
-        publish=tuple(dict.fromkeys(pub)), subscribe=tuple(dict.fromkeys(sub)), allow_responses=role == "env"
+        publish=tuple(dict.fromkeys(pub)),
+        subscribe=tuple(dict.fromkeys(sub)),
+        allow_responses=role in ("env", "rollout"),
     )

@@ -12,6 +12,7 @@ Layout (prefix ``P``)::
     P.traj.<run>                       JetStream: finished trajectories
     P.batch.<run>                      JetStream: training batches
     P.model.<run>                      JetStream: model version announcements
+    P.eval.<run>                       request: evaluate a version on the rollout service's engines
     P.ctl.<service>.<op>               request: control plane (status, shutdown)
     P.bench.<name>                     request: benchmarks and tests
     _INBOX.<user>.<id>                 replies to one NATS user's requests
@@ -74,6 +75,10 @@ class Subjects:
     def env_instance_wildcard(self, instance_id: str) -> str:
         """Wildcard matching every operation on one env instance."""
         return f"{self.prefix}.env.inst.{_check_token(instance_id, 'instance id')}.*"
+
+    def eval_request(self) -> str:
+        """Subject on which the run's rollout service evaluates a policy version on its engines."""
+        return f"{self.prefix}.eval.{self.run}"
 
     def control(self, service: str, op: str) -> str:
         """Control-plane subject of a service (status, shutdown, ...)."""

@@ -50,6 +50,23 @@ class NoEngineError(RolloutError):
         )
 
 
+class NoEngineAtVersionError(RolloutError):
+    """No engine can be held at a version for an evaluation.
+
+    Attributes:
+        version: The version asked for.
+        served: Versions the free engines serve.
+        held: Engines held or not serving.
+    """
+
+    def __init__(self, version: int, served: list[int], held: int) -> None:
+        self.version = version
+        self.served = served
+        self.held = held
+        why = "every engine is held or not serving" if not served else f"free engines serve versions {served}"
+        super().__init__(f"no engine can serve version {version} for an evaluation: {why} ({held} held or down)")
+
+
 class WeightFetchError(RolloutError):
     """New weights could not be fetched or did not match their announced sha256.
 

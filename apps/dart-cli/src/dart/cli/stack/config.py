@@ -21,7 +21,7 @@ from dart.protocol.messages import TaskSpec
 from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
-from dart.rollout.service.config import RolloutConfig
+from dart.rollout.service.config import EngineConfig, RolloutConfig
 from dart.train.config import TrainerConfig
 
 ServiceName = Literal["env", "rollout", "data", "train"]
@@ -101,12 +101,17 @@ class WarmStartSection(ConfigModel):
 class ValidationSection(ConfigModel):
     """Held-out validation during ``dart run``: greedy evaluations of published versions.
 
-    It runs in the ``dart run`` process with its own env pool (``instances`` slots of the run's
-    env backend, pool ``pool``) and its own engine, so it never takes a training env slot or a
-    rollout engine's batch; it only shares the machine's cores.
+    It hosts its own env pool in the ``dart run`` process (``instances`` slots of the run's env
+    backend, pool ``pool``), so it never takes a training env slot. The episodes are served by the
+    run's own engines (``engine`` unset: the rollout service holds one engine at the version under
+    test for the evaluation, vLLM servers included) or by an eval engine of its own (``engine``).
     """
 
     enabled: bool = False
+    engine: EngineConfig | None = None
+    """None: the run's engines serve the evaluations. An engine config (``kind: hf`` with its device and
+    dtype, or ``kind: vllm`` with ``launch`` or ``attach``): the validator starts that engine and serves
+    them itself (its ``model_path`` is the run's policy)."""
     suite: str = "builtin:heldout"
     """Held-out suite (same forms as ``suite``); no task may equal a training task."""
     every_versions: int = Field(default=10, ge=1)

@@ -3,8 +3,9 @@
 Phases: resolve the run directory -> start an embedded nats-server -> write (or take) the initial
 policy -> warm start on oracle demonstrations -> start the four services as ``dart serve``
 processes -> RL (decoupled, or the coupled baseline with ``data.emission.mode: coupled``) for
-``run.rl_duration_s`` with live progress -> stop rollout first, let dart-data ingest every
-published trajectory, stop the rest -> write ``summary.json`` and print it as the last line.
+``run.rl_duration_s`` with live progress -> (held-out validation on the run's engines: stop the
+trainer, evaluate its last version on the rollout service's engines) -> stop rollout, let dart-data
+ingest every published trajectory, stop the rest -> write ``summary.json`` and print it as the last line.
 """
 
 from __future__ import annotations
@@ -327,6 +328,13 @@ async def monitor(
                 now = time.time_ns()
                 live.update(_table(progress, (now - start_ns) / 1e9, produced, version, now))
         end_ns = time.time_ns()
+        heldout = None
+        if validator is not None and validator.on_run_engines:
+            # The final evaluation runs on the rollout service's engines, so before that service stops;
+            # the trainer stops first, so the version it evaluates is the run's last.
+            await asyncio.to_thread(stop_process, procs["train"], config.run.stop_timeout_s)
+            latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+            heldout = await validator.finish(latest.version if latest else 0)
         # Stop producing first, then let dart-data ingest everything that was published.
         # Off the loop: the held-out validator's env pool and runners live on it and must not freeze.
         await asyncio.to_thread(stop_process, procs["rollout"], config.run.stop_timeout_s)
@@ -343,7 +351,8 @@ async def monitor(
         traj_stream = await bus.stream_state("traj")
         produced = traj_stream.messages
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
-        heldout = await validator.finish(latest.version if latest else 0) if validator is not None else None
+        if validator is not None and not validator.on_run_engines:
+            heldout = await validator.finish(latest.version if latest else 0)
         return {
             "produced": produced,
             # What a trajectory costs the bus (screenshots above env.inline_max_bytes go by reference).

@@ -1,22 +1,34 @@
 """Held-out validation during ``dart run``: greedy evaluations of published versions.
 
-Why in the ``dart run`` process with its own env pool and engine (not a share of the rollout
-engines): an evaluation then never queues behind training rollouts nor delays a weight update
-on a rollout engine, training never waits for it (nothing in the services knows it exists), and
-its figures come from one fixed decoding setup whatever the rollout settings. The price is one
-more model in memory and CPU time shared with the services on a small machine.
+Who serves the episodes (``validation.engine``):
+
+- unset: the run's own engines. The validator sends an :class:`~dart.protocol.messages.EvalRequest`
+  to the rollout service, which holds one of its engines at the version under test (loading it when
+  that engine serves another), runs the episodes with its own runners, and releases the engine to
+  its weight sync (:meth:`dart.rollout.service.sync.WeightSyncController.hold`). What is measured is
+  what the run serves: the same engine kind, device, dtype and server, vLLM included; training
+  keeps going on every engine meanwhile (on the held one at that version).
+- an engine config: the validator starts that engine itself (an hf engine on its device, or a vLLM
+  server) and loads each version into it: one more model, but the run's engines never pause an update.
+
+Either way the episodes lease from an env pool the validator hosts (``validation.pool``), never a
+training slot, and one fixed decoding setup (greedy by default) is used whatever the rollout settings.
 
 Validator lifecycle::
 
-    start() -> env pool ``validation.pool`` serving, engine loaded with version 0
+    start() -> env pool ``validation.pool`` serving (and its own engine, when configured)
       -> running: evaluate version 0 (unless ``at_start`` is off); then whenever the newest published
-         version is at least ``every_versions`` past the last evaluated one, load it and evaluate it
+         version is at least ``every_versions`` past the last evaluated one, evaluate it
          (versions published during an evaluation are skipped, never queued)
     finish(final_version) -> the running evaluation completes, the final version is evaluated
          unless it already was -> engine closed, env pool stopped
 
-Each evaluation appends one line to ``<run_dir>/heldout.jsonl`` (the full report) and writes a
-``validation.heldout`` telemetry event (version, success, 95% interval, n).
+With the run's engines, ``dart run`` calls ``finish`` before it stops the rollout service (the final
+evaluation needs its engines), so the final version is the newest one when RL ends.
+
+Each evaluation appends one line to ``<run_dir>/heldout.jsonl`` (the full report, with ``served_by``
+and ``engine``: which engine served it) and writes a ``validation.heldout`` telemetry event
+(version, success, 95% interval, n).
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ from dart.cli.evaluation import EvalEnv, Policy, evaluate_policy, load_version, 
 from dart.cli.stack.config import RunConfig, load_tasks, store_config
 from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.errors import ConfigError
-from dart.protocol.messages import ModelVersion, TaskSpec
+from dart.protocol.messages import EvalRequest, EvalResult, ModelVersion, TaskSpec
 from dart.protocol.telemetry import Telemetry, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
 
@@ -66,8 +78,8 @@ def heldout_tasks(config: RunConfig) -> list[TaskSpec]:
 
 
 def compact(entry: dict[str, Any]) -> dict[str, Any]:
-    """The summary's view of one evaluation: version, success, 95% interval, n."""
-    keys = ("version", "success", "ci95", "n", "successes", "errors", "seconds")
+    """The summary's view of one evaluation: version, success, 95% interval, n, and who served it."""
+    keys = ("version", "success", "ci95", "n", "successes", "errors", "seconds", "served_by", "engine")
     return {k: entry[k] for k in keys if k in entry}
 
 
@@ -90,8 +102,10 @@ def heldout_summary(results: list[dict[str, Any]] | None) -> dict[str, Any]:
             "difference": final["success"] - first["success"],
             "ci95": [low, high],
         }
+    served = sorted({f"{e['served_by']}: {e['engine']}" for e in entries if "served_by" in e})
     return {
         "heldout": entries,
+        "heldout_served_by": served,
         "heldout_success_first": entries[0]["success"] if entries else None,
         "heldout_success_final": entries[-1]["success"] if entries else None,
         "heldout_gain": gain,
@@ -126,6 +140,13 @@ class HeldOutValidator:
         self._stop = asyncio.Event()
         self.results: list[dict[str, Any]] = []
         """One full report dict per evaluation, in order."""
+        self.failed: list[int] = []
+        """Versions whose evaluation failed (the rollout service could not hold an engine, say)."""
+
+    @property
+    def on_run_engines(self) -> bool:
+        """Whether the run's rollout service serves the evaluations (``validation.engine`` unset)."""
+        return self._config.validation.engine is None
 
     @property
     def evaluated(self) -> list[int]:
@@ -145,9 +166,11 @@ class HeldOutValidator:
         v = self._config.validation
         self._env = EvalEnv(self._config, self._env_bus, pool=v.pool, instances=v.instances)
         await self._env.__aenter__()
-        engine_cfg = self._config.rollout.engine
-        assert engine_cfg is not None and engine_cfg.model_path, "finalize() sets rollout.engine and its model"
-        self._engine = await start_engine(self._config, Policy(base=Path(engine_cfg.model_path)))
+        if v.engine is not None:
+            engine_cfg = self._config.rollout.engine
+            assert engine_cfg is not None and engine_cfg.model_path, "finalize() sets rollout.engine and its model"
+            policy = Policy(base=Path(engine_cfg.model_path))
+            self._engine = await start_engine(self._config, policy, engine_config=v.engine)
         self._task = asyncio.create_task(self._loop(), name="heldout-validation")
 
     async def finish(self, final_version: int) -> list[dict[str, Any]]:
@@ -186,38 +209,69 @@ class HeldOutValidator:
 
     async def _loop(self) -> None:
         if self._config.validation.at_start:
-            await self._evaluate(None)
+            await self._try(None)
         every = self._config.validation.every_versions
         while not self._stop.is_set():
             latest = await self._state.get(LATEST_MODEL_KEY, ModelVersion)
-            last = self.evaluated[-1] if self.evaluated else 0
+            last = max([*self.evaluated, *self.failed], default=0)
             if latest is not None and latest.version >= last + every:
-                await self._evaluate(latest)
+                await self._try(latest)
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 1.0)
+
+    async def _try(self, version: ModelVersion | None) -> None:
+        """:meth:`_evaluate`, a failure logged and remembered (the next due version is tried, not this one)."""
+        try:
+            await self._evaluate(version)
+        except Exception as exc:  # one failed evaluation must not end validation for the run
+            number = version.version if version else 0
+            self.failed.append(number)
+            log.warning("held-out evaluation of version %d failed: %s", number, exc)
+            self._console.log(f"held-out v{number}: evaluation failed: {type(exc).__name__}: {exc}")
 
     async def _published(self, version: int) -> ModelVersion | None:
         return None if version == 0 else await asyncio.to_thread(published_version, self._store, version)
 
     async def _evaluate(self, version: ModelVersion | None) -> None:
-        assert self._engine is not None
-        if version is not None:
-            await load_version(self._engine, version, self._store)
+        from dart.rollout.eval import EvalReport
+        from dart.rollout.service.service import describe_engine
+
         v = self._config.validation
         number = version.version if version else 0
-        report = await evaluate_policy(
-            self._config,
-            self._bus,
-            self._engine,
-            self._tasks,
-            pool=v.pool,
-            episodes_per_task=v.episodes_per_task,
-            temperature=v.temperature,
-            concurrency=v.instances,
-            label=f"heldout-v{number}",
-        )
-        entry = {"version": number, **report.to_dict()}
+        label = f"heldout-v{number}"
+        if self._engine is None:
+            request = EvalRequest(
+                label=label,
+                version=version,
+                tasks=self._tasks,
+                pool=v.pool,
+                episodes_per_task=v.episodes_per_task,
+                temperature=v.temperature,
+                concurrency=v.instances,
+                hold_timeout_s=v.final_timeout_s,
+            )
+            result = await self._bus.request(
+                self._bus.subjects.eval_request(), request, EvalResult, timeout=v.final_timeout_s
+            )
+            report = EvalReport.from_result(result)
+            served = {"served_by": "run engines", "engine": f"{result.engine_id}, {result.engine}"}
+        else:
+            if version is not None:
+                await load_version(self._engine, version, self._store)
+            report = await evaluate_policy(
+                self._config,
+                self._bus,
+                self._engine,
+                self._tasks,
+                pool=v.pool,
+                episodes_per_task=v.episodes_per_task,
+                temperature=v.temperature,
+                concurrency=v.instances,
+                label=label,
+            )
+            served = {"served_by": "eval engine", "engine": describe_engine(self._engine)}
+        entry = {"version": number, **report.to_dict(), **served}
         self.results.append(entry)
         with self._out.open("a") as f:
             f.write(json.dumps(entry) + "\n")
@@ -234,4 +288,6 @@ class HeldOutValidator:
                 seconds=round(report.seconds, 2),
             )
         success = "-" if report.success is None else f"{report.success:.0%}"
-        self._console.log(f"held-out v{number}: success {success} [{lo:.0%}, {hi:.0%}] n={report.n}")
+        self._console.log(
+            f"held-out v{number}: success {success} [{lo:.0%}, {hi:.0%}] n={report.n} ({served['engine']})"
+        )

@@ -49,6 +49,7 @@ from dart.protocol.messages.env import (
     StepReply,
     StepRequest,
 )
+from dart.protocol.messages.evaluation import EvalRequest, EvalResult, EvalTaskOutcome
 from dart.protocol.messages.observation import Image, ImageRef, InlineImage, Observation
 from dart.protocol.messages.tasks import TaskSpec, WorkItem
 from dart.protocol.messages.training import ModelVersion, TrainingBatch, TrainingSample
@@ -78,7 +79,9 @@ AnyMessage = Annotated[
     | WorkItem
     | Trajectory
     | TrainingBatch
-    | ModelVersion,
+    | ModelVersion
+    | EvalRequest
+    | EvalResult,
     Field(discriminator="kind"),
 ]
 """Every top-level wire message, discriminated by ``kind``."""
@@ -105,6 +108,9 @@ __all__ = [
     "Drag",
     "ErrorCode",
     "ErrorReply",
+    "EvalRequest",
+    "EvalResult",
+    "EvalTaskOutcome",
     "EvaluateReply",
     "EvaluateRequest",
     "Fail",

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dart.protocol.bus import Bus
-from dart.protocol.messages import TaskSpec, Trajectory, WorkItem
+from dart.protocol.messages import EvalResult, EvalTaskOutcome, TaskSpec, Trajectory, WorkItem
 from dart.protocol.messages.trajectory import TrajectoryStatus
 from dart.rollout.eval.stats import pass_at_k, pass_ks, wilson_interval
 from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 
@@ -148,6 +149,38 @@ class EvalReport:
             "tasks": [t.to_dict() for t in self.tasks],
         }
 
+    def to_result(self, engine_id: str, engine: str) -> EvalResult:
+        """The wire form, naming the engine that served it."""
+        return EvalResult(
+            label=self.label,
+            policy_version=self.policy_version,
+            temperature=self.temperature,
+            episodes_per_task=self.episodes_per_task,
+            tasks=[
+                EvalTaskOutcome(
+                    task_id=t.task_id, n=t.n, successes=t.successes, errors=t.errors, mean_steps=t.mean_steps
+                )
+                for t in self.tasks
+            ],
+            seconds=self.seconds,
+            statuses=dict(self.statuses),
+            engine_id=engine_id,
+            engine=engine,
+        )
+
+    @classmethod
+    def from_result(cls, result: EvalResult) -> EvalReport:
+        """The report of an evaluation a rollout service ran (see :meth:`to_result`)."""
+        return cls(
+            label=result.label,
+            policy_version=result.policy_version,
+            temperature=result.temperature,
+            episodes_per_task=result.episodes_per_task,
+            tasks=tuple(TaskResult(t.task_id, t.n, t.successes, t.errors, t.mean_steps) for t in result.tasks),
+            seconds=result.seconds,
+            statuses=dict(result.statuses),
+        )
+
 
 async def evaluate(
     bus: Bus,
@@ -159,6 +192,7 @@ async def evaluate(
     temperature: float = 0.0,
     concurrency: int = 4,
     label: str = "eval",
+    images: ImageCache | None = None,
 ) -> EvalReport:
     """Evaluate the engines behind ``router`` on ``tasks``; see the module docstring.
 
@@ -171,6 +205,8 @@ async def evaluate(
         temperature: 0 for greedy decoding; above 0 samples (each episode seeded by its work id).
         concurrency: Episodes in flight at once (at most the env slots of the pool, usefully).
         label: Part of every work id, to tell evaluations apart in traces.
+        images: Where screenshots sent by reference are read (the rollout service's cache); None: one
+            per runner, for ``file://`` references.
 
     Raises:
         ValueError: No tasks, or K / concurrency below 1.
@@ -206,7 +242,9 @@ async def evaluate(
                 return
             results.append(await runner.run(work))
 
-    runners = [TrajectoryRunner(f"eval-{label}-{i}", bus, router, runner_config) for i in range(concurrency)]
+    runners = [
+        TrajectoryRunner(f"eval-{label}-{i}", bus, router, runner_config, images=images) for i in range(concurrency)
+    ]
     await asyncio.gather(*(worker(r) for r in runners))
     return _report(label, tasks, episodes_per_task, temperature, results, time.monotonic() - started)
 

@@ -23,16 +23,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from dart.protocol.bus import Bus, Delivery, PullConsumer
-from dart.protocol.errors import DartError
-from dart.protocol.messages import Trajectory, WorkItem
+from dart.protocol.bus import Bus, Delivery, PullConsumer, Service
+from dart.protocol.errors import DartError, ServiceError
+from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, Trajectory, WorkItem
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
-from dart.rollout.engine.base import InferenceEngine
+from dart.rollout.engine.base import EngineError, InferenceEngine
 from dart.rollout.engine.hf import HFEngine
-from dart.rollout.engine.vllm import start_vllm_engines
+from dart.rollout.engine.vllm import VLLMEngine, start_vllm_engines
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import RolloutConfig, resolve_runner
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
@@ -98,6 +99,8 @@ class RolloutService:
         self._owned: list[InferenceEngine] = []
         self._router: EngineRouter | None = None
         self._sync: WeightSyncController | None = None
+        self._runner_config = config.runner
+        self._eval_service: Service | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._running: dict[str, asyncio.Task[Trajectory]] = {}
         self._consumers: list[PullConsumer[WorkItem]] = []
@@ -144,6 +147,7 @@ class RolloutService:
         durable = durable_name(self._bus, "work")
         engine = self.config.engine
         runner_config = resolve_runner(self.config.runner, engine.model_path if engine is not None else None)
+        self._runner_config = runner_config
         for i in range(self.config.runners):
             # One subscription per runner: each fetches one item at a time, so nothing waits in a
             # local buffer while its ack_wait ticks (rollout-wise sampling, no batch barrier).
@@ -158,6 +162,37 @@ class RolloutService:
                 images=self.images,
             )
             self._loops.append(asyncio.create_task(self._loop(runner, consumer), name=runner.runner_id))
+        # Evaluations on these engines (the run's held-out validation), one at a time.
+        self._eval_service = await self._bus.serve(
+            self._bus.subjects.eval_request(), EvalRequest, self._evaluate, max_concurrency=1
+        )
+
+    async def _evaluate(self, request: EvalRequest) -> EvalResult:
+        """Run ``request``'s episodes on one engine held at its version (see :meth:`WeightSyncController.hold`)."""
+        from dart.rollout.eval import evaluate
+
+        if self._sync is None or self._stopping.is_set():
+            raise ServiceError(ErrorCode.UNAVAILABLE, "the rollout service is not serving", retryable=True)
+        runner_config = self._runner_config.model_copy(update={"pool": request.pool})
+        try:
+            async with self._sync.hold(request.version, timeout_s=request.hold_timeout_s) as (engine_id, engine):
+                log.info("evaluation %s on %s at version %d", request.label, engine_id, engine.version)
+                report = await evaluate(
+                    self._bus,
+                    EngineRouter({engine_id: engine}),
+                    runner_config,
+                    request.tasks,
+                    episodes_per_task=request.episodes_per_task,
+                    temperature=request.temperature,
+                    concurrency=request.concurrency,
+                    label=request.label,
+                    images=self.images,
+                )
+        except NoEngineAtVersionError as exc:
+            raise ServiceError(ErrorCode.CONFLICT, str(exc), {"version": exc.version}) from None
+        except (WeightFetchError, EngineError, TimeoutError) as exc:
+            raise ServiceError(ErrorCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}", retryable=True) from None
+        return report.to_result(engine_id, describe_engine(engine))
 
     async def _start_engines(self) -> dict[str, InferenceEngine]:
         config = self.config.engine
@@ -178,6 +213,9 @@ class RolloutService:
         """
         self._stopping.set()
         timeout_s = self.config.stop_timeout_s if timeout_s is None else timeout_s
+        if self._eval_service is not None:
+            await self._eval_service.stop()
+            self._eval_service = None
         if self._loops:
             _, pending = await asyncio.wait(self._loops, timeout=timeout_s)
             for task in list(self._running.values()):
@@ -266,3 +304,12 @@ class RolloutService:
                 await delivery.in_progress()
             except DartError as exc:
                 log.warning("in_progress on %s failed: %s", delivery.message.work_id, exc)
+
+
+def describe_engine(engine: InferenceEngine) -> str:
+    """What an engine is, for reports: its kind and device, or its server."""
+    if isinstance(engine, HFEngine):
+        return f"hf on {engine.config.device} ({engine.config.dtype})"
+    if isinstance(engine, VLLMEngine):
+        return f"vllm at {engine.url}"
+    return type(engine).__name__

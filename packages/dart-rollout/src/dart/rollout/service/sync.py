@@ -13,6 +13,11 @@ Engine update lifecycle (driven by :class:`WeightSyncController`)::
 
 In ``decoupled`` mode with two or more engines, at least one engine is serving at any time, so
 trajectory runners never stall on an update; ``coupled`` mode updates every engine at once.
+
+An evaluation holds one engine at the version under test (:meth:`WeightSyncController.hold`): the
+engine is chosen among those serving that version (or loaded with it when none does), the
+controller leaves it out of updates until the hold ends, and then brings it to the newest version.
+It keeps serving training requests meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import math
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -34,8 +40,8 @@ from dart.protocol.messages import ModelVersion
 from dart.protocol.store import StoreConfig, resolve_uri
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
-from dart.rollout.engine.base import EngineError, InferenceEngine
-from dart.rollout.errors import WeightFetchError
+from dart.rollout.engine.base import EngineError, EngineState, InferenceEngine
+from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
 
 log = logging.getLogger("dart.rollout.sync")
@@ -161,6 +167,7 @@ class WeightSyncController:
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._apply_lock = asyncio.Lock()
+        self._held: set[str] = set()
         self.updates: list[EngineUpdate] = []
         """Every update attempted, in completion order."""
         self.failed_fetches = 0
@@ -205,7 +212,9 @@ class WeightSyncController:
             WeightFetchError: The weights could not be fetched or verified; no engine changed.
         """
         async with self._apply_lock:
-            stale = [(eid, e) for eid, e in self._engines.items() if e.version < version.version]
+            stale = [
+                (eid, e) for eid, e in self._engines.items() if e.version < version.version and eid not in self._held
+            ]
             if not stale:
                 return []
             try:
@@ -220,6 +229,56 @@ class WeightSyncController:
                     return await self._update_one(engine_id, engine, path, version.version)
 
             return list(await asyncio.gather(*(update(eid, e) for eid, e in stale)))
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, version: ModelVersion | None, *, timeout_s: float
+    ) -> AsyncIterator[tuple[str, InferenceEngine]]:
+        """One engine serving exactly ``version``, kept there until the block ends (see the module docstring).
+
+        The least-loaded engine already at the version is taken; when none is, the least-loaded one
+        is loaded with it (``version`` None means the checkpoint the engines started from, which is
+        never loaded back). Updates wait while the choice and that load happen, not while the block runs.
+
+        Raises:
+            NoEngineAtVersionError: Every engine is held or closed, or none serves the start checkpoint
+                any more when ``version`` is None.
+            WeightFetchError: The version's weights could not be fetched or verified.
+            EngineError: The chosen engine failed to load the version (it is released to the sync).
+            TimeoutError: No engine could be held within ``timeout_s`` (an update takes longer).
+        """
+        target = version.version if version is not None else 0
+        async with asyncio.timeout(timeout_s), self._apply_lock:
+            free = [
+                (eid, e) for eid, e in self._engines.items() if eid not in self._held and e.state is EngineState.SERVING
+            ]
+            exact = [(eid, e) for eid, e in free if e.version == target]
+            if not exact and (version is None or not free):
+                served = sorted({e.version for _, e in free})
+                raise NoEngineAtVersionError(target, served, len(self._engines) - len(free))
+            engine_id, engine = min(exact or free, key=lambda pair: pair[1].load)
+            self._held.add(engine_id)
+            try:
+                if engine.version != target:
+                    assert version is not None
+                    path = await fetch_weights(
+                        version, store_config=self._store_config, cache_dir=self._config.cache_dir
+                    )
+                    record = await self._update_one(engine_id, engine, path, target)
+                    if not record.ok:
+                        raise EngineError(f"engine {engine_id} could not load version {target}: {record.error}")
+            except BaseException:
+                self._release(engine_id)
+                raise
+        try:
+            yield engine_id, engine
+        finally:
+            self._release(engine_id)
+
+    def _release(self, engine_id: str) -> None:
+        self._held.discard(engine_id)
+        if self._latest is not None:
+            self._wakeup.set()  # the applier brings it to the newest version
 
     async def _update_one(self, engine_id: str, engine: InferenceEngine, path: Path, version: int) -> EngineUpdate:
         started = time.time()
