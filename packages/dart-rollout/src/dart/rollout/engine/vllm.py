@@ -54,7 +54,7 @@ from dart.rollout.engine.base import (
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
-from dart.rollout.engine.vllm_wire import chat_messages, safetensors_header, stage_weights
+from dart.rollout.engine.vllm_wire import chat_messages, reference_header, safetensors_header, stage_weights
 from dart.rollout.errors import EngineRequestError, EngineUnavailableError
 
 log = logging.getLogger("dart.rollout.vllm")
@@ -185,8 +185,8 @@ class VLLMEngine(InferenceEngine):
             )
         self._stop_ids = [await self._token_id(t) for t in STOP_TOKENS]
         self._banned_ids = [await self._token_id(t) for t in BANNED_TOKENS]
-        if self.config.model_path and (Path(self.config.model_path) / "model.safetensors").is_file():
-            self._reference = safetensors_header(Path(self.config.model_path) / "model.safetensors")
+        if self.config.model_path:
+            self._reference = reference_header(Path(self.config.model_path))
 
     async def _token_id(self, token: str) -> int:
         body = {"model": self.config.served_model_name, "prompt": token, "add_special_tokens": False}

@@ -34,6 +34,30 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {_checkpoint_name(k): (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
 
 
+TIED_HEAD, TIED_EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def reference_header(checkpoint: Path) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """What published weights must match for the checkpoint a server started from (names in checkpoint
+    form), or None when it is not one ``model.safetensors``.
+
+    A checkpoint of a model with tied embeddings stores the shared matrix once, as the embedding;
+    published weights carry the head too, as its own copy (vLLM's in-place reload loads the head from
+    the file), so the head is expected under its own name with the embedding's dtype and shape.
+    """
+    weights = checkpoint / "model.safetensors"
+    if not weights.is_file():
+        return None
+    header = safetensors_header(weights)
+    config_file = checkpoint / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    text = config.get("text_config") or {}
+    tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    if tied and TIED_HEAD not in header and TIED_EMBEDDING in header:
+        header[TIED_HEAD] = header[TIED_EMBEDDING]
+    return header
+
+
 def _png_data_url(image: Any) -> str:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
