@@ -116,7 +116,6 @@ async def _on_bus(
 ) -> tuple[EvalReport, dict[str, Any]]:
     from dart.cli.evaluation import EvalEnv, evaluate_policy, start_engine
     from dart.protocol.bus import Bus
-    from dart.rollout.service.service import describe_engine
 
     bus_config = config.bus.model_copy(update={"url": url, "run": config.run.name, "name": "dart-eval"})
     bus = await Bus.connect(bus_config)
@@ -124,7 +123,7 @@ async def _on_bus(
         # The run's eval engine when it configured one, else one like its rollout engines (hf on their
         # device, or a vLLM server): never a silent stand-in.
         engine = await start_engine(config, policy, engine_config=config.validation.engine)
-        served_by = describe_engine(engine)
+        served_by = engine.describe()
         try:
             async with EvalEnv(config, bus, pool=EVAL_POOL, instances=instances):
                 report = await evaluate_policy(

@@ -49,6 +49,7 @@ from dart.protocol.errors import ConfigError
 from dart.protocol.messages import EvalRequest, EvalResult, ModelVersion, TaskSpec
 from dart.protocol.telemetry import Telemetry, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.rollout.eval import EvalReport
 
 if TYPE_CHECKING:
     from dart.rollout.engine.base import InferenceEngine
@@ -234,9 +235,6 @@ class HeldOutValidator:
         return None if version == 0 else await asyncio.to_thread(published_version, self._store, version)
 
     async def _evaluate(self, version: ModelVersion | None) -> None:
-        from dart.rollout.eval import EvalReport
-        from dart.rollout.service.service import describe_engine
-
         v = self._config.validation
         number = version.version if version else 0
         label = f"heldout-v{number}"
@@ -270,7 +268,7 @@ class HeldOutValidator:
                 concurrency=v.instances,
                 label=label,
             )
-            served = {"served_by": "eval engine", "engine": describe_engine(self._engine)}
+            served = {"served_by": "eval engine", "engine": self._engine.describe()}
         entry = {"version": number, **report.to_dict(), **served}
         self.results.append(entry)
         with self._out.open("a") as f:

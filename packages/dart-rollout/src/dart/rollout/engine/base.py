@@ -177,6 +177,10 @@ class InferenceEngine(abc.ABC):
     def state(self) -> EngineState:
         """Lifecycle state."""
 
+    def describe(self) -> str:
+        """What this engine is, for reports (kind and device, or server); the class name by default."""
+        return type(self).__name__
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop serving: fail queued requests, wait for the running batch, release the model."""

@@ -237,6 +237,9 @@ class HFEngine(InferenceEngine):
     def version(self) -> int:
         return self._version
 
+    def describe(self) -> str:
+        return f"hf on {self.config.device} ({self.config.dtype})"
+
     @property
     def load(self) -> int:
         return self._load

@@ -157,6 +157,9 @@ class VLLMEngine(InferenceEngine):
     def version(self) -> int:
         return self._version
 
+    def describe(self) -> str:
+        return f"vllm at {self.url}"
+
     @property
     def load(self) -> int:
         return self._load

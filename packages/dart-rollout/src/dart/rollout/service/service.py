@@ -31,7 +31,7 @@ from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.base import EngineError, InferenceEngine
 from dart.rollout.engine.hf import HFEngine
-from dart.rollout.engine.vllm import VLLMEngine, start_vllm_engines
+from dart.rollout.engine.vllm import start_vllm_engines
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import RolloutConfig, resolve_runner
@@ -192,7 +192,7 @@ class RolloutService:
             raise ServiceError(ErrorCode.CONFLICT, str(exc), {"version": exc.version}) from None
         except (WeightFetchError, EngineError, TimeoutError) as exc:
             raise ServiceError(ErrorCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}", retryable=True) from None
-        return report.to_result(engine_id, describe_engine(engine))
+        return report.to_result(engine_id, engine.describe())
 
     async def _start_engines(self) -> dict[str, InferenceEngine]:
         config = self.config.engine
@@ -304,12 +304,3 @@ class RolloutService:
                 await delivery.in_progress()
             except DartError as exc:
                 log.warning("in_progress on %s failed: %s", delivery.message.work_id, exc)
-
-
-def describe_engine(engine: InferenceEngine) -> str:
-    """What an engine is, for reports: its kind and device, or its server."""
-    if isinstance(engine, HFEngine):
-        return f"hf on {engine.config.device} ({engine.config.dtype})"
-    if isinstance(engine, VLLMEngine):
-        return f"vllm at {engine.url}"
-    return type(engine).__name__
