@@ -94,6 +94,26 @@ def test_eval_of_a_weights_uri_needs_its_base_checkpoint(run_dir: Path) -> None:
     assert isinstance(line, dict) and (line["version"], line["policy_version"], line["temperature"]) == (3, 3, 1.0)
 
 
+def test_eval_of_a_sharded_version_fetches_and_loads_every_shard(run_dir: Path, tmp_path: Path) -> None:
+    """Named by its index URI, a version published in shards is rebuilt from its manifest and served."""
+    from dart.rollout.model.loading import load_policy
+    from dart.train.config import PublishConfig
+    from dart.train.publish import WeightPublisher
+
+    base = run_dir / "model" / "sft"
+    model, _ = load_policy(str(base))
+    weights = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    shard_mib = sum(t.numel() * t.element_size() for t in weights.values()) / 2**20 / 2
+    publisher = WeightPublisher(
+        open_store((tmp_path / "artifacts").as_uri()), config=PublishConfig(shard_mib=shard_mib)
+    )
+    version = publisher.save(weights, 6, trainer_step=6, base_model=str(base))
+    assert version.shards >= 2 and version.uri.endswith("/v6/model.safetensors.index.json")
+    code, line = _eval(version.uri, "--base", str(base), "-c", str(run_dir / "config.yaml"))
+    assert code == 0, line
+    assert isinstance(line, dict) and (line["version"], line["policy_version"], line["errors"]) == (6, 6, 0)
+
+
 def test_eval_rejects_what_is_not_a_policy(tmp_path: Path) -> None:
     code, out = _eval(str(tmp_path))
     assert code == 2 and "not a checkpoint directory" in str(out)

@@ -25,15 +25,19 @@ from safetensors.torch import save_file
 
 from dart.protocol.bus import Bus
 from dart.protocol.messages import TrajectoryStatus, WorkItem
+from dart.protocol.store import LocalStore
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
 from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.fetch import fetch_weights
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
+from dart.train.config import PublishConfig
 from dart.train.loss import behaviour_logprobs
+from dart.train.publish import WeightPublisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -142,6 +146,46 @@ async def test_weight_update_in_place_serves_new_weights(
         again = await engine.generate(request)
         assert again.policy_version == 1
         assert torch.allclose(torch.tensor(again.response_logprobs[:1]), recorded[:1], atol=LOGPROB_TOLERANCE)
+    finally:
+        await asyncio.to_thread(model.load_state_dict, original, strict=True)  # type: ignore[attr-defined]
+        await engine.update_weights(checkpoint / "model.safetensors", version=3)  # later tests see version-0 weights
+
+
+async def test_a_sharded_version_is_staged_whole_and_serves_its_weights(
+    engine: VLLMEngine, checkpoint: Path, policy: tuple[object, object], tmp_path: Path
+) -> None:
+    """A version published in three shards, fetched from a real store: the engine stages every shard and the
+    index, and serves exactly those weights; a sharded version lacking one tensor is refused by the header
+    check over all shards, and the version before keeps serving."""
+    model, processor = policy
+    original = {k: v.detach().clone() for k, v in model.state_dict().items()}  # type: ignore[attr-defined]
+    generator = torch.Generator().manual_seed(5)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in original.items()}
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    shard_mib = sum(t.numel() * t.element_size() for t in perturbed.values()) / 2**20 / 3
+    publisher = WeightPublisher(store, config=PublishConfig(shard_mib=shard_mib))
+    version = publisher.save(perturbed, 1, trainer_step=1, base_model="tiny")
+    prompt = _prompt(1)
+    request = GenerationRequest(prompt, max_new_tokens=12, temperature=1.0, seed=5)
+    try:
+        assert version.shards >= 3
+        await engine.update_weights(await fetch_weights(version), version=1)
+        assert engine.version == 1 and engine.stats.weight_updates == 1
+        result = await engine.generate(request)
+        assert result.policy_version == 1
+        await asyncio.to_thread(model.load_state_dict, perturbed, strict=True)  # type: ignore[attr-defined]
+        new = await asyncio.to_thread(_recompute, model, processor, prompt, result)
+        assert torch.allclose(new, torch.tensor(result.response_logprobs), atol=LOGPROB_TOLERANCE, rtol=0)
+
+        dropped = next(reversed(perturbed))  # a tensor of the last shard
+        partial = publisher.save(
+            {k: v for k, v in perturbed.items() if k != dropped}, 2, trainer_step=2, base_model="t"
+        )
+        assert partial.shards >= 3
+        with pytest.raises(WeightUpdateError, match="parameter names differ") as refused:
+            await engine.update_weights(await fetch_weights(partial), version=2)
+        assert len(refused.value.missing) == 1 and not refused.value.unexpected
+        assert engine.version == 1 and (await engine.generate(request)).policy_version == 1
     finally:
         await asyncio.to_thread(model.load_state_dict, original, strict=True)  # type: ignore[attr-defined]
         await engine.update_weights(checkpoint / "model.safetensors", version=3)  # later tests see version-0 weights

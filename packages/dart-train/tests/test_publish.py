@@ -1,4 +1,5 @@
-"""WeightPublisher: safetensors + manifest in the store, and the hf engine serves exactly the trainer's weights."""
+"""WeightPublisher: safetensors shards + index + manifest in the store, and the hf engine serves exactly the
+trainer's weights, whether a version is one file or several shards."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from typing import Any
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from dart.protocol.messages import TrainingBatch, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.model.prompt import build_prompt, encode_prompt
+from dart.rollout.service.fetch import fetch_weights
 from dart.train.backend import TorchBackend
-from dart.train.config import TrainerConfig
+from dart.train.config import PublishConfig, TrainerConfig
 from dart.train.publish import WeightManifest, WeightPublisher, weights_file
 
 pytestmark = pytest.mark.unit
@@ -28,27 +32,37 @@ pytestmark = pytest.mark.unit
 async def test_published_weights_load_into_the_hf_engine_and_match_the_trainer(
     tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
 ) -> None:
+    backend = await _trained(tiny_checkpoint, rollout_samples)
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    publisher = WeightPublisher(store)
+    model = await publisher.publish(backend.weights(), 1, trainer_step=backend.step, base_model=backend.base_model)
+
+    path = weights_file(model)
+    assert path == store.path("weights/v1/model.safetensors") and model.shards == 1
+    assert model.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and model.size_bytes == path.stat().st_size
+    assert model.manifest_uri is not None and publisher.last == model
+    manifest = WeightManifest.model_validate(json.loads(store.get("weights/v1/manifest.json")))
+    assert (manifest.version, manifest.sha256, manifest.trainer_step) == (1, model.sha256, 1)
+    assert manifest.base_model == tiny_checkpoint.name
+    assert [(s.name, s.uri, s.sha256) for s in manifest.shards] == [("model.safetensors", model.uri, model.sha256)]
+    await _greedy_matches_trainer(path, tiny_checkpoint, backend)
+
+
+async def _trained(tiny_checkpoint: Path, rollout_samples: list[TrainingSample]) -> TorchBackend:
     config = TrainerConfig(model_path=str(tiny_checkpoint), lr=1e-3, num_threads=2)
     backend = await asyncio.to_thread(TorchBackend.load, config)
     batch = TrainingBatch(
         batch_id="b", samples=rollout_samples, group_ids=["g"], min_policy_version=0, max_policy_version=0, created_at=0
     )
     await asyncio.to_thread(backend.train_step, batch)
-    store = LocalStore(tmp_path / "artifacts", fsync=False)
-    publisher = WeightPublisher(store)
-    model = await publisher.publish(backend.weights(), 1, trainer_step=backend.step, base_model=backend.base_model)
+    return backend
 
-    path = weights_file(model)
-    assert path == store.path("weights/v1/model.safetensors")
-    assert model.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and model.size_bytes == path.stat().st_size
-    assert model.manifest_uri is not None and publisher.last == model
-    manifest = WeightManifest.model_validate(json.loads(store.get("weights/v1/manifest.json")))
-    assert (manifest.version, manifest.sha256, manifest.trainer_step) == (1, model.sha256, 1)
-    assert manifest.base_model == tiny_checkpoint.name
 
+async def _greedy_matches_trainer(engine_weights: Path, tiny_checkpoint: Path, backend: TorchBackend) -> None:
+    """The hf engine serving ``engine_weights`` gives the trainer's log-probs for its greedy response."""
     engine = await HFEngine.start(HFEngineConfig(model_path=str(tiny_checkpoint), batch_wait_s=0.0, num_threads=2))
     try:
-        await engine.update_weights(path, version=model.version)
+        await engine.update_weights(engine_weights, version=1)
         prompt = build_prompt("Click the OK button.", Image.new("RGB", (224, 224), (10, 200, 30)))
         result = await engine.generate(GenerationRequest(prompt, max_new_tokens=8, temperature=0.0))
         assert result.policy_version == 1
@@ -57,9 +71,73 @@ async def test_published_weights_load_into_the_hf_engine_and_match_the_trainer(
         await engine.close()
     inputs = backend.raw_inputs(encoded.input_ids, result.response_token_ids, list(prompt.images))
     with torch.no_grad():
-        # Greedy log-probs are those of the recorded distribution: temperature 1, excluded tokens masked.
         trainer_logp, _ = backend.forward_logprobs(inputs, excluded_token_ids=result.sampling.excluded_token_ids)
     assert torch.allclose(trainer_logp, torch.tensor(result.response_logprobs), atol=1e-4, rtol=0)
+
+
+async def test_a_sharded_version_lists_every_shard_and_serves_the_trainers_logprobs(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    """A shard size a third of the model splits the tiny model: the manifest names every shard with the digest
+    of its bytes, the index maps every tensor, and the fetched directory loads into the hf engine."""
+    backend = await _trained(tiny_checkpoint, rollout_samples)
+    weights = backend.weights()
+    total_mib = sum(t.numel() * t.element_size() for t in weights.values()) / 2**20
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    publisher = WeightPublisher(store, config=PublishConfig(shard_mib=total_mib / 3))
+    model = await publisher.publish(weights, 1, trainer_step=backend.step, base_model=backend.base_model)
+
+    assert model.shards >= 3 and model.uri == store.uri("weights/v1/model.safetensors.index.json")
+    manifest = WeightManifest.model_validate_json(store.get("weights/v1/manifest.json"))
+    assert (manifest.weights_uri, manifest.sha256, manifest.dtype) == (model.uri, model.sha256, "float32")
+    index_file = store.path("weights/v1/model.safetensors.index.json")
+    assert model.sha256 == hashlib.sha256(index_file.read_bytes()).hexdigest()
+    names = [f"model-{i:05d}-of-{model.shards:05d}.safetensors" for i in range(1, model.shards + 1)]
+    assert [s.name for s in manifest.shards] == names
+    for shard in manifest.shards:
+        path = store.path(f"weights/v1/{shard.name}")
+        assert shard.uri == store.uri(f"weights/v1/{shard.name}") and shard.size_bytes == path.stat().st_size
+        assert shard.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest.size_bytes == model.size_bytes == sum(s.size_bytes for s in manifest.shards)
+    weight_map = json.loads(index_file.read_text())["weight_map"]
+    assert set(weight_map) == set(weights) and set(weight_map.values()) == set(names)
+    for name, file in weight_map.items():
+        with safe_open(str(store.path(f"weights/v1/{file}")), "pt") as f:
+            assert torch.equal(f.get_tensor(name), weights[name])
+
+    directory = await fetch_weights(model)
+    assert directory == store.path("weights/v1") == weights_file(model)
+    await _greedy_matches_trainer(directory, tiny_checkpoint, backend)
+
+
+async def test_weights_are_published_in_the_configured_dtype(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    """A float32 trainer publishing bfloat16 writes every floating-point tensor as the trainer's value rounded
+    to bf16 (half the bytes), and an engine loads it."""
+    backend = await _trained(tiny_checkpoint, rollout_samples)
+    weights = backend.weights()
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    full = await WeightPublisher(store).publish(weights, 1, trainer_step=1, base_model="tiny")
+    half = await WeightPublisher(store, config=PublishConfig(dtype="bfloat16")).publish(
+        weights, 2, trainer_step=1, base_model="tiny"
+    )
+    assert half.shards == 1 and half.size_bytes < 0.55 * full.size_bytes
+    manifest = WeightManifest.model_validate_json(store.get("weights/v2/manifest.json"))
+    assert manifest.dtype == "bfloat16" and [s.sha256 for s in manifest.shards] == [half.sha256]
+    written = load_file(str(weights_file(half)))
+    assert set(written) == set(weights)
+    for name, tensor in weights.items():
+        expected = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        assert written[name].dtype == expected.dtype and torch.equal(written[name], expected), name
+    engine = await HFEngine.start(HFEngineConfig(model_path=str(tiny_checkpoint), batch_wait_s=0.0, num_threads=2))
+    try:
+        await engine.update_weights(weights_file(half), version=2)
+        served = engine.model.state_dict()
+        name = next(n for n, t in weights.items() if t.is_floating_point() and t.numel() > 1)
+        assert torch.equal(served[name], written[name].float())
+    finally:
+        await engine.close()
 
 
 def _wait_exited(server: Any) -> None:

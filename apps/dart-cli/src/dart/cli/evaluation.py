@@ -10,8 +10,9 @@ instead have the run's rollout service evaluate on its own engines (``dart.cli.s
 A policy is named in one of three ways (:func:`resolve_policy`):
 
 - a checkpoint directory (holds ``config.json``): evaluated as it is, version 0;
-- a weights URI (``file://`` or ``s3://`` ``.../v<N>/model.safetensors`` as dart-train publishes
-  it, or its ``manifest.json``) plus the base checkpoint it was trained from;
+- a weights URI (``file://`` or ``s3://`` ``.../v<N>/model.safetensors``, or the
+  ``model.safetensors.index.json`` of a sharded version, as dart-train publishes them, or the version's
+  ``manifest.json``) plus the base checkpoint it was trained from;
 - a run directory (holds ``config.yaml``) and a version: the run's version-0 policy with the
   version's published weights loaded (version 0: the policy itself; default: the newest).
 """
@@ -78,7 +79,7 @@ def published_version(store: StoreConfig, version: int) -> ModelVersion:
 
 
 def _from_manifest(manifest_uri: str, store: StoreConfig | None) -> ModelVersion:
-    from dart.train.publish import WeightManifest
+    from dart.protocol.weights import WeightManifest
 
     try:
         s, key = resolve_uri(manifest_uri, store)
@@ -91,6 +92,7 @@ def _from_manifest(manifest_uri: str, store: StoreConfig | None) -> ModelVersion
         uri=manifest.weights_uri,
         sha256=manifest.sha256,
         manifest_uri=manifest_uri,
+        shards=max(1, len(manifest.shards)),
         size_bytes=manifest.size_bytes,
         trainer_step=manifest.trainer_step,
         base_model=manifest.base_model,
@@ -187,7 +189,7 @@ async def start_engine(
 
 
 async def load_version(engine: InferenceEngine, version: ModelVersion, store: StoreConfig | None) -> None:
-    """Fetch a published version's weights (sha256-verified) and load them into ``engine``."""
+    """Fetch a published version's weights (every shard sha256-verified) and load them into ``engine``."""
     from dart.rollout.service.sync import fetch_weights
 
     path = await fetch_weights(version, store_config=store)

@@ -165,6 +165,18 @@ class RetentionConfig(ConfigModel):
     """Delete what is not kept; False keeps everything."""
 
 
+class PublishConfig(ConfigModel):
+    """How weight versions are written (see :mod:`dart.train.publish`)."""
+
+    shard_mib: float = Field(default=4096.0, gt=0.0)
+    """Most tensor data per safetensors shard, MiB (2^20 bytes); a larger tensor gets a shard of its own.
+    A version that fits is one ``model.safetensors``; the tiny test model always is."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Dtype floating-point tensors are published in; None publishes them as the trainer holds them
+    (``train.dtype``, float32 under fsdp). Set it to the engines' dtype (bfloat16 for engines serving
+    bf16) to halve what each version writes and fetches."""
+
+
 class TrainerConfig(ConfigModel):
     """Configuration of the ``torch`` trainer backend and the trainer service."""
 
@@ -222,7 +234,9 @@ class TrainerConfig(ConfigModel):
     num_threads: int | None = Field(default=None, ge=1)
     """Torch intra-op CPU threads; None keeps torch's default."""
     weights_prefix: str = "weights"
-    """Artifact-store key prefix of published weights (``<prefix>/v<version>/model.safetensors``)."""
+    """Artifact-store key prefix of published weights (``<prefix>/v<version>/``: shards, index, manifest)."""
+    publish: PublishConfig = Field(default_factory=PublishConfig)
+    """Shard size and dtype of published weight versions."""
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     """Which published weight versions and checkpoints are kept."""
     image_reads: RetryPolicy = Field(default_factory=RetryPolicy)

@@ -1,68 +1,55 @@
-"""Publishing policy weights as versions: safetensors + manifest in the artifact store, announced on the bus.
+"""Publishing policy weights as versions: safetensors shards + manifest in the artifact store, announced on the bus.
 
-Layout in the store (``prefix`` defaults to ``weights``)::
+Layout in the store (``prefix`` defaults to ``weights``; see :mod:`dart.protocol.weights`)::
 
-    weights/v3/model.safetensors   the model's state dict (names as ``model.state_dict()``), sha256 recorded
-    weights/v3/manifest.json       WeightManifest: version, sha256, base model, trainer step, created_at
+    weights/v3/model.safetensors                      the state dict, when it fits one shard
+    weights/v3/model-00001-of-00002.safetensors ...   else shards of at most ``shard_mib`` of tensor data,
+    weights/v3/model.safetensors.index.json           and their index (tensor name -> shard)
+    weights/v3/manifest.json                          WeightManifest: every shard's uri, size and sha256
 
-A :class:`~dart.protocol.messages.ModelVersion` pointing at both is then published on the ``model``
-stream (msg id ``model-v<version>``, so a retried publish is stored once) and put into the ``state``
-KV bucket under :data:`~dart.protocol.topology.LATEST_MODEL_KEY`, which the engines' sync controllers watch.
+Tensors are named as ``model.state_dict()`` names them and written in the publish dtype (floating-point
+tensors cast to it; by default the dtype the trainer holds, ``train.dtype``). Each shard is streamed into
+the store as it is serialized, and the store hashes the bytes as they pass: no shard is staged on disk or
+read back. The manifest is written last, so a version whose manifest is readable is complete.
+
+A :class:`~dart.protocol.messages.ModelVersion` naming the entry file (the one shard, or the index) and the
+manifest is then published on the ``model`` stream (msg id ``model-v<version>``, so a retried publish is
+stored once) and put into the ``state`` KV bucket under :data:`~dart.protocol.topology.LATEST_MODEL_KEY`,
+which the engines' sync controllers watch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
 from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import ModelVersion
 from dart.protocol.store import ArtifactStore
 from dart.protocol.topology import LATEST_MODEL_KEY
-from dart.train.tied import with_tied_aliases_copied
+from dart.protocol.weights import INDEX_NAME, MANIFEST_NAME, WEIGHTS_NAME, WeightManifest, WeightShard, shard_name
+from dart.train.config import PublishConfig
+from dart.train.shards import plan_shards, published_dtype, shard_stream
+
+__all__ = ["MANIFEST_NAME", "WEIGHTS_NAME", "WeightManifest", "WeightPublisher", "weights_file"]
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_NAME = "model.safetensors"
-MANIFEST_NAME = "manifest.json"
-
-
-class WeightManifest(BaseModel):
-    """The JSON manifest stored beside each published weights file."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    version: int
-    """Policy version of the weights."""
-    sha256: str
-    """Hex digest of the safetensors file."""
-    size_bytes: int
-    """Size of the safetensors file."""
-    weights_uri: str
-    """Artifact URI of the safetensors file."""
-    base_model: str
-    """The checkpoint training started from."""
-    trainer_step: int
-    """Optimizer steps taken when the weights were saved."""
-    created_at: float
-    """Unix time, seconds."""
-    format: str = "safetensors"
-    """File format of the weights."""
+_MIB = 1024 * 1024
 
 
 class WeightPublisher:
     """Writes weight versions to the artifact store and announces them.
 
     Lifecycle: stateless between calls apart from :attr:`last`, the most recent announcement. Each
-    :meth:`publish` goes ``saved`` (safetensors + manifest in the store, visible to anyone polling) ->
+    :meth:`publish` goes ``saved`` (shards, index and manifest in the store, visible to anyone polling) ->
     ``announced`` (on the model stream, then in the KV). Versions must be published in increasing order;
     re-publishing a version overwrites its files and is deduplicated on the stream.
 
@@ -73,6 +60,7 @@ class WeightPublisher:
         prefix: Key prefix of weight versions in the store.
         announce_retry_s: How long an announcement is retried while the broker does not answer (a
             restart), seconds; then the error is raised.
+        config: Shard size and dtype of what is written (default: one shard up to 4 GiB, as held).
     """
 
     def __init__(
@@ -83,12 +71,14 @@ class WeightPublisher:
         *,
         prefix: str = "weights",
         announce_retry_s: float = 300.0,
+        config: PublishConfig | None = None,
     ) -> None:
         self.store = store
         self.announce_retry_s = announce_retry_s
         self.bus = bus
         self.state = state
         self.prefix = prefix.strip("/")
+        self.config = config or PublishConfig()
         self.last: ModelVersion | None = None
 
     def key(self, version: int, name: str = WEIGHTS_NAME) -> str:
@@ -98,45 +88,66 @@ class WeightPublisher:
     def save(
         self, weights: dict[str, torch.Tensor], version: int, *, trainer_step: int, base_model: str
     ) -> ModelVersion:
-        """Write the safetensors file and its manifest to the store (blocking); returns the announcement to send.
+        """Write the shards, their index and the manifest to the store (blocking); returns the announcement to send.
 
         Args:
-            weights: CPU, contiguous tensors keyed like ``model.state_dict()``.
+            weights: CPU, contiguous tensors keyed like ``model.state_dict()`` (tied aliases included).
             version: The new policy version.
             trainer_step: Optimizer steps so far.
             base_model: Name of the initial checkpoint.
         """
-        from safetensors.torch import save_file
-
-        with tempfile.TemporaryDirectory(prefix="dart-weights-") as tmp:
-            path = Path(tmp) / WEIGHTS_NAME
-            # Every name, a tied alias as its own copy: engines load the head from the file (dart.train.tied).
-            save_file(
-                with_tied_aliases_copied(weights), str(path), metadata={"format": "pt", "dart_version": str(version)}
+        dtype = getattr(torch, self.config.dtype) if self.config.dtype else None
+        plan = plan_shards(weights, int(self.config.shard_mib * _MIB), dtype)
+        metadata = {"format": "pt", "dart_version": str(version)}
+        shards = []
+        for i, names in enumerate(plan, start=1):
+            name = shard_name(i, len(plan))
+            stream = shard_stream(weights, names, dtype, metadata)
+            # The store hashes the bytes as they stream in; its record is the shard's digest.
+            info = self.store.put_stream(
+                self.key(version, name), stream.chunks, size=stream.size, content_type="application/octet-stream"
             )
-            info = self.store.put_file(self.key(version), path, content_type="application/octet-stream")
-        assert info.sha256 is not None  # put_file always records the digest
+            assert info.sha256 is not None  # put_stream records the digest by default
+            shards.append(WeightShard(name=name, uri=info.uri, size_bytes=info.size, sha256=info.sha256))
+        entry_uri, entry_sha256 = shards[0].uri, shards[0].sha256
+        if len(shards) > 1:
+            index = {
+                "metadata": {"total_size": sum(s.size_bytes for s in shards), "dart_version": str(version)},
+                "weight_map": {n: shard_name(i, len(plan)) for i, names in enumerate(plan, 1) for n in names},
+            }
+            info = self.store.put(
+                self.key(version, INDEX_NAME), json.dumps(index, indent=2).encode(), content_type="application/json"
+            )
+            assert info.sha256 is not None
+            entry_uri, entry_sha256 = info.uri, info.sha256
+        floating = {published_dtype(t, dtype) for t in weights.values() if t.is_floating_point()}
         created_at = time.time()
         manifest = WeightManifest(
             version=version,
-            sha256=info.sha256,
-            size_bytes=info.size,
-            weights_uri=info.uri,
+            sha256=entry_sha256,
+            size_bytes=sum(s.size_bytes for s in shards),
+            weights_uri=entry_uri,
             base_model=base_model,
             trainer_step=trainer_step,
             created_at=created_at,
+            dtype=",".join(sorted(str(d).removeprefix("torch.") for d in floating)) or None,
+            shards=shards,
         )
         manifest_info = self.store.put(
             self.key(version, MANIFEST_NAME),
             manifest.model_dump_json(indent=2).encode(),
             content_type="application/json",
         )
+        log.info(
+            "saved version %d: %d shard(s), %d bytes, %s", version, len(shards), manifest.size_bytes, manifest.dtype
+        )
         return ModelVersion(
             version=version,
-            uri=info.uri,
-            sha256=info.sha256,
+            uri=entry_uri,
+            sha256=entry_sha256,
             manifest_uri=manifest_info.uri,
-            size_bytes=info.size,
+            shards=len(shards),
+            size_bytes=manifest.size_bytes,
             trainer_step=trainer_step,
             base_model=base_model,
             created_at=created_at,
@@ -182,8 +193,9 @@ class WeightPublisher:
 
 
 def weights_file(model: ModelVersion) -> Path:
-    """Local path of a ``file://`` weights URI (what an engine's ``update_weights`` takes on one machine)."""
+    """Local path of a ``file://`` version (what an engine's ``update_weights`` takes on one machine): the
+    file of a one-shard version, the directory of a sharded one."""
     from dart.protocol.store import parse_uri
 
-    parsed = parse_uri(model.uri)
-    return Path(os.fspath(parsed.path))
+    path = Path(os.fspath(parse_uri(model.uri).path))
+    return path.parent if model.shards > 1 else path

@@ -168,7 +168,7 @@ class TrainerService:
         # on the model stream and engines would never see the new weights.
         version = max(version, latest.version if latest is not None else 0)
         consumer = await bus.pull_consumer("batch", durable_name(bus, "batch"), TrainingBatch)
-        publisher = WeightPublisher(store, bus, state, prefix=config.weights_prefix)
+        publisher = WeightPublisher(store, bus, state, prefix=config.weights_prefix, config=config.publish)
         return cls(
             config,
             bus,

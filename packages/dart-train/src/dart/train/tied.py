@@ -8,11 +8,13 @@ refuses to write two names that share memory. Two ways out, for two readers:
   (:func:`without_tied_aliases`; the state dict registers the embedding before the head, as Hugging Face
   checkpoints of tied models do) and the loader fills the alias in from the model's own tying
   (:func:`missing_are_tied`);
-- published weights (read by the engines) write every name, an alias as its own copy
-  (:func:`with_tied_aliases_copied`): vLLM 0.32's in-place reload re-materializes the embedding and
-  loads the head only from the file, so without the copy a vLLM server kept serving the previous
-  version's head (log-probs 5.8e-3 off the trainer's on a 3B-wide checkpoint). The price is one more
-  copy of the embedding per version (622 MB in bf16 for the 3B).
+- published weights (read by the engines) write every name, an alias with its own bytes: vLLM 0.32's
+  in-place reload re-materializes the embedding and loads the head only from the file, so without
+  them a vLLM server kept serving the previous version's head (log-probs 5.8e-3 off the trainer's on a
+  3B-wide checkpoint). The publisher's shard writer (:mod:`dart.train.shards`) streams the alias's bytes
+  a second time, holding no copy; :func:`with_tied_aliases_copied` gives the same file through
+  safetensors' own ``save_file`` (which refuses shared memory). The price is one more copy of the
+  embedding per version in the store (622 MB in bf16 for the 3B).
 """
 
 from __future__ import annotations

@@ -99,14 +99,23 @@ class ModelVersion(Message):
     kind: Literal["model_version"] = "model_version"
     version: PolicyVersion
     uri: NonEmptyStr
-    """Artifact URI of the safetensors weights."""
+    """Artifact URI of the safetensors weights: the file of a one-shard version, the index
+    (``model.safetensors.index.json``) of a sharded one."""
     sha256: Sha256Hex
-    """Digest of the weights file."""
+    """Digest of the file at ``uri``."""
     manifest_uri: str | None = None
-    """Artifact URI of the manifest (version, sha256, base model, trainer step)."""
+    """Artifact URI of the manifest (every shard's uri and sha256, base model, trainer step)."""
+    shards: int = Field(default=1, ge=1)
+    """Safetensors files the version is split into; above 1 the fetch reads their digests from the manifest."""
     size_bytes: int = Field(default=0, ge=0)
     trainer_step: int = Field(default=0, ge=0)
     base_model: str = ""
     """Name or path of the architecture/base checkpoint the weights belong to."""
     created_at: NonNegFloat
     """Unix time, seconds."""
+
+    @model_validator(mode="after")
+    def _sharded_has_manifest(self) -> ModelVersion:
+        if self.shards > 1 and not self.manifest_uri:
+            raise ValueError(f"shards is {self.shards}: a sharded version needs manifest_uri (it lists the shards)")
+        return self

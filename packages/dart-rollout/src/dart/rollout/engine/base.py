@@ -155,7 +155,8 @@ class InferenceEngine(abc.ABC):
         """Swap in new weights: drain the in-flight batch, load, set ``version``, resume serving.
 
         Args:
-            weights: A state dict (name -> tensor) or a path to a ``.safetensors`` file.
+            weights: A state dict (name -> tensor), a path to a ``.safetensors`` file, or a directory
+                holding the shards of a version and their ``model.safetensors.index.json``.
             version: The policy version the weights are.
 
         Raises:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import SamplingParams
+from dart.protocol.weights import shard_files
 from dart.rollout.engine.base import (
     EngineClosedError,
     EngineState,
@@ -387,15 +388,19 @@ class HFEngine(InferenceEngine):
         if isinstance(weights, str | Path):
             from safetensors.torch import load_file
 
+            state = {}
             try:
-                state = load_file(str(weights))
+                # A file, or a directory of shards and their index: each shard adds its tensors.
+                for shard in shard_files(Path(weights)):
+                    state.update(load_file(str(shard)))
             except Exception as exc:
                 raise WeightUpdateError(version, f"cannot read {weights}: {exc}") from exc
         elif isinstance(weights, dict):
             state = weights
         else:
             raise WeightUpdateError(
-                version, f"weights must be a state dict or a .safetensors path, not {type(weights)}"
+                version,
+                f"weights must be a state dict, a .safetensors path or a directory of shards, not {type(weights)}",
             )
         current = self._model.state_dict(keep_vars=True)
         # A tied parameter is published once, under its first name (the embedding for tied heads).

@@ -54,7 +54,7 @@ from dart.rollout.engine.base import (
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
-from dart.rollout.engine.vllm_wire import chat_messages, reference_header, safetensors_header, stage_weights
+from dart.rollout.engine.vllm_wire import chat_messages, reference_header, stage_weights, weights_header
 from dart.rollout.errors import EngineRequestError, EngineUnavailableError
 
 log = logging.getLogger("dart.rollout.vllm")
@@ -93,7 +93,7 @@ class VLLMEngine(InferenceEngine):
         engine = await VLLMEngine.launch("engine-0", VLLMEngineConfig(model_path=p, launch=VLLMLaunchConfig()))
         engine = await VLLMEngine.attach("engine-0", config, "http://gpu-0:8000")
         result = await engine.generate(GenerationRequest(prompt, max_new_tokens=64))
-        await engine.update_weights("/weights/v1.safetensors", version=1)
+        await engine.update_weights("/weights/v1.safetensors", version=1)   # or a directory of shards + index
         await engine.close()
     """
 
@@ -293,14 +293,17 @@ class VLLMEngine(InferenceEngine):
         if self._state is EngineState.CLOSED:
             raise EngineClosedError("engine is closed")
         if not isinstance(weights, str | Path):
-            raise WeightUpdateError(version, f"the vllm engine loads a .safetensors path, not {type(weights)}")
+            raise WeightUpdateError(
+                version, f"the vllm engine loads a .safetensors path or a directory of shards, not {type(weights)}"
+            )
         path = Path(weights)
-        # Staged first (a hard link into the engine's own directory): from here on the bytes stay
-        # readable for the load and for reloads after a restart, whatever the store's retention deletes.
+        # Staged first (hard links into the engine's own directory, every shard and the index): from here
+        # on the bytes stay readable for the load and for reloads after a restart, whatever the store's
+        # retention deletes. The names and shapes of all shards together are checked before the server is.
         directory = Path(self._tmp.name) / f"v{version}"
         try:
             await asyncio.to_thread(stage_weights, directory, path)
-            header = await asyncio.to_thread(safetensors_header, directory / "model.safetensors")
+            header = await asyncio.to_thread(weights_header, directory)
             self._check_against_reference(header, version)
         except (OSError, ValueError, struct.error, WeightUpdateError) as exc:
             if directory != self._weights_dir:  # never the directory the server serves from

@@ -1,4 +1,7 @@
-"""What the vllm engine sends and checks: chat messages from DART prompts, safetensors headers, staged weights."""
+"""What the vllm engine sends and checks: chat messages from DART prompts, safetensors headers, staged weights.
+
+Weights are a safetensors file or a directory of shards with their index (:mod:`dart.protocol.weights`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from dart.protocol.weights import INDEX_NAME, WEIGHTS_NAME, shard_files
 from dart.rollout.model.prompt import IMAGE_PLACEHOLDER, ChatPrompt
 
 _NAME_FORMS = (("model.language_model.", "model."), ("model.visual.", "visual."))
@@ -78,23 +82,57 @@ def chat_messages(prompt: ChatPrompt) -> list[dict[str, Any]]:
     return [{"role": "user", "content": content}]
 
 
-def stage_weights(directory: Path, path: Path) -> Path:
-    """``directory`` holding ``path``'s bytes as ``model.safetensors`` (vLLM reloads from a directory).
-
-    A hard link where ``directory`` and ``path`` share a filesystem, else a copy: never a symbolic
-    link, because the artifact store's retention may delete ``path`` while the server still needs the
-    weights (loading them, or reloading them after a restart), and a hard link keeps the bytes alive.
+def weights_header(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """:func:`safetensors_header` of every shard of ``weights`` (a file, or a directory of shards and index).
 
     Raises:
-        OSError: ``path`` is gone or unreadable, or ``directory`` cannot be written.
+        ValueError: A tensor is in two shards, or the directory holds no weights.
+        OSError: A shard is unreadable.
     """
+    merged: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for shard in shard_files(weights):
+        header = safetensors_header(shard)
+        repeated = sorted(set(header) & set(merged))
+        if repeated:
+            raise ValueError(f"{shard.name} repeats tensors of another shard: {repeated[:5]}")
+        merged |= header
+    return merged
+
+
+def stage_weights(directory: Path, weights: Path) -> Path:
+    """``directory`` holding ``weights``' bytes, as vLLM reloads them: a file as ``model.safetensors``, a
+    directory of shards as its shards and ``model.safetensors.index.json``.
+
+    A hard link where ``directory`` and ``weights`` share a filesystem, else a copy: never a symbolic
+    link, because the artifact store's retention may delete ``weights`` while the server still needs
+    them (loading them, or reloading them after a restart), and a hard link keeps the bytes alive.
+
+    Raises:
+        OSError: ``weights`` is gone or unreadable, or ``directory`` cannot be written.
+        ValueError: A directory without shards, or with an index naming files outside it.
+    """
+    if weights.is_dir():
+        sources = shard_files(weights)
+        if (weights / INDEX_NAME).is_file():
+            sources.append(weights / INDEX_NAME)
+        staged = {source.name: source for source in sources}
+    else:
+        staged = {WEIGHTS_NAME: weights}
     directory.mkdir(parents=True, exist_ok=True)
-    staged = directory / "model.safetensors"
-    staged.unlink(missing_ok=True)
+    for name, source in staged.items():
+        _link(source, directory / name)
+    # Restaged over an earlier attempt of another layout: only what was just staged may be read.
+    for stale in directory.iterdir():
+        if stale.name not in staged and (stale.name == INDEX_NAME or stale.suffix == ".safetensors"):
+            stale.unlink()
+    return directory
+
+
+def _link(source: Path, target: Path) -> None:
+    target.unlink(missing_ok=True)
     try:
-        os.link(path, staged)
+        os.link(source, target)
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
-        shutil.copyfile(path, staged)
-    return directory
+        shutil.copyfile(source, target)

@@ -3,9 +3,11 @@
 Engine update lifecycle (driven by :class:`WeightSyncController`)::
 
     ModelVersion v announced (state KV key LATEST_MODEL_KEY)
-      -> fetch weights by uri once, verify sha256 (failure: every engine keeps serving its version)
+      -> fetch the version once (every shard, sha256-verified; :mod:`.fetch`); a failure leaves every
+         engine serving its version
       -> for each engine below v, at most ``max_concurrent`` at a time:
            engine.update_weights(path, v): serving -> draining -> loading -> serving at v
+           (path: the file of a one-shard version, the directory of index + shards of a sharded one)
            telemetry events engine.update.start / engine.update.end (engine id, version, times)
     a newer version announced meanwhile is applied next; versions in between are skipped.
     a failed fetch or engine update is retried after ``retry_backoff_s`` (doubling up to
@@ -24,81 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import math
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from dart.protocol.bus import KeyValueStore
-from dart.protocol.errors import ConfigError, StoreError
 from dart.protocol.messages import ModelVersion
-from dart.protocol.store import StoreConfig, resolve_uri
+from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.rollout.engine.base import EngineError, EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
+from dart.rollout.service.fetch import fetch_weights
+
+__all__ = ["EngineUpdate", "WeightSyncController", "fetch_weights", "max_concurrent_updates"]
 
 log = logging.getLogger("dart.rollout.sync")
-
-_CHUNK = 1 << 20
-
-
-def _sha256_file(path: Path) -> str | None:
-    """The file's sha256, or None when it is not a readable file."""
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-async def fetch_weights(
-    version: ModelVersion, *, store_config: StoreConfig | None = None, cache_dir: str | Path | None = None
-) -> Path:
-    """A local, sha256-verified path of ``version``'s safetensors weights.
-
-    ``file://`` URIs are read in place; ``s3://`` URIs are downloaded through the artifact store
-    (``store_config`` gives the endpoint and credentials) into ``cache_dir`` (a temporary directory
-    by default), once per version. This is the one place that resolves weight URIs.
-
-    Raises:
-        WeightFetchError: Unsupported scheme, missing object, or a sha256 mismatch.
-    """
-    parsed = urlparse(version.uri)
-    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
-        path = Path(unquote(parsed.path))
-    elif parsed.scheme == "s3":
-        directory = Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "dart-weights"
-        path = directory / f"v{version.version}-{version.sha256[:16]}.safetensors"
-        if not path.is_file():
-            try:
-                await asyncio.to_thread(_download, version.uri, path, store_config)
-            except (StoreError, ConfigError) as exc:
-                raise WeightFetchError(version.uri, version.version, str(exc)) from exc
-    else:
-        raise WeightFetchError(version.uri, version.version, "weight URIs must be file:// or s3://")
-    # Hashing a multi-GB file takes seconds: keep it off the event loop.
-    actual = await asyncio.to_thread(_sha256_file, path)
-    if actual is None:
-        raise WeightFetchError(version.uri, version.version, f"{path} is not a file")
-    if actual != version.sha256:
-        raise WeightFetchError(version.uri, version.version, f"sha256 is {actual}, announced {version.sha256}")
-    return path
-
-
-def _download(uri: str, path: Path, store_config: StoreConfig | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    store, key = resolve_uri(uri, store_config)
-    with store:
-        store.get_to_file(key, path)
 
 
 @dataclass(frozen=True)
