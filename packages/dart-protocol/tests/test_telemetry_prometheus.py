@@ -31,8 +31,10 @@ def _value(text: str, metric: str, **labels: str) -> float:
 
 async def test_tracked_events_and_busy_time_are_scraped(tmp_path: Path) -> None:
     config = TelemetryConfig(run_dir=tmp_path, prometheus_port=0)
-    train = setup_telemetry("dart-train", version="0", run_id="r1", config=config)
-    data = setup_telemetry("dart-data", version="0", run_id="r1", config=config)
+    # Starting and stopping the exporters' HTTP servers is blocking work: off the event loop (on a busy
+    # machine it takes over a second).
+    train = await asyncio.to_thread(setup_telemetry, "dart-train", version="0", run_id="r1", config=config)
+    data = await asyncio.to_thread(setup_telemetry, "dart-data", version="0", run_id="r1", config=config)
     try:
         train.event("trainer.step", step=3, loss=0.25, duration_s=1.5, batch_id="b")
         train.event("trajectory.done", reward=1.0)  # not a tracked event: no gauge
@@ -52,16 +54,15 @@ async def test_tracked_events_and_busy_time_are_scraped(tmp_path: Path) -> None:
         )
         assert train.prometheus_address != data.prometheus_address
     finally:
-        train.shutdown()
-        data.shutdown()
+        await asyncio.to_thread(train.shutdown)
+        await asyncio.to_thread(data.shutdown)
     assert re.fullmatch(r"dart\.trainer\.step\.loss", gauge_name("trainer.step", "loss"))
 
 
 async def test_engine_updates_are_one_series_per_engine(tmp_path: Path) -> None:
     # Per-worker weight sync: each engine's latest update is its own series, labelled by engine_id.
-    rollout = setup_telemetry(
-        "dart-rollout", version="0", run_id="r1", config=TelemetryConfig(run_dir=tmp_path, prometheus_port=0)
-    )
+    config = TelemetryConfig(run_dir=tmp_path, prometheus_port=0)
+    rollout = await asyncio.to_thread(setup_telemetry, "dart-rollout", version="0", run_id="r1", config=config)
     try:
         rollout.event("engine.update.end", engine_id="engine-0", version=3, ts=20.0, started_at=19.5, ok=True)
         rollout.event("engine.update.end", engine_id="engine-1", version=2, ts=21.0, started_at=20.0, ok=True)
@@ -70,7 +71,7 @@ async def test_engine_updates_are_one_series_per_engine(tmp_path: Path) -> None:
         assert _value(text, "dart_engine_update_end_version", engine_id="engine-1") == 2.0
         assert _value(text, "dart_engine_update_end_started_at", engine_id="engine-1") == 20.0
     finally:
-        rollout.shutdown()
+        await asyncio.to_thread(rollout.shutdown)
 
 
 def test_no_endpoint_unless_configured(tmp_path: Path) -> None:
