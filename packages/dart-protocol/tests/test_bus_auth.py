@@ -185,6 +185,9 @@ async def test_permissions_follow_the_topology() -> None:
     # The rollout service answers evaluation requests on its engines; only the eval role asks.
     rollout = service_permissions("rollout", PREFIX, RUN)
     assert rollout.subscribe == ("_INBOX.rollout.>", f"{PREFIX}.eval.{RUN}") and rollout.allow_responses
+    # An evaluation takes minutes: its reply may come long after nats-server's default 2-minute window.
+    assert rollout.response_window_s is not None and rollout.response_window_s >= 3600
+    assert env.response_window_s is None
     askers = [r for r in ROLES if f"{PREFIX}.eval.{RUN}" in service_permissions(r, PREFIX, RUN).publish]
     assert askers == ["eval"]
     with pytest.raises(ValueError, match="unknown role"):

@@ -79,7 +79,8 @@ def _permissions_entry(permissions: Permissions) -> dict[str, Any]:
         "subscribe": {"allow": list(permissions.subscribe)},
     }
     if permissions.allow_responses:
-        perms["allow_responses"] = True
+        window = permissions.response_window_s
+        perms["allow_responses"] = True if window is None else {"max": 1, "expires": f"{window}s"}
     return perms
 
 

@@ -26,7 +26,8 @@ What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` 
     every role             sub _INBOX.<role>.>                                 replies to its requests
 
 Replies to requests need no publish grant: ``allow_responses`` lets a server answer the reply
-subject of a request it received, once. A role's inbox prefix is ``_INBOX.<role>`` (the bus sets it
+subject of a request it received, once, within a window (nats-server's default 2 minutes for env
+operations; hours for the rollout service's evaluations). A role's inbox prefix is ``_INBOX.<role>`` (the bus sets it
 from ``bus.user``), so no role can subscribe to another role's replies.
 
 Not covered: every JetStream role may create and update (not delete or purge) the run's streams
@@ -57,11 +58,19 @@ class Permissions:
         publish: Subjects (with ``*`` / ``>`` wildcards) the user may publish to.
         subscribe: Subjects the user may subscribe to.
         allow_responses: Whether the user may answer requests it received (RPC servers).
+        response_window_s: How long after a request its one reply may be sent, seconds; None keeps
+            nats-server's default (2 minutes), enough for env operations but not for an evaluation.
     """
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     allow_responses: bool
+    response_window_s: int | None = None
+
+
+EVAL_REPLY_WINDOW_S = 6 * 3600
+"""How long the rollout service may take to answer an evaluation request (a held-out suite on a real
+checkpoint takes many minutes), seconds."""
 
 
 def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
@@ -131,4 +140,5 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
         publish=tuple(dict.fromkeys(pub)),
         subscribe=tuple(dict.fromkeys(sub)),
         allow_responses=role in ("env", "rollout"),
+        response_window_s=EVAL_REPLY_WINDOW_S if role == "rollout" else None,
     )

@@ -298,7 +298,8 @@ async def monitor(
             # The validator hosts an env pool and drives it: with NATS users, as the env and eval roles.
             for role in ("env", "eval"):
                 role_bus = config.bus if not credentials else as_role(config.bus, role, credentials[role])
-                validation_buses.append(await Bus.connect(role_bus.model_copy(update={"name": f"dart-run-{role}"})))
+                scoped = role_bus.model_copy(update={"run": config.run.name, "name": f"dart-run-{role}"})
+                validation_buses.append(await Bus.connect(scoped))
             validator = HeldOutValidator(config, validation_buses[0], validation_buses[1], state, console)
             await validator.start()
         start_ns = time.time_ns()
