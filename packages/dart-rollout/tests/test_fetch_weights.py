@@ -34,18 +34,23 @@ def _version(uri: str, sha: str, version: int = 3) -> ModelVersion:
     return ModelVersion(version=version, uri=uri, sha256=sha, created_at=0.0)
 
 
-async def test_s3_weights_are_downloaded_once_and_verified(
-    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _s3_store(s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> S3Store:
+    """A bucket on the test S3 server, its keys in the environment as the rollout service reads them."""
     monkeypatch.setenv("DART_S3_ACCESS_KEY", s3_server.access_key)
     monkeypatch.setenv("DART_S3_SECRET_KEY", s3_server.secret_key)
-    store = S3Store(
-        "weights-test",
+    return S3Store(
+        bucket,
         endpoint=s3_server.endpoint,
         access_key=s3_server.access_key,
         secret_key=s3_server.secret_key,
         secure=False,
     )
+
+
+async def test_s3_weights_are_downloaded_once_and_verified(
+    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _s3_store(s3_server, "weights-test", monkeypatch)
     info = store.put("weights/v3/model.safetensors", PAYLOAD)
     config = StoreConfig(uri="s3://weights-test", endpoint=s3_server.endpoint, secure=False)
     sha = hashlib.sha256(PAYLOAD).hexdigest()
@@ -143,15 +148,7 @@ async def test_a_corrupt_or_missing_shard_is_refused_and_the_previous_version_ke
 async def test_a_sharded_s3_version_is_downloaded_once_and_a_bad_download_is_fetched_again(
     s3_server: Any, policy_state: dict[str, torch.Tensor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DART_S3_ACCESS_KEY", s3_server.access_key)
-    monkeypatch.setenv("DART_S3_SECRET_KEY", s3_server.secret_key)
-    store = S3Store(
-        "sharded-test",
-        endpoint=s3_server.endpoint,
-        access_key=s3_server.access_key,
-        secret_key=s3_server.secret_key,
-        secure=False,
-    )
+    store = _s3_store(s3_server, "sharded-test", monkeypatch)
     publisher = WeightPublisher(store, config=PublishConfig(shard_mib=_shard_mib(policy_state, 2)))
     model = publisher.save(policy_state, 5, trainer_step=5, base_model="tiny")
     config = StoreConfig(uri="s3://sharded-test", endpoint=s3_server.endpoint, secure=False)
