@@ -87,6 +87,25 @@ async def _eval(
     instances: int,
     nats_url: str | None,
 ) -> tuple[EvalReport, dict[str, Any]]:
+    # Reading configs, manifests and suites, and starting nats-server, block: off the event loop.
+    config, policy, tasks, chosen = await asyncio.to_thread(_resolve, target, version, base, config_path, suite)
+    if nats_url is not None:
+        return await _on_bus(config, nats_url, policy, tasks, chosen, episodes, temperature, instances, target)
+    from dart.embedded.nats import EmbeddedNats
+
+    with tempfile.TemporaryDirectory(prefix="dart-eval-nats-") as tmp:
+        nats = EmbeddedNats(store_dir=Path(tmp))
+        await asyncio.to_thread(nats.start)
+        try:
+            return await _on_bus(config, nats.url, policy, tasks, chosen, episodes, temperature, instances, target)
+        finally:
+            await asyncio.to_thread(nats.stop)
+
+
+def _resolve(
+    target: str, version: int | None, base: Path | None, config_path: Path | None, suite: str | None
+) -> tuple[RunConfig, Policy, list[Any], str]:
+    """The run config, the policy, the suite's tasks and the suite's name ``dart eval`` works on."""
     from dart.cli.evaluation import resolve_policy
     from dart.cli.stack.config import RunConfig, load_run_config, load_tasks
 
@@ -94,13 +113,7 @@ async def _eval(
     policy, run_config = resolve_policy(target, base=base, version=version, store=given.store if given else None)
     config: RunConfig = given or run_config or RunConfig()
     chosen = suite or eval_suite(config)
-    tasks = load_tasks(config.model_copy(update={"suite": chosen}))
-    if nats_url is not None:
-        return await _on_bus(config, nats_url, policy, tasks, chosen, episodes, temperature, instances, target)
-    from dart.embedded.nats import EmbeddedNats
-
-    with tempfile.TemporaryDirectory(prefix="dart-eval-nats-") as tmp, EmbeddedNats(store_dir=Path(tmp)) as nats:
-        return await _on_bus(config, nats.url, policy, tasks, chosen, episodes, temperature, instances, target)
+    return config, policy, load_tasks(config.model_copy(update={"suite": chosen})), chosen
 
 
 async def _on_bus(
@@ -115,6 +128,7 @@ async def _on_bus(
     target: str,
 ) -> tuple[EvalReport, dict[str, Any]]:
     from dart.cli.evaluation import EvalEnv, evaluate_policy, start_engine
+    from dart.cli.stack.config import store_config
     from dart.protocol.bus import Bus
 
     bus_config = config.bus.model_copy(update={"url": url, "run": config.run.name, "name": "dart-eval"})
@@ -125,7 +139,9 @@ async def _on_bus(
         engine = await start_engine(config, policy, engine_config=config.validation.engine)
         served_by = engine.describe()
         try:
-            async with EvalEnv(config, bus, pool=EVAL_POOL, instances=instances):
+            # A run's store: large screenshots go by reference, as in the run.
+            store = config.store or (store_config(config) if config.run.run_dir is not None else None)
+            async with EvalEnv(config, bus, pool=EVAL_POOL, instances=instances, store=store):
                 report = await evaluate_policy(
                     config,
                     bus,
@@ -136,6 +152,7 @@ async def _on_bus(
                     temperature=temperature,
                     concurrency=instances,
                     label=f"v{policy.version}",
+                    store=store,
                 )
         finally:
             await engine.close()

@@ -19,6 +19,7 @@ A policy is named in one of three ways (:func:`resolve_policy`):
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 from dart.protocol.bus import Bus
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, TaskSpec
-from dart.protocol.store import StoreConfig, open_store, resolve_uri
+from dart.protocol.store import ArtifactStore, StoreConfig, open_store, resolve_uri
 
 if TYPE_CHECKING:
     from dart.cli.stack.config import RunConfig
@@ -157,7 +158,6 @@ async def start_engine(
     engine takes a new version. Nothing falls back to another kind or device.
     """
     from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-    from dart.rollout.engine.vllm import start_vllm_engines
 
     engine_cfg = engine_config or config.rollout.engine or HFEngineConfig()
     engine: InferenceEngine
@@ -172,6 +172,9 @@ async def start_engine(
             )
         )
     else:
+        # Imported here, off the hf path: the vLLM client's modules take a second to import on a busy machine.
+        from dart.rollout.engine.vllm import start_vllm_engines
+
         attach = engine_cfg.attach
         if attach is not None:
             attach = attach.model_copy(update={"urls": attach.urls[:1]})
@@ -207,18 +210,26 @@ class EvalEnv:
         bus: A connected bus.
         pool: Pool name of the evaluation instances.
         instances: How many env instances to host.
+        store: Where screenshots above ``env.inline_max_bytes`` go (by reference, as in training); None
+            sends every screenshot inline.
     """
 
-    def __init__(self, config: RunConfig, bus: Bus, *, pool: str, instances: int) -> None:
+    def __init__(
+        self, config: RunConfig, bus: Bus, *, pool: str, instances: int, store: StoreConfig | None = None
+    ) -> None:
         self.pool = pool
         self._env_config = config.env.model_copy(update={"pool": pool, "instance_prefix": pool, "instances": instances})
         self._bus = bus
+        self._store_config = store
+        self._store: ArtifactStore | None = None
         self._service: EnvService | None = None
 
     async def __aenter__(self) -> EvalEnv:
         from dart.env.service import EnvService
 
-        self._service = EnvService(self._env_config, self._bus)
+        if self._store_config is not None:
+            self._store = await asyncio.to_thread(open_store, self._store_config)
+        self._service = EnvService(self._env_config, self._bus, store=self._store)
         await self._service.start()
         return self
 
@@ -228,6 +239,9 @@ class EvalEnv:
         if self._service is not None:
             await self._service.stop()
             self._service = None
+        if self._store is not None:
+            await asyncio.to_thread(self._store.close)
+            self._store = None
 
 
 async def evaluate_policy(
@@ -241,24 +255,33 @@ async def evaluate_policy(
     temperature: float,
     concurrency: int,
     label: str,
+    store: StoreConfig | None = None,
 ) -> EvalReport:
     """Run :func:`dart.rollout.eval.evaluate` with ``engine`` on the env pool ``pool``.
+
+    ``store`` is where screenshots sent by reference are read (the :class:`EvalEnv`'s store).
 
     The runners use the run's ``rollout.runner`` settings (prompt images, token budget) with
     ``pool`` as their env pool, so an episode is built exactly as in training.
     """
     from dart.rollout.eval import evaluate
+    from dart.rollout.service.images import ImageCache
     from dart.rollout.service.router import EngineRouter
 
     runner_config = config.rollout.runner.model_copy(update={"pool": pool})
     router = EngineRouter({"eval-engine": engine})
-    return await evaluate(
-        bus,
-        router,
-        runner_config,
-        tasks,
-        episodes_per_task=episodes_per_task,
-        temperature=temperature,
-        concurrency=concurrency,
-        label=label,
-    )
+    images = ImageCache(store)
+    try:
+        return await evaluate(
+            bus,
+            router,
+            runner_config,
+            tasks,
+            episodes_per_task=episodes_per_task,
+            temperature=temperature,
+            concurrency=concurrency,
+            label=label,
+            images=images,
+        )
+    finally:
+        await asyncio.to_thread(images.close)

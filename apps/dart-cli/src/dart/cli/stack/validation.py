@@ -165,7 +165,7 @@ class HeldOutValidator:
             "dart-validation", version=__version__, run_id=self._config.run.name, config=tel
         )
         v = self._config.validation
-        self._env = EvalEnv(self._config, self._env_bus, pool=v.pool, instances=v.instances)
+        self._env = EvalEnv(self._config, self._env_bus, pool=v.pool, instances=v.instances, store=self._store)
         await self._env.__aenter__()
         if v.engine is not None:
             engine_cfg = self._config.rollout.engine
@@ -267,6 +267,7 @@ class HeldOutValidator:
                 temperature=v.temperature,
                 concurrency=v.instances,
                 label=label,
+                store=self._store,
             )
             served = {"served_by": "eval engine", "engine": self._engine.describe()}
         entry = {"version": number, **report.to_dict(), **served}
