@@ -59,7 +59,10 @@ def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             # Sibling DART wheels are offered through --find-links so a package gets its declared DART
             # dependencies (always dart-protocol) from the same build, and nothing else of the workspace.
             python = str(venv / "bin" / "python")
-            install = [_uv(), "pip", "install", "-q", "--python", python, "--find-links", str(wheels)]
+            # The DART wheels are rebuilt every run under the same version: --refresh-package keeps uv from
+            # installing an older build of them from its cache.
+            fresh = [arg for pkg in PACKAGES for arg in ("--refresh-package", pkg)]
+            install = [_uv(), "pip", "install", "-q", "--python", python, "--find-links", str(wheels), *fresh]
             subprocess.run([*install, str(_wheel(wheels, name))], check=True, cwd=venv)
             venvs[name] = venv
         return venvs[name]
