@@ -129,7 +129,7 @@ def resolve_runner(runner: RunnerConfig, model_path: str | Path | None) -> Runne
     if model_path is None:
         raise ConfigError("runner", "image_size", "image_size 'model' needs min_pixels/max_pixels or a checkpoint")
     rule = ResizeRule.of_checkpoint(model_path, max_pixels=runner.max_pixels)
-    low = runner.min_pixels if runner.min_pixels is not None else min(rule.min_pixels, rule.max_pixels)
+    low = runner.min_pixels if runner.min_pixels is not None else rule.min_pixels  # a ResizeRule keeps min <= max
     return runner.model_copy(update={"min_pixels": low, "max_pixels": rule.max_pixels, "patch_factor": rule.factor})
 
 
