@@ -186,6 +186,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             cwd=REPO,
             timeout=2400,
         )
+    # The wheels the images were built from (~4 GB) are not needed again here.
+    shutil.rmtree(REPO / "deploy" / "build", ignore_errors=True)
     assert built.returncode == 0, build_log.read_text()[-4000:]
     stack = Stack(workdir)
     stack.compose("down", "--volumes", "--remove-orphans", check=False)  # leftovers of an interrupted run
@@ -195,6 +197,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         (workdir / "compose.log").write_text(stack.logs())
         stack.compose("down", "--volumes", "--remove-orphans", "--timeout", "30", check=False)
+        # The images this test built (~8 GB) go with it; the local base image stays for the next build.
+        images = [f"{name}:{TAG}" for name in ("dart", "dart-env", "dart-postgres", "dart-prometheus")]
+        subprocess.run(["docker", "image", "rm", "--force", *images], capture_output=True, check=False)
 
 
 async def _refused(config: BusConfig) -> str:
