@@ -56,6 +56,8 @@ def test_a_1080p_run_completes_with_nothing_lost(run_1080p: tuple[dict[str, Any]
     assert 0 < summary["largest_trajectory_message_bytes"] < 1024 * 1024
     assert summary["store_uri"] == "s3://dart/artifacts"
     assert summary["store_bytes"] > 0 and summary["store_objects"] > 0
+    by_kind = summary["store_bytes_by_kind"]
+    assert sum(by_kind.values()) == summary["store_bytes"] and by_kind["weights"] == summary["store_weights_bytes"]
     assert not (run_dir / "artifacts").exists()  # nothing went to the local store
     # validation.at_start is off: only the final version was evaluated, on the whole held-out split.
     assert [(h["version"], h["n"]) for h in summary["heldout"]] == [(summary["versions_published"], 32)]

@@ -382,8 +382,9 @@ S3_ACCESS_ENV, S3_SECRET_ENV = "DART_S3_ACCESS_KEY", "DART_S3_SECRET_KEY"
 
 
 def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[str, Any]:
-    """The store's size when the run ends: ``store_uri``, ``store_bytes``, ``store_objects`` and
-    ``store_weights_bytes`` (published weights, after retention)."""
+    """The store's size when the run ends: ``store_uri``, ``store_bytes``, ``store_objects``,
+    ``store_weights_bytes`` (published weights, after retention) and ``store_bytes_by_kind`` (bytes per
+    top-level prefix: ``weights``, ``screenshots``, ``trajectories``, ...)."""
     from dart.protocol.errors import ConfigError, StoreError
     from dart.protocol.store import open_store
 
@@ -392,9 +393,14 @@ def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[st
             infos = list(store.list(""))
     except (StoreError, ConfigError) as exc:  # the summary is still written, naming the problem
         return {"store_uri": config.uri, "store_error": str(exc)}
+    by_kind: dict[str, int] = {}
+    for info in infos:
+        kind = info.key.split("/", 1)[0] if "/" in info.key else "(top level)"
+        by_kind[kind] = by_kind.get(kind, 0) + info.size
     return {
         "store_uri": config.uri,
         "store_bytes": sum(i.size for i in infos),
+        "store_bytes_by_kind": dict(sorted(by_kind.items())),
         "store_objects": len(infos),
         "store_weights_bytes": sum(i.size for i in infos if i.key.startswith(weights_prefix.strip("/") + "/")),
     }
