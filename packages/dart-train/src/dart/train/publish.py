@@ -9,8 +9,9 @@ Layout in the store (``prefix`` defaults to ``weights``; see :mod:`dart.protocol
 
 Tensors are named as ``model.state_dict()`` names them and written in the publish dtype (floating-point
 tensors cast to it; by default the dtype the trainer holds, ``train.dtype``). Each shard is streamed into
-the store as it is serialized, and the store hashes the bytes as they pass: no shard is staged on disk or
-read back. The manifest is written last, so a version whose manifest is readable is complete.
+the store as it is serialized and hashed as it passes (one pass over the bytes; the manifest holds the
+digests): no shard is staged on disk or read back. The manifest is written last, so a version whose
+manifest is readable is complete.
 
 A :class:`~dart.protocol.messages.ModelVersion` naming the entry file (the one shard, or the index) and the
 manifest is then published on the ``model`` stream (msg id ``model-v<version>``, so a retried publish is
@@ -21,10 +22,12 @@ which the engines' sync controllers watch.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -103,12 +106,18 @@ class WeightPublisher:
         for i, names in enumerate(plan, start=1):
             name = shard_name(i, len(plan))
             stream = shard_stream(weights, names, dtype, metadata)
-            # The store hashes the bytes as they stream in; its record is the shard's digest.
+            # Hashed here as the bytes stream into the store, and recorded in the manifest (the record of
+            # a version's digests). The store is not asked to record it: an S3 store can attach a digest
+            # known only after the upload by a server-side copy of the whole object, a second write.
+            digest = hashlib.sha256()
             info = self.store.put_stream(
-                self.key(version, name), stream.chunks, size=stream.size, content_type="application/octet-stream"
+                self.key(version, name),
+                _hashed(stream.chunks, digest),
+                size=stream.size,
+                content_type="application/octet-stream",
+                sha256=False,
             )
-            assert info.sha256 is not None  # put_stream records the digest by default
-            shards.append(WeightShard(name=name, uri=info.uri, size_bytes=info.size, sha256=info.sha256))
+            shards.append(WeightShard(name=name, uri=info.uri, size_bytes=info.size, sha256=digest.hexdigest()))
         entry_uri, entry_sha256 = shards[0].uri, shards[0].sha256
         if len(shards) > 1:
             index = {
@@ -190,6 +199,12 @@ class WeightPublisher:
         model = await asyncio.to_thread(self.save, weights, version, trainer_step=trainer_step, base_model=base_model)
         await self.announce(model)
         return model
+
+
+def _hashed(chunks: Iterator[bytes], digest: hashlib._Hash) -> Iterator[bytes]:
+    for chunk in chunks:
+        digest.update(chunk)
+        yield chunk
 
 
 def weights_file(model: ModelVersion) -> Path:

@@ -7,9 +7,12 @@ is fetched from its manifest::
 
     read manifest (manifest_uri) -> it must describe the announced version and index (uri, sha256, count)
       -> the version's directory: file:// the store's own (read in place); s3:// cache_dir/v<N>-<sha>/
-         (the index and each shard downloaded once per host)
-      -> verify the index against the announced sha256, its files against the manifest's shards,
-         and each shard against its sha256 in the manifest
+         (the index and each shard downloaded once per host, FETCH_CONCURRENCY shards at a time, each
+         hashed as it is written and kept only if its digest is the manifest's; a failed transfer is
+         retried FETCH_ATTEMPTS times; a file already downloaded is hashed again and dropped if it changed)
+      -> verify the index against the announced sha256, its files against the manifest's shards, and
+         each shard read in place against its sha256 in the manifest (concurrently: hashing releases
+         the GIL)
       -> the directory (index + shards) goes to the engines, which stage it by hard link (vLLM)
          or read it (hf)
 
@@ -21,8 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import tempfile
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from pydantic import ValidationError
@@ -34,6 +40,12 @@ from dart.protocol.weights import INDEX_NAME, WeightManifest, read_index
 from dart.rollout.errors import WeightFetchError
 
 _CHUNK = 1 << 20
+FETCH_CONCURRENCY = 4
+"""Shards of a version downloaded at a time by one host."""
+FETCH_ATTEMPTS = 3
+"""Tries per shard transfer (the store's own timeouts bound each)."""
+FETCH_CHUNK = 8 << 20
+"""Bytes per read of a downloaded shard."""
 
 
 def _sha256_file(path: Path) -> str | None:
@@ -106,15 +118,27 @@ async def _fetch_sharded(version: ModelVersion, store_config: StoreConfig | None
     except ValueError as exc:
         raise WeightFetchError(version.uri, version.version, str(exc)) from None
     directory = local.parent if local is not None else cache / f"v{version.version}-{version.sha256[:16]}"
+    expected = {INDEX_NAME: version.sha256} | {s.name: s.sha256 for s in manifest.shards}
     sources = {INDEX_NAME: version.uri} | {s.name: s.uri for s in manifest.shards}
-    for name, uri in sources.items():
-        path = directory / name
-        if local is not None:
-            if not uri.startswith("file:") or _local_path(uri) != path:  # read in place: all in one directory
+    if local is not None:
+        for name, uri in sources.items():
+            if not uri.startswith("file:") or _local_path(uri) != directory / name:  # read in place: one directory
                 raise WeightFetchError(uri, version.version, f"the manifest places {name} outside {directory}")
-        elif not path.is_file():
-            await _download(version, uri, path, store_config)
-    await _verify(version, directory / INDEX_NAME, version.sha256)
+        await _verify(version, directory / INDEX_NAME, version.sha256)
+    else:
+        gate = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+        async def fetch(name: str) -> None:
+            async with gate:
+                await _download_verified(version, sources[name], directory / name, expected[name], store_config)
+
+        # A file already there was verified when it was downloaded; it is checked again (and dropped if it
+        # changed on disk since), the rest are downloaded.
+        cached = {name for name in sources if (directory / name).is_file()}
+        await _all(
+            _verify(version, directory / name, expected[name], drop_bad=True) if name in cached else fetch(name)
+            for name in sources
+        )
     try:
         files = set((await asyncio.to_thread(read_index, directory / INDEX_NAME)).values())
     except (OSError, ValueError) as exc:
@@ -122,9 +146,19 @@ async def _fetch_sharded(version: ModelVersion, store_config: StoreConfig | None
     if files != {s.name for s in manifest.shards}:
         detail = f"the index names shards {sorted(files)}, the manifest {[s.name for s in manifest.shards]}"
         raise WeightFetchError(version.uri, version.version, detail)
-    for shard in manifest.shards:
-        await _verify(version, directory / shard.name, shard.sha256, drop_bad=local is None)
+    if local is not None:
+        await _all(_verify(version, directory / shard.name, shard.sha256) for shard in manifest.shards)
     return directory
+
+
+async def _all(jobs: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run ``jobs`` concurrently; the first failure cancels the rest and is raised (not as a group)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for job in jobs:
+                group.create_task(job)
+    except* WeightFetchError as failed:
+        raise failed.exceptions[0] from None
 
 
 async def _read_manifest(version: ModelVersion, uri: str, store_config: StoreConfig | None) -> WeightManifest:
@@ -170,3 +204,37 @@ async def _download(version: ModelVersion, uri: str, path: Path, store_config: S
         await asyncio.to_thread(download)
     except (StoreError, ConfigError) as exc:
         raise WeightFetchError(uri, version.version, str(exc)) from exc
+
+
+async def _download_verified(
+    version: ModelVersion, uri: str, path: Path, expected: str, store_config: StoreConfig | None
+) -> None:
+    """Download ``uri`` to ``path``, hashing the bytes as they are written; the file appears only when its
+    sha256 is ``expected``. A failed transfer is retried (FETCH_ATTEMPTS in all); a wrong digest is not."""
+
+    def download() -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".dart-tmp-{path.name}")
+        digest = hashlib.sha256()
+        store, key = resolve_uri(uri, store_config)
+        try:
+            with store, store.get_stream(key, verify=False, chunk_size=FETCH_CHUNK) as stream, tmp.open("wb") as out:
+                for chunk in stream:
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() == expected:
+                os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return digest.hexdigest()
+
+    for attempt in range(1, FETCH_ATTEMPTS + 1):
+        try:
+            actual = await asyncio.to_thread(download)
+            break
+        except (StoreError, ConfigError, OSError) as exc:
+            if attempt == FETCH_ATTEMPTS or isinstance(exc, ConfigError):
+                raise WeightFetchError(uri, version.version, f"{type(exc).__name__}: {exc}") from exc
+            await asyncio.sleep(0.5 * attempt)
+    if actual != expected:
+        raise WeightFetchError(uri, version.version, f"{path.name}: sha256 is {actual}, expected {expected}")
