@@ -5,7 +5,8 @@ For each model shape a random checkpoint of that shape is written (``dart model 
 loaded as the trainer holds it (``model.state_dict()``, tied aliases included) and published as version 1
 through DART's own path, once per store:
 
-    gather          the state dict as CPU tensors (one process here: the FSDP/megatron gathers are not in it)
+    gather          the state dict as CPU tensors (one process: a copy from the GPU with --device cuda, nothing
+                    on the CPU; the FSDP/megatron gathers across ranks are not in it)
     publish         serialize + hash + upload: WeightPublisher.save, shards streamed into the store
     fetch+verify    fetch_weights: the manifest, each shard downloaded (s3) or read in place (local), sha256
     stage           the engine's hard links of every shard and the index (vllm; the hf engine reads in place)
@@ -21,14 +22,16 @@ share; and the raw limit of the same bytes: ``raw_s`` = a plain copy of the shar
 per version (``publish.shard_mib`` above the model, ``publish.dtype: float32``) on the local store.
 
 Shapes: ``tiny`` (the test policy), ``1.5b`` (Qwen2.5-VL-3B's widths and vision tower, 8 of its 36 decoder
-layers: 1.6B parameters) and ``3b`` (Qwen2.5-VL-3B: 3.75B). One engine per run (a 3B vLLM server holds
-11.5 GiB on CPU): ``--engine vllm`` (the default where the vLLM environment exists) serves bf16, ``hf``
-float32 (it does not fit at 3b on a 24 GiB machine), ``none`` stops after staging.
+layers: 1.6B parameters), ``3b`` (Qwen2.5-VL-3B: 3.75B) and ``7b`` (Qwen2.5-VL-7B, for a GPU machine).
+One engine per run (a 3B vLLM server holds 11.5 GiB on CPU): ``--engine vllm`` (the default where the
+vLLM environment exists) serves bf16, ``hf`` float32 on the CPU (it does not fit at 3b on a 24 GiB
+machine) and bf16 on a GPU, ``none`` stops after the fetch.
 
 Usage::
 
     uv run python benchmarks/weight_sync.py --quick                 # tiny and 1.5b, local and s3
     uv run python benchmarks/weight_sync.py --shapes 3b --before    # the 3B shape, with the fp32 baseline
+    bash scripts/gpu-check.sh bench benchmarks/weight_sync.py --shapes 7b --stores local --engine hf --device cuda
 
 The last line is one JSON object: ``{"results": [{"shape", "store", "end_to_end_s", "raw_s",
 "ratio_to_raw", ...}], "largest_shape_ratio_to_raw": ...}``.
@@ -48,7 +51,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +64,8 @@ SHARD_MIB = 2048.0
 def _arch(shape: str) -> Any:
     from dart.rollout.model.architectures import get_architecture
 
-    if shape == "3b":
-        return get_architecture("qwen2.5-vl-3b")
+    if shape in ("3b", "7b"):
+        return get_architecture(f"qwen2.5-vl-{shape}")
     if shape == "1.5b":
         return get_architecture("qwen2.5-vl-3b").cut(layers=8)
     raise ValueError(shape)
@@ -80,13 +83,13 @@ def write_shape(shape: str, path: Path) -> None:
         write_checkpoint(path, _arch(shape), dtype="bfloat16")
 
 
-def trainer_state(checkpoint: Path) -> dict[str, Any]:
-    """What the trainer holds: the model's ``state_dict()`` in bf16 (tied aliases included)."""
+def trainer_state(checkpoint: Path, device: str) -> dict[str, Any]:
+    """What the trainer holds: the model's ``state_dict()`` in bf16 on ``device`` (tied aliases included)."""
     import torch
 
     from dart.rollout.model.loading import load_policy
 
-    model, _ = load_policy(str(checkpoint), dtype=torch.bfloat16)
+    model, _ = load_policy(str(checkpoint), dtype=torch.bfloat16, device=device)
     state = model.state_dict()
     # A version must differ from what the engine serves: one small tensor moves.
     name = next(n for n, t in state.items() if t.is_floating_point() and t.numel() > 1)
@@ -122,15 +125,18 @@ def _timer(into: dict[str, float], name: str) -> Iterator[None]:
 class Engine:
     """One engine of the kind asked, started on the checkpoint (not timed)."""
 
-    def __init__(self, kind: str, checkpoint: Path, workdir: Path) -> None:
-        self.kind, self.checkpoint, self.workdir = kind, checkpoint, workdir
+    def __init__(self, kind: str, checkpoint: Path, workdir: Path, device: str) -> None:
+        self.kind, self.checkpoint, self.workdir, self.device = kind, checkpoint, workdir, device
         self.engine: Any = None
 
     async def start(self) -> None:
         if self.kind == "hf":
             from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 
-            config = HFEngineConfig(model_path=str(self.checkpoint), num_threads=2, batch_wait_s=0.0)
+            dtype = "float32" if self.device == "cpu" else "bfloat16"  # the hf engine's CPU default
+            config = HFEngineConfig(
+                model_path=str(self.checkpoint), num_threads=2, batch_wait_s=0.0, device=self.device, dtype=dtype
+            )
             self.engine = await HFEngine.start(config)
         elif self.kind == "vllm":
             from dart.rollout.engine.vllm import VLLMEngine
@@ -265,9 +271,9 @@ async def run_shape(shape: str, args: argparse.Namespace, work: Path, server: An
     started = time.perf_counter()
     await asyncio.to_thread(write_shape, shape, checkpoint)
     print(f"[{shape}] checkpoint written in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
-    state = await asyncio.to_thread(trainer_state, checkpoint)
+    state = await asyncio.to_thread(trainer_state, checkpoint, args.device)
     params = sum(t.numel() for t in {id(t): t for t in state.values()}.values())
-    engine = Engine(args.engine, checkpoint, work)
+    engine = Engine(args.engine, checkpoint, work, args.device)
     rows = []
     try:
         started = time.perf_counter()
@@ -307,17 +313,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="dart-weight-sync-", dir=args.workdir))
     rows: list[dict[str, Any]] = []
     try:
-        with EmbeddedS3(data_dir=work / "s3") as server:
+        with EmbeddedS3(data_dir=work / "s3") if "s3" in args.stores else nullcontext() as server:
             for shape in args.shapes:
                 rows += await run_shape(shape, args, work, server)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(_table(rows))
     largest = args.shapes[-1]
+    import torch
+
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     ratios = [r["ratio_to_raw"] for r in rows if r["shape"] == largest and "path" not in r and r["ratio_to_raw"]]
     return {
         "results": rows,
         "engine": args.engine,
+        "device": device,
         "largest_shape": largest,
         "largest_shape_ratio_to_raw": max(ratios) if ratios else None,
     }
@@ -325,11 +335,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", choices=["tiny", "1.5b", "3b"], default=["tiny", "1.5b", "3b"])
+    parser.add_argument("--shapes", nargs="+", choices=["tiny", "1.5b", "3b", "7b"], default=["tiny", "1.5b", "3b"])
     parser.add_argument("--stores", nargs="+", choices=["local", "s3"], default=["local", "s3"])
     parser.add_argument("--quick", action="store_true", help="the tiny and the 1.5b shapes only")
     parser.add_argument("--before", action="store_true", help="also the one-fp32-file path, local store")
     parser.add_argument("--engine", choices=["vllm", "hf", "none"], default="vllm" if VLLM_PYTHON.is_file() else "hf")
+    parser.add_argument(
+        "--device", default="cpu", help="where the trainer's state dict and the hf engine live (cuda on a GPU machine)"
+    )
     parser.add_argument("--shard-mib", type=float, default=SHARD_MIB, help="shard size of the bf16 runs, MiB")
     parser.add_argument("--workdir", default=None, help="where checkpoints, stores and copies go (default: TMPDIR)")
     args = parser.parse_args()

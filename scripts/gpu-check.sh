@@ -19,6 +19,8 @@
 #   needed), puts the wheels' executables (nats-server) on PATH, then runs
 #   `python benchmarks/gpu_check.py --out $OUT/gpu_check.json` with the remaining arguments
 #   (OUT defaults to /tmp). $PYTHON picks the interpreter (default python3).
+# bench SCRIPT [options]: the same set-up, then another benchmark script, e.g.
+#   `bench benchmarks/weight_sync.py --shapes 7b --stores local --engine hf --device cuda`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -105,7 +107,7 @@ torchvision==${TORCHVISION:-0.26.0}"
   echo "$(ls "$WHEELS" | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1) in $WHEELS"
 }
 
-run() {
+setup() {
   local site="${GPU_CHECK_SITE:-/tmp/gpu-check-site}"
   "$PYTHON" -m pip install --quiet --upgrade --no-index --no-deps --target "$site" "$WHEELS"/*.whl
   local path="$site"
@@ -113,14 +115,26 @@ run() {
   export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
   export PATH="$site/bin:$PATH"
   export HF_HUB_OFFLINE=1
+  cd "$ROOT"
+}
+
+run() {
+  setup
   local out="${OUT:-/tmp}"
   mkdir -p "$out"
-  cd "$ROOT"
   exec "$PYTHON" benchmarks/gpu_check.py --out "$out/gpu_check.json" "$@"
+}
+
+bench() {
+  local script="${1:?usage: $0 bench SCRIPT [options]}"
+  shift
+  setup
+  exec "$PYTHON" "$script" "$@"
 }
 
 case "${1:-}" in
   prepare) shift; prepare "$@" ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 prepare [--python-version X.Y] | run [gpu_check.py options]" >&2; exit 2 ;;
+  bench) shift; bench "$@" ;;
+  *) echo "usage: $0 prepare [--python-version X.Y] | run [gpu_check.py options] | bench SCRIPT [options]" >&2; exit 2 ;;
 esac
