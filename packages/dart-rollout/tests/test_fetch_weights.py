@@ -3,6 +3,7 @@ before any engine loads them, and staged so that what an engine serves survives 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ async def test_s3_weights_are_downloaded_once_and_verified(
     s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = _s3_store(s3_server, "weights-test", monkeypatch)
-    info = store.put("weights/v3/model.safetensors", PAYLOAD)
+    info = await asyncio.to_thread(store.put, "weights/v3/model.safetensors", PAYLOAD)
     config = StoreConfig(uri="s3://weights-test", endpoint=s3_server.endpoint, secure=False)
     sha = hashlib.sha256(PAYLOAD).hexdigest()
     path = await fetch_weights(_version(info.uri, sha), store_config=config, cache_dir=tmp_path)
@@ -113,7 +114,7 @@ async def test_a_corrupt_or_missing_shard_is_refused_and_the_previous_version_ke
     store = LocalStore(tmp_path / "artifacts", fsync=False)
     publisher = WeightPublisher(store, config=PublishConfig(shard_mib=_shard_mib(policy_state, 3)))
     v1_state = _perturbed(policy_state, 1)
-    v1 = publisher.save(v1_state, 1, trainer_step=1, base_model="tiny")
+    v1 = await asyncio.to_thread(publisher.save, v1_state, 1, trainer_step=1, base_model="tiny")
     engine = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), batch_wait_s=0.0, num_threads=2))
     sync = WeightSyncController({"e": engine}, SyncConfig(cache_dir=str(tmp_path / "cache")))
     try:
@@ -121,14 +122,14 @@ async def test_a_corrupt_or_missing_shard_is_refused_and_the_previous_version_ke
         name = next(n for n, t in v1_state.items() if t.numel() > 1)
         assert torch.equal(engine.model.state_dict()[name], v1_state[name])
 
-        v2 = publisher.save(_perturbed(policy_state, 2), 2, trainer_step=2, base_model="tiny")
+        v2 = await asyncio.to_thread(publisher.save, _perturbed(policy_state, 2), 2, trainer_step=2, base_model="tiny")
         shard = store.path(f"weights/v2/model-00002-of-{v2.shards:05d}.safetensors")
         data = bytearray(shard.read_bytes())
         data[-1] ^= 0xFF  # the same size, one tensor byte changed
         shard.write_bytes(bytes(data))
         with pytest.raises(WeightFetchError, match="model-00002-of-.*sha256 is"):
             await sync.apply(v2)
-        v3 = publisher.save(_perturbed(policy_state, 3), 3, trainer_step=3, base_model="tiny")
+        v3 = await asyncio.to_thread(publisher.save, _perturbed(policy_state, 3), 3, trainer_step=3, base_model="tiny")
         store.path(f"weights/v3/model-00001-of-{v3.shards:05d}.safetensors").unlink()
         with pytest.raises(WeightFetchError, match="is not a file"):
             await sync.apply(v3)
@@ -150,11 +151,12 @@ async def test_a_sharded_s3_version_is_downloaded_once_and_a_bad_download_is_fet
 ) -> None:
     store = _s3_store(s3_server, "sharded-test", monkeypatch)
     publisher = WeightPublisher(store, config=PublishConfig(shard_mib=_shard_mib(policy_state, 2)))
-    model = publisher.save(policy_state, 5, trainer_step=5, base_model="tiny")
+    # Off the event loop, as the trainer service publishes (S3 writes of a few MB take a while).
+    model = await asyncio.to_thread(publisher.save, policy_state, 5, trainer_step=5, base_model="tiny")
     config = StoreConfig(uri="s3://sharded-test", endpoint=s3_server.endpoint, secure=False)
     cache = tmp_path / "cache"
     directory = await fetch_weights(model, store_config=config, cache_dir=cache)
-    manifest = WeightManifest.model_validate_json(store.get("weights/v5/manifest.json"))
+    manifest = WeightManifest.model_validate_json(await asyncio.to_thread(store.get, "weights/v5/manifest.json"))
     names = [s.name for s in manifest.shards]
     assert directory.parent == cache and len(names) == model.shards >= 2
     assert sorted(p.name for p in directory.iterdir()) == sorted([*names, "model.safetensors.index.json"])

@@ -175,6 +175,9 @@ class PublishConfig(ConfigModel):
     """Dtype floating-point tensors are published in; None publishes them as the trainer holds them
     (``train.dtype``, float32 under fsdp). Set it to the engines' dtype (bfloat16 for engines serving
     bf16) to halve what each version writes and fetches."""
+    concurrency: int = Field(default=2, ge=1)
+    """Shards serialized, hashed and written at a time (each on its own thread: hashing and writing
+    release the GIL, so a version of several shards uses that many cores)."""
 
 
 class TrainerConfig(ConfigModel):

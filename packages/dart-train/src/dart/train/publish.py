@@ -10,8 +10,8 @@ Layout in the store (``prefix`` defaults to ``weights``; see :mod:`dart.protocol
 Tensors are named as ``model.state_dict()`` names them and written in the publish dtype (floating-point
 tensors cast to it; by default the dtype the trainer holds, ``train.dtype``). Each shard is streamed into
 the store as it is serialized and hashed as it passes (one pass over the bytes; the manifest holds the
-digests): no shard is staged on disk or read back. The manifest is written last, so a version whose
-manifest is readable is complete.
+digests), ``publish.concurrency`` shards at a time: no shard is staged on disk or read back. The
+manifest is written last, so a version whose manifest is readable is complete.
 
 A :class:`~dart.protocol.messages.ModelVersion` naming the entry file (the one shard, or the index) and the
 manifest is then published on the ``model`` stream (msg id ``model-v<version>``, so a retried publish is
@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -102,8 +103,8 @@ class WeightPublisher:
         dtype = getattr(torch, self.config.dtype) if self.config.dtype else None
         plan = plan_shards(weights, int(self.config.shard_mib * _MIB), dtype)
         metadata = {"format": "pt", "dart_version": str(version)}
-        shards = []
-        for i, names in enumerate(plan, start=1):
+
+        def write(i: int, names: list[str]) -> WeightShard:
             name = shard_name(i, len(plan))
             stream = shard_stream(weights, names, dtype, metadata)
             # Hashed here as the bytes stream into the store, and recorded in the manifest (the record of
@@ -117,7 +118,11 @@ class WeightPublisher:
                 content_type="application/octet-stream",
                 sha256=False,
             )
-            shards.append(WeightShard(name=name, uri=info.uri, size_bytes=info.size, sha256=digest.hexdigest()))
+            return WeightShard(name=name, uri=info.uri, size_bytes=info.size, sha256=digest.hexdigest())
+
+        workers = min(self.config.concurrency, len(plan))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="publish") as pool:
+            shards = list(pool.map(write, range(1, len(plan) + 1), plan))
         entry_uri, entry_sha256 = shards[0].uri, shards[0].sha256
         if len(shards) > 1:
             index = {

@@ -129,7 +129,7 @@ class LocalStore(ArtifactStore):
         path = self.path(key)
         expected, record, meta, ctype = check_put_args(sha256, metadata, content_type)
         chunk = check_part_size(part_size, DEFAULT_PART_SIZE)
-        source = HashingReader(reader)
+        source = HashingReader(reader, hashing=record or expected is not None)
         uri = file_uri(path)
         tmp = path.with_name(f"{_TMP_PREFIX}{uuid.uuid4().hex}")
         sidecar_tmp: Path | None = None
@@ -138,14 +138,16 @@ class LocalStore(ArtifactStore):
                 while data := source.read(chunk):
                     out.write(data)
                 self._flush(out)
-            digest = source.hexdigest()
+            digest = source.hexdigest() if record or expected is not None else None
             # os.replace keeps inode and mtime: readers use these to tell which file version the
             # sidecar was written for.
             written = tmp.stat()
             if size is not None and source.size != size:
                 raise StoreError(f"stream for {uri} yielded {source.size} bytes, but size={size} was given")
-            if expected is not None and digest != expected:
-                raise IntegrityError(uri, expected, digest)
+            if expected is not None:
+                assert digest is not None  # hashed whenever a digest is expected
+                if digest != expected:
+                    raise IntegrityError(uri, expected, digest)
             record_doc = {
                 "version": _SIDECAR_VERSION,
                 "sha256": digest if record else None,

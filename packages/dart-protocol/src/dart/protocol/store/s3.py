@@ -211,7 +211,7 @@ class S3Store(ArtifactStore):
         part = check_part_size(part_size, self.part_size)
         if size is not None and size < 0:
             raise ValueError(f"size must be >= 0 or None, got {size}")
-        source = HashingReader(reader)
+        source = HashingReader(reader, hashing=record or expected is not None)
         self._ensure_bucket()
         if expected is None and record:
             # One part's worth tells whether the digest can be known before a single upload.
