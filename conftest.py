@@ -148,6 +148,15 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
     return run
 
 
+@pytest.fixture(scope="session")
+def smoke_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path]:
+    """`dart run examples/smoke-1080p.yaml` with `run.artifacts: embedded_s3`: the smoke pipeline at
+    1920x1080, screenshots by reference through an S3 store. One run serves tests/test_e2e_run.py (the
+    decoupled services at work) and tests/test_e2e_1080p.py (the 1080p and S3 paths)."""
+    config = Path(__file__).resolve().parent / "examples" / "smoke-1080p.yaml"
+    return dart_run(config, env={"DART_RUN__ARTIFACTS": "embedded_s3"})
+
+
 def _loopback_only_connect(self: socket.socket, address: Any) -> Any:
     if self.family in (socket.AF_INET, socket.AF_INET6):
         host = address[0]

@@ -6,7 +6,7 @@ reads the run's weights and trajectories with the layout docs/storage.md gives."
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def run_1080p(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path]:
-    return dart_run(ROOT / "examples" / "smoke-1080p.yaml", env={"DART_RUN__ARTIFACTS": "embedded_s3"})
+def run_1080p(smoke_run: tuple[dict[str, Any], Path]) -> tuple[dict[str, Any], Path]:
+    """The session's smoke run (root conftest): this one, shared with tests/test_e2e_run.py."""
+    return smoke_run
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,8 @@ def test_a_1080p_run_completes_with_nothing_lost(run_1080p: tuple[dict[str, Any]
     by_kind = summary["store_bytes_by_kind"]
     assert sum(by_kind.values()) == summary["store_bytes"] and by_kind["weights"] == summary["store_weights_bytes"]
     assert not (run_dir / "artifacts").exists()  # nothing went to the local store
-    # validation.at_start is off: only the final version was evaluated, on the whole held-out split.
-    assert [(h["version"], h["n"]) for h in summary["heldout"]] == [(summary["versions_published"], 32)]
+    # Version 0 and the final version were evaluated on the whole held-out split, at 1080p too.
+    assert [(h["version"], h["n"]) for h in summary["heldout"]] == [(0, 32), (summary["versions_published"], 32)]
 
 
 def test_a_plain_s3_client_reads_the_runs_weights_and_trajectories(

@@ -1,5 +1,7 @@
-"""End to end: `dart run examples/smoke.yaml` runs the four services as separate `dart serve`
-processes against one nats-server, and its own records show the decoupled system working."""
+"""End to end: `dart run examples/smoke-1080p.yaml` (the smoke pipeline at 1920x1080 on an S3 store; the
+run is shared with tests/test_e2e_1080p.py, see the root conftest's ``smoke_run``) runs the four services
+as separate `dart serve` processes against one nats-server, and its own records show the decoupled system
+working."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,6 @@ from dart.protocol.telemetry import read_jsonl
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def smoke_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path]:
-    return dart_run(ROOT / "examples" / "smoke.yaml")
 
 
 def test_summary_shows_training_and_no_loss(smoke_run: tuple[dict[str, Any], Path]) -> None:
