@@ -63,6 +63,7 @@ async def test_s3_weights_are_downloaded_once_and_verified(
     assert path.stat().st_mtime_ns == mtime
     with pytest.raises(WeightFetchError, match="sha256"):
         await fetch_weights(_version(info.uri, "0" * 64), store_config=config, cache_dir=tmp_path / "other")
+    assert not [p for p in (tmp_path / "other").rglob("*") if p.is_file()]  # nothing unverified is kept
     with pytest.raises(WeightFetchError):
         await fetch_weights(
             _version("s3://weights-test/weights/v9/none.safetensors", sha, 9), store_config=config, cache_dir=tmp_path

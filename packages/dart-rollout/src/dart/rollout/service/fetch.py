@@ -1,9 +1,9 @@
 """Fetching a published weight version for the engines: the one place that resolves weight URIs.
 
-A one-shard version is a single safetensors file: its ``file://`` path is used in place, an ``s3://`` one
-is downloaded into the cache directory once per host; either way its sha256 is checked against the
-announcement. A sharded version (``ModelVersion.shards > 1``, layout in :mod:`dart.protocol.weights`)
-is fetched from its manifest::
+A one-shard version is a single safetensors file: its ``file://`` path is used in place and hashed, an
+``s3://`` one is downloaded into the cache directory once per host, hashed as it is written and kept only
+when its sha256 is the announcement's. A sharded version (``ModelVersion.shards > 1``, layout in
+:mod:`dart.protocol.weights`) is fetched from its manifest::
 
     read manifest (manifest_uri) -> it must describe the announced version and index (uri, sha256, count)
       -> the version's directory: file:// the store's own (read in place); s3:// cache_dir/v<N>-<sha>/
@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlparse
 
 from pydantic import ValidationError
 
-from dart.protocol.errors import ConfigError, StoreError
+from dart.protocol.errors import ArtifactNotFoundError, ConfigError, StoreAuthError, StoreError
 from dart.protocol.messages import ModelVersion
 from dart.protocol.store import StoreConfig, resolve_uri
 from dart.protocol.weights import INDEX_NAME, WeightManifest, read_index
@@ -101,12 +101,13 @@ async def fetch_weights(
     except ValueError as exc:
         raise WeightFetchError(version.uri, version.version, str(exc)) from None
     if local is not None:
-        path = local
+        await _verify(version, local, version.sha256)
+        return local
+    path = _cache_root(cache_dir) / f"v{version.version}-{version.sha256[:16]}.safetensors"
+    if path.is_file():  # verified when downloaded; hashed again, and dropped if it changed on disk since
+        await _verify(version, path, version.sha256, drop_bad=True)
     else:
-        path = _cache_root(cache_dir) / f"v{version.version}-{version.sha256[:16]}.safetensors"
-        if not path.is_file():
-            await _download(version, version.uri, path, store_config)
-    await _verify(version, path, version.sha256)
+        await _download_verified(version, version.uri, path, version.sha256, store_config)
     return path
 
 
@@ -193,19 +194,6 @@ async def _verify(version: ModelVersion, path: Path, expected: str, *, drop_bad:
         raise WeightFetchError(version.uri, version.version, f"{path.name}: sha256 is {actual}, expected {expected}")
 
 
-async def _download(version: ModelVersion, uri: str, path: Path, store_config: StoreConfig | None) -> None:
-    def download() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        store, key = resolve_uri(uri, store_config)
-        with store:
-            store.get_to_file(key, path)
-
-    try:
-        await asyncio.to_thread(download)
-    except (StoreError, ConfigError) as exc:
-        raise WeightFetchError(uri, version.version, str(exc)) from exc
-
-
 async def _download_verified(
     version: ModelVersion, uri: str, path: Path, expected: str, store_config: StoreConfig | None
 ) -> None:
@@ -233,7 +221,8 @@ async def _download_verified(
             actual = await asyncio.to_thread(download)
             break
         except (StoreError, ConfigError, OSError) as exc:
-            if attempt == FETCH_ATTEMPTS or isinstance(exc, ConfigError):
+            # A missing object or refused credentials stay so: only transfer failures are retried.
+            if attempt == FETCH_ATTEMPTS or isinstance(exc, ConfigError | ArtifactNotFoundError | StoreAuthError):
                 raise WeightFetchError(uri, version.version, f"{type(exc).__name__}: {exc}") from exc
             await asyncio.sleep(0.5 * attempt)
     if actual != expected:
