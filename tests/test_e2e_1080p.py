@@ -6,6 +6,7 @@ reads the run's weights and trajectories with the layout docs/storage.md gives."
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,30 @@ def test_screenshots_went_by_reference_and_steps_record_what_was_fed(s3_client: 
         assert shot.uri.startswith("s3://dart/artifacts/screenshots/") and shot.uri.removeprefix("s3://dart/") in keys
         assert len(step.prompt_images) == 1  # max_images: 1
         assert all(isinstance(i, ImageRef) and (i.width, i.height) == (224, 224) for i in step.prompt_images)
+
+
+def test_retention_deleted_what_training_was_done_with_and_nothing_still_referenced(
+    run_1080p: tuple[dict[str, Any], Path], s3_client: Minio
+) -> None:
+    """smoke-1080p keeps one version and sweeps every 2 s: trajectories were pruned during the run; every
+    trajectory still stored is whole (its JSON and every image it refers to are there), every pruned one is
+    gone, and every index row is still there."""
+    summary, run_dir = run_1080p
+    deleted = summary["retention_deleted"]
+    assert deleted["trajectories"] > 0 and deleted["objects"] >= deleted["trajectories"] and deleted["bytes"] > 0
+    keys = {o.object_name for o in s3_client.list_objects("dart", prefix="artifacts/", recursive=True)}
+    with sqlite3.connect(run_dir / "data.sqlite3") as db:
+        rows = db.execute("SELECT trajectory_id, blob_key, pruned_at FROM trajectories").fetchall()
+    assert len(rows) == summary["trajectories_stored"]
+    pruned = [(tid, key) for tid, key, at in rows if at is not None]
+    kept = [(tid, key) for tid, key, at in rows if at is None]
+    assert len(pruned) == deleted["trajectories"] and kept
+    for tid, blob_key in pruned:
+        directory = "artifacts/" + blob_key.rsplit("/", 1)[0] + "/"
+        assert not any(k and k.startswith(directory) for k in keys), tid
+    for _, blob_key in kept:
+        assert f"artifacts/{blob_key}" in keys
+        trajectory = Trajectory.model_validate_json(_read(s3_client, f"artifacts/{blob_key}"))
+        for step in trajectory.steps:
+            for image in (step.observation.screenshot, *step.prompt_images):
+                assert isinstance(image, ImageRef) and image.uri.removeprefix("s3://dart/") in keys, image.uri

@@ -52,3 +52,15 @@ def test_heldout_summary_keys() -> None:
     gain = out["heldout_gain"]
     assert (gain["from_version"], gain["to_version"], gain["difference"]) == (0, 9, 0.5)
     assert 0 < gain["ci95"][0] < 0.5 < gain["ci95"][1] < 1
+
+
+def test_screenshot_retention_must_outlast_the_env_refresh() -> None:
+    with pytest.raises(
+        ValidationError, match=r"data.retention.image_grace_s \(600.0\) must exceed env.screenshot_refresh_s"
+    ):
+        RunConfig(data={"retention": {"image_grace_s": 600}}, env={"screenshot_refresh_s": 600})
+    with pytest.raises(ValidationError, match="data.retention.screenshot_prefix .* must be env.screenshot_prefix"):
+        RunConfig(env={"screenshot_prefix": "shots"})
+    # Both moved together, or retention off: accepted.
+    RunConfig(env={"screenshot_prefix": "shots"}, data={"retention": {"screenshot_prefix": "shots"}})
+    RunConfig(data={"retention": {"enabled": False, "image_grace_s": 1}}, env={"screenshot_refresh_s": 600})

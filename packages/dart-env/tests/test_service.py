@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -496,3 +497,38 @@ async def test_large_screenshots_travel_by_reference_stored_once(bus: Bus, tmp_p
         lease = await client.lease_eventually()
         assert isinstance((await client.reset(lease, task)).observation.screenshot, InlineImage)
         await client.release(lease)
+
+
+async def test_a_screenshot_handed_out_is_never_older_than_the_refresh_period(tmp_path: Path) -> None:
+    """Retention deletes unreferenced screenshots older than its grace period: the offload rewrites one it
+    would hand out once its last write is older than ``refresh_s``, whoever wrote it."""
+    from dart.env.service.screenshots import ScreenshotOffload
+    from dart.protocol.messages import ImageRef, InlineImage, Observation
+    from dart.protocol.store import LocalStore
+    from dart.protocol.testing import tiny_png
+
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    now = [time.time()]
+    offload = ScreenshotOffload(store, 0, refresh_s=600.0, clock=lambda: now[0])
+    shot = Observation(screenshot=InlineImage(png=tiny_png(5, 4), width=5, height=4))
+
+    first = (await offload.observation(shot)).screenshot
+    assert isinstance(first, ImageRef) and offload.stored == 1
+    key = first.uri.removeprefix(store.uri("k")[:-1])
+    written = store.stat(key).modified
+    assert written is not None
+
+    now[0] += 300  # within the period: handed out as it is, no write
+    assert (await offload.observation(shot)).screenshot == first and offload.stored == 1
+    now[0] += 400  # 700 s after the write: rewritten before it is handed out again
+    assert (await offload.observation(shot)).screenshot == first and offload.stored == 2
+    rewritten = store.stat(key).modified
+    assert rewritten is not None and rewritten >= written
+
+    # Another service (nothing remembered) finds it written "long ago" by its own clock: rewritten too;
+    # one that finds it freshly written hands it out as it is.
+    late = ScreenshotOffload(store, 0, refresh_s=600.0, clock=lambda: time.time() + 3600)
+    await late.observation(shot)
+    fresh = ScreenshotOffload(store, 0, refresh_s=600.0)
+    await fresh.observation(shot)
+    assert (late.stored, fresh.stored) == (1, 0)

@@ -112,6 +112,20 @@ class TrajectoryBlobs:
         )
         return StoredTrajectory(stored, key, info.uri)
 
+    def shared_image_keys(self, traj: Trajectory) -> list[str]:
+        """Keys in this store of the images a stored trajectory refers to outside its own directory
+        (screenshots the env service stored), each once; images in other stores are not listed."""
+        base = self.store.uri("probe")[: -len("probe")]
+        own = self.directory(traj.trajectory_id) + "/"
+        keys: dict[str, None] = {}
+        for step in traj.steps:
+            for image in (step.observation.screenshot, *step.prompt_images):
+                if isinstance(image, ImageRef) and image.uri.startswith(base):
+                    key = image.uri[len(base) :]
+                    if not key.startswith(own):
+                        keys[key] = None
+        return list(keys)
+
     def image_exists(self, ref: ImageRef) -> bool:
         """Whether an image reference names a stored object: in this store, or where its URI points."""
         base = self.store.uri("probe")[: -len("probe")]

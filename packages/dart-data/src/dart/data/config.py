@@ -152,6 +152,37 @@ class BatchingConfig(ConfigModel):
     """Added to the std before dividing."""
 
 
+class RetentionConfig(ConfigModel):
+    """What trajectory blobs and screenshots the data manager deletes (see :mod:`dart.data.retention`).
+
+    A trajectory's objects (its JSON and the images under its directory) are deleted once nothing
+    can need them for training: its group was dropped, or every batch that carried it (its own, and
+    any that replayed it from the experience pool) was acked by the trainer; it is not in the
+    experience pool; and it is older than the kept versions. Its index row stays (``pruned_at`` set).
+    Screenshots the env service stored by reference are deleted when no stored trajectory refers to
+    them and they were last written more than ``image_grace_s`` ago.
+    """
+
+    enabled: bool = True
+    """Delete what is not kept; False keeps every object."""
+    keep_versions: int = Field(default=4, ge=0)
+    """Keep trajectories whose newest step came from one of the newest ``keep_versions`` policy
+    versions (for looking at recent behaviour), whatever the trainer did with them."""
+    keep_every: int | None = Field(default=50, ge=1)
+    """Also keep trajectories whose newest step's version is divisible by this (a sparse history to
+    look back at); None keeps no extra ones."""
+    interval_s: float = Field(default=60.0, gt=0)
+    """How often a retention pass runs, seconds."""
+    image_grace_s: float = Field(default=3600.0, gt=0)
+    """Delete an unreferenced screenshot only when it was last written longer ago than this, seconds.
+    Must exceed the env service's ``screenshot_refresh_s`` plus the longest time from a step's
+    observation to its trajectory's ingestion, or a trajectory still on its way can lose an image."""
+    screenshot_prefix: str = "screenshots"
+    """Key prefix the env service stores screenshots under (its ``screenshot_prefix``)."""
+    max_per_pass: int = Field(default=2000, ge=1)
+    """Most trajectories deleted in one pass (the rest wait for the next)."""
+
+
 class DataConfig(ConfigModel):
     """Configuration of the data manager service."""
 
@@ -166,3 +197,4 @@ class DataConfig(ConfigModel):
     curation: CurationConfig = Field(default_factory=CurationConfig)
     emission: EmissionConfig = Field(default_factory=EmissionConfig)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)

@@ -27,6 +27,7 @@ from dart.data.former import BatchFormer
 from dart.data.state import DataState
 from dart.data.work import OutstandingWork, WorkPlanner
 from dart.protocol.bus import Bus
+from dart.protocol.waiting import wait_event
 
 log = logging.getLogger("dart.data")
 
@@ -171,10 +172,7 @@ class CoupledEmitter:
                 log.warning("coupled round %d timed out with %d trajectories missing", rnd.index, rnd.missing)
                 break
             self._progress.clear()
-            try:
-                await asyncio.wait_for(self._progress.wait(), min(remaining, 1.0))
-            except TimeoutError:
-                pass
+            await wait_event(self._progress, min(remaining, 1.0))
 
     async def _close_round(self, rnd: CoupledRound) -> tuple[int, int]:
         """Close the round's open groups and publish its one batch; returns (samples, groups)."""
@@ -199,8 +197,5 @@ class CoupledEmitter:
                 state.counters["sync_timeouts"] += 1
                 return False
             state.new_version.clear()
-            try:
-                await asyncio.wait_for(state.new_version.wait(), min(remaining, 1.0))
-            except TimeoutError:
-                pass
+            await wait_event(state.new_version, min(remaining, 1.0))
         return True

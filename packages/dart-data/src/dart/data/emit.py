@@ -21,6 +21,7 @@ from dart.protocol.bus import Bus
 from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import WorkItem
 from dart.protocol.topology import durable_name
+from dart.protocol.waiting import wait_event
 
 log = logging.getLogger("dart.data")
 
@@ -106,9 +107,7 @@ class DecoupledEmitter:
             outstanding = self.outstanding.count
             if outstanding and outstanding + len(items) > own.max_outstanding:
                 self._capacity.clear()
-                try:
-                    await asyncio.wait_for(self._capacity.wait(), own.poll_interval_s)
-                except TimeoutError:
+                if not await wait_event(self._capacity, own.poll_interval_s):
                     self.outstanding.expire(emission.work_timeout_s)
                 continue
             if await self._trainer_backlogged():

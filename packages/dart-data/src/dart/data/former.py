@@ -112,12 +112,13 @@ class BatchFormer:
         subject = self._bus.subjects.stream_subject("batch")
         while True:
             try:
-                await self._bus.js_publish(subject, batch, msg_id=batch.batch_id)
+                ack = await self._bus.js_publish(subject, batch, msg_id=batch.batch_id)
                 break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # The batch id is derived from its groups, so a retry after a lost ack is stored once.
+                # The batch id is derived from its groups, so a retry after a lost ack is stored once
+                # (and the server answers a duplicate with the first copy's sequence).
                 log.warning("publishing batch %s failed, retrying: %s", batch.batch_id, exc)
                 await asyncio.sleep(1.0)
         state.counters["batches"] += 1
@@ -134,16 +135,9 @@ class BatchFormer:
                 max_policy_version=batch.max_policy_version,
                 staleness=state.version - batch.min_policy_version,
             )
-        for group in groups:
-            task_id = group.trajectories[0].task.task_id
-            await state.db(
-                state.index.record_group,
-                group.group_id,
-                task_id,
-                len(group.trajectories),
-                "emitted",
-                batch_id=batch.batch_id,
-            )
+        members = [(g.group_id, g.trajectories[0].task.task_id, len(g.trajectories)) for g in groups]
+        carried = [t.trajectory_id for g in groups for t in g.trajectories]
+        await state.db(state.index.record_batch, batch.batch_id, ack.seq, members, carried)
 
     def _fill_from_pool(self, group_id: str, members: list[Trajectory]) -> Trajectory | None:
         return self._state.pool.fill(members, self._state.task_stats.get(members[0].task.task_id))

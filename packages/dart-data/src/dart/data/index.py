@@ -9,16 +9,25 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, insert, select, update
+from sqlalchemy import Engine, and_, create_engine, delete, event, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from dart.data.blobs import StoredTrajectory
-from dart.data.schema import migrate, rejected_trajectories, rollout_groups, task_stats, trajectories, work_items
+from dart.data.schema import (
+    image_refs,
+    migrate,
+    rejected_trajectories,
+    rollout_groups,
+    schema_version,
+    task_stats,
+    trajectories,
+    work_items,
+)
 from dart.data.stats import TaskStats
 from dart.protocol.messages import WorkItem
 
@@ -67,10 +76,11 @@ class TrajectoryIndex:
         if self._engine is not None:
             self._engine.dispose()
 
-    def store_trajectory(self, row: Mapping[str, Any], stats: TaskStats | None) -> bool:
-        """Insert a trajectory row once; on first insert also save the task's new statistics.
+    def store_trajectory(self, row: Mapping[str, Any], stats: TaskStats | None, image_keys: Sequence[str] = ()) -> bool:
+        """Insert a trajectory row once; on first insert also save the task's new statistics and
+        the store keys of the shared images it refers to (``image_keys``, see :mod:`dart.data.retention`).
 
-        Both happen in one transaction, so a redelivered trajectory never counts twice.
+        All happen in one transaction, so a redelivered trajectory never counts twice.
 
         Returns:
             True when the row was new, False for a duplicate (nothing changed).
@@ -82,6 +92,9 @@ class TrajectoryIndex:
             inserted = conn.execute(stmt).first() is not None
             if inserted and stats is not None:
                 self._save_stats(conn, stats)
+            if inserted and image_keys:
+                refs = [{"trajectory_id": row["trajectory_id"], "key": k} for k in sorted(set(image_keys))]
+                conn.execute(insert(image_refs).values(refs))
             return inserted
 
     def record_group(
@@ -106,6 +119,101 @@ class TrajectoryIndex:
                         group_id=group_id, task_id=task_id, group_size=group_size, created_at=now, **values
                     )
                 )
+
+    def record_batch(
+        self, batch_id: str, batch_seq: int, groups: Sequence[tuple[str, str, int]], trajectory_ids: Sequence[str]
+    ) -> None:
+        """Record a published batch in one transaction: its groups ``emitted`` and, on every trajectory it
+        carries (its groups' own and pool replays), the batch's stream sequence as ``last_batch_seq``.
+
+        Args:
+            batch_id: The batch.
+            batch_seq: Its sequence in the ``batch`` stream (what the trainer's ack floor is compared with).
+            groups: ``(group_id, task_id, members)`` of each group in the batch.
+            trajectory_ids: Every trajectory whose samples the batch holds.
+        """
+        now = time.time()
+        t = trajectories.c
+        with self.engine.begin() as conn:
+            for group_id, task_id, members in groups:
+                values = {"status": "emitted", "reason": None, "batch_id": batch_id, "closed_at": now}
+                g = rollout_groups.c
+                if conn.execute(update(rollout_groups).where(g.group_id == group_id).values(**values)).rowcount == 0:
+                    conn.execute(
+                        insert(rollout_groups).values(
+                            group_id=group_id, task_id=task_id, group_size=members, created_at=now, **values
+                        )
+                    )
+            newer = or_(t.last_batch_seq.is_(None), t.last_batch_seq < batch_seq)
+            conn.execute(
+                update(trajectories)
+                .where(t.trajectory_id.in_(list(trajectory_ids)), newer)
+                .values(last_batch_seq=batch_seq)
+            )
+
+    def prunable(self, ack_floor: int, below_version: int, keep_every: int | None, limit: int) -> list[str]:
+        """Trajectories whose objects retention may delete, oldest first (see :mod:`dart.data.retention`).
+
+        Args:
+            ack_floor: The trainer's ack floor in the ``batch`` stream: every batch at or below it is done.
+            below_version: Only trajectories whose newest step's version is below this.
+            keep_every: Keep trajectories whose newest step's version is divisible by this.
+            limit: Most ids returned.
+        """
+        t, g = trajectories.c, rollout_groups.c
+        done = or_(
+            and_(t.last_batch_seq.is_(None), g.status == "dropped"),
+            t.last_batch_seq <= ack_floor,
+        )
+        stmt = (
+            select(t.trajectory_id)
+            .join(rollout_groups, g.group_id == t.group_id)
+            .where(t.pruned_at.is_(None), t.pooled.is_(False), t.max_policy_version < below_version)
+            .where(g.status != "open", done)
+            .order_by(t.ingested_at)
+            .limit(limit)
+        )
+        if keep_every:
+            stmt = stmt.where(t.max_policy_version % keep_every != 0)
+        with self.engine.connect() as conn:
+            return list(conn.execute(stmt).scalars())
+
+    def mark_pruned(self, trajectory_id: str) -> None:
+        """Record a trajectory's objects deleted: ``pruned_at`` set, its image references dropped."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(trajectories).where(trajectories.c.trajectory_id == trajectory_id).values(pruned_at=time.time())
+            )
+            conn.execute(delete(image_refs).where(image_refs.c.trajectory_id == trajectory_id))
+
+    def referenced(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` that a stored, unpruned trajectory refers to (shared images)."""
+        wanted = list(keys)
+        found: set[str] = set()
+        with self.engine.connect() as conn:
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i : i + 500]
+                found.update(
+                    conn.execute(select(image_refs.c.key).where(image_refs.c.key.in_(chunk)).distinct()).scalars()
+                )
+        return found
+
+    def references_since(self) -> float:
+        """Unix time from which every stored trajectory's shared-image references are recorded
+        (when schema version 4 was applied)."""
+        v = schema_version.c
+        with self.engine.connect() as conn:
+            return float(conn.execute(select(v.applied_at).where(v.version == 4)).scalar_one())
+
+    def pruned_count(self) -> int:
+        """Trajectories whose objects retention deleted."""
+        t = trajectories.c
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).select_from(trajectories).where(t.pruned_at.is_not(None))
+                ).scalar_one()
+            )
 
     def record_work(self, items: Sequence[WorkItem]) -> None:
         """Record one group ``open`` and its work items (before they are published), in one transaction.

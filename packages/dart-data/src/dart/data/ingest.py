@@ -204,7 +204,8 @@ class Ingestor:
         if traj.trainable:
             old = state.task_stats.get(traj.task.task_id) or TaskStats(traj.task.task_id)
             new_stats = old.recorded(traj.success, len(traj.steps), state.config.curation.stats_window)
-        inserted = index.store_trajectory(trajectory_row(stored), new_stats)
+        shared = state.blobs.shared_image_keys(stored.trajectory)
+        inserted = index.store_trajectory(trajectory_row(stored), new_stats, shared)
         if inserted:
             return _Stored(stored, True, new_stats, False)
         group = index.group(traj.group_id)

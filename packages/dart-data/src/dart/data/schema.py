@@ -18,6 +18,12 @@ Versions:
     3. ``work_items`` (every work item this data manager emitted: what a trajectory must answer),
        ``rejected_trajectories`` (deliveries refused at ingestion, with the reason) and an index on
        ``trajectories.work_id``.
+    4. Retention: ``trajectories.last_batch_seq`` (``batch`` stream sequence of the newest batch that
+       carried the trajectory, its own or a pool replay), ``trajectories.pruned_at`` (its objects
+       were deleted) and ``image_refs`` (the store keys of images outside its own directory that a
+       stored trajectory refers to: the env service's shared screenshots). Trajectories stored
+       before this version have no references recorded, so retention deletes no shared screenshot
+       last written before the version was applied.
 """
 
 from __future__ import annotations
@@ -82,7 +88,17 @@ trajectories = Table(
     Column("blob_uri", Text, nullable=False),
     Column("ingested_at", Float, nullable=False),
     Column("pooled", Boolean, nullable=False, server_default=text("FALSE")),
+    Column("last_batch_seq", Integer),
+    Column("pruned_at", Float),
     Index("ix_trajectories_pool", "task_id", "pooled"),
+)
+
+image_refs = Table(
+    "image_refs",
+    metadata,
+    Column("trajectory_id", String(_ID), primary_key=True),
+    Column("key", String(1024), primary_key=True),
+    Index("ix_image_refs_key", "key"),
 )
 
 rollout_groups = Table(
@@ -136,6 +152,9 @@ task_stats = Table(
 )
 
 
+_ADDED_AFTER_V1 = {"pooled", "last_batch_seq", "pruned_at"}
+
+
 def _v1(conn: Connection) -> None:
     # Frozen copy of the version-1 tables: later edits to the current schema must not change
     # what an old database is upgraded from.
@@ -146,7 +165,7 @@ def _v1(conn: Connection) -> None:
         *[
             Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
             for c in trajectories.columns
-            if c.name != "pooled"
+            if c.name not in _ADDED_AFTER_V1
         ],
         Index("ix_trajectories_task_id", "task_id"),
         Index("ix_trajectories_group_id", "group_id"),
@@ -169,7 +188,15 @@ def _v3(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_trajectories_work_id ON trajectories (work_id)"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3}
+def _v4(conn: Connection) -> None:
+    conn.execute(text("ALTER TABLE trajectories ADD COLUMN last_batch_seq INTEGER"))
+    conn.execute(text("ALTER TABLE trajectories ADD COLUMN pruned_at FLOAT"))
+    v4 = MetaData()
+    image_refs.to_metadata(v4)
+    v4.create_all(conn)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 """Schema version -> the migration that produces it from the previous version."""
 LATEST_VERSION = max(MIGRATIONS)
 _MIGRATION_LOCK = 0x64617274  # PostgreSQL advisory lock key of schema migrations ("dart")

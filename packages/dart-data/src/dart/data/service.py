@@ -3,8 +3,9 @@
 One job per part: :class:`dart.data.ingest.Ingestor` (the ``traj`` stream into the store, the
 index, statistics and groups), :class:`dart.data.former.BatchFormer` (groups into batches onto the
 ``batch`` stream), an emitter (:class:`dart.data.emit.DecoupledEmitter`, or
-:class:`dart.data.coupled.CoupledEmitter` for the synchronous baseline) and their shared
-:class:`dart.data.state.DataState`. The service watches the model version, reports ``data.stats``
+:class:`dart.data.coupled.CoupledEmitter` for the synchronous baseline),
+:class:`dart.data.retention.Retention` (deletes the blobs and screenshots nothing needs any more) and
+their shared :class:`dart.data.state.DataState`. The service watches the model version, reports ``data.stats``
 and owns the lifecycle.
 
 Service lifecycle: ``created`` -> :meth:`DataService.start` (migrate the database, reload task
@@ -29,6 +30,7 @@ from dart.data.coupled import CoupledEmitter
 from dart.data.emit import DecoupledEmitter, Emitter
 from dart.data.former import BatchFormer
 from dart.data.ingest import Ingestor
+from dart.data.retention import Retention
 from dart.data.state import DataState
 from dart.data.stats import TaskStats
 from dart.data.work import WorkPlanner
@@ -75,6 +77,10 @@ class DataStats:
         sync_timeouts: Coupled rounds whose new model version did not come in time.
         emission_throttles: Times decoupled emission paused because more than
             ``emission.decoupled.max_queued_batches`` batches waited for the trainer.
+        pruned_trajectories: Trajectories whose objects retention deleted (this service's life).
+        pruned_objects: Objects retention deleted (trajectory JSON and images, shared screenshots).
+        pruned_bytes: Their size.
+        pruned_screenshots: Shared screenshots among them.
     """
 
     received: int = 0
@@ -99,6 +105,10 @@ class DataStats:
     round_lost: int = 0
     sync_timeouts: int = 0
     emission_throttles: int = 0
+    pruned_trajectories: int = 0
+    pruned_objects: int = 0
+    pruned_bytes: int = 0
+    pruned_screenshots: int = 0
 
 
 def _pooled_success_rate(stats: Iterable[TaskStats]) -> float:
@@ -161,6 +171,7 @@ class DataService:
             tasks={t.task_id: t for t in tasks},
             require_work=emission.enabled,
         )
+        self.retention = Retention(config.retention, self.state, bus)
         self._tasks: list[asyncio.Task[None]] = []
         self._consumer: PullConsumer[Trajectory] | None = None
         self._kv: KeyValueStore | None = None
@@ -191,6 +202,8 @@ class DataService:
         }
         if self.config.emission.enabled and self.emitter is not None:
             loops["emit"] = self.emitter.run()
+        if self.config.retention.enabled:
+            loops["retention"] = self.retention.run()
         self._tasks = [asyncio.create_task(coro, name=f"dart-data-{name}") for name, coro in loops.items()]
 
     async def stop(self) -> None:
@@ -258,6 +271,10 @@ class DataService:
             round_lost=c["round_lost"],
             sync_timeouts=c["sync_timeouts"],
             emission_throttles=c["emission_throttles"],
+            pruned_trajectories=c["pruned_trajectories"],
+            pruned_objects=c["pruned_objects"],
+            pruned_bytes=c["pruned_bytes"],
+            pruned_screenshots=c["pruned_screenshots"],
         )
 
     # --- model version and telemetry ------------------------------------------------------------
@@ -308,4 +325,8 @@ class DataService:
             round_lost=s.round_lost,
             sync_timeouts=s.sync_timeouts,
             emission_throttles=s.emission_throttles,
+            pruned_trajectories=s.pruned_trajectories,
+            pruned_objects=s.pruned_objects,
+            pruned_bytes=s.pruned_bytes,
+            pruned_screenshots=s.pruned_screenshots,
         )

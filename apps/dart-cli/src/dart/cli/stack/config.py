@@ -166,6 +166,26 @@ class RunConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _screenshot_retention_agrees_with_the_env(self) -> RunConfig:
+        # Retention deletes unreferenced screenshots older than its grace period; the env service
+        # refreshes a screenshot it hands out once it is older than its refresh period.
+        retention, env = self.data.retention, self.env
+        if not retention.enabled:
+            return self
+        if retention.screenshot_prefix.strip("/") != env.screenshot_prefix.strip("/"):
+            raise ValueError(
+                f"data.retention.screenshot_prefix ({retention.screenshot_prefix!r}) must be env.screenshot_prefix "
+                f"({env.screenshot_prefix!r}): retention sweeps where the env service stores screenshots"
+            )
+        if retention.image_grace_s <= env.screenshot_refresh_s:
+            raise ValueError(
+                f"data.retention.image_grace_s ({retention.image_grace_s}) must exceed env.screenshot_refresh_s "
+                f"({env.screenshot_refresh_s}): a screenshot handed out just before its refresh would be "
+                "deleted before its trajectory arrives"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _validation_pool_is_its_own(self) -> RunConfig:
         if self.validation.enabled and self.validation.pool == self.env.pool:
             raise ValueError(

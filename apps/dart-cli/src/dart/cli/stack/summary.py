@@ -155,6 +155,19 @@ def staleness_figures(telemetry_dir: Path) -> dict[str, Any]:
     }
 
 
+def retention_figures(telemetry_dir: Path) -> dict[str, int]:
+    """What the data manager's retention deleted during the run (its ``data.retention`` events):
+    trajectories whose objects went, objects and bytes deleted, shared screenshots among them."""
+    totals = {"trajectories": 0, "objects": 0, "bytes": 0, "screenshots": 0}
+    events = read_jsonl(telemetry_dir, types={"event"}) if telemetry_dir.is_dir() else iter(())
+    for record in events:
+        if record.get("name") == "data.retention":
+            attrs = record.get("attributes") or {}
+            for key in totals:
+                totals[key] += int(attrs.get(key, 0))
+    return totals
+
+
 def build_summary(
     run_dir: Path,
     *,
@@ -190,6 +203,7 @@ def build_summary(
         "idle_breakdown": idle,
         "gpu": gpu,
         **staleness_figures(run_dir / "telemetry"),
+        "retention_deleted": retention_figures(run_dir / "telemetry"),
         "rl_seconds": round(rl_seconds, 1),
         "trajectories_per_minute": round(produced / rl_seconds * 60, 2) if rl_seconds > 0 else None,
         **extra,

@@ -49,6 +49,7 @@ from dart.protocol.errors import ConfigError
 from dart.protocol.messages import EvalRequest, EvalResult, ModelVersion, TaskSpec
 from dart.protocol.telemetry import Telemetry, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.protocol.waiting import wait_event
 from dart.rollout.eval import EvalReport
 
 if TYPE_CHECKING:
@@ -218,8 +219,7 @@ class HeldOutValidator:
             if latest is not None and latest.version >= last + every:
                 await self._try(latest)
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), 1.0)
+            await wait_event(self._stop, 1.0)
 
     async def _try(self, version: ModelVersion | None) -> None:
         """:meth:`_evaluate`, a failure logged and remembered (the next due version is tried, not this one)."""

@@ -68,6 +68,10 @@ class EnvServiceConfig(ConfigModel):
     have a store (``dart run`` / ``dart serve`` give it the run's); None sends every screenshot inline."""
     screenshot_prefix: str = "screenshots"
     """Key prefix of screenshots stored by reference."""
+    screenshot_refresh_s: float = Field(default=600.0, gt=0)
+    """A stored screenshot is handed out by reference only while its last write is younger than this,
+    seconds; an older one is written again first. The data manager's retention deletes unreferenced
+    screenshots last written more than ``data.retention.image_grace_s`` ago, which must exceed this."""
     sim: SimConfig = Field(default_factory=SimConfig)
     """Settings of the ``sim`` backend."""
     miniwob: MiniWoBConfig = Field(default_factory=MiniWoBConfig)

@@ -113,7 +113,9 @@ class EnvService:
         store: ArtifactStore | None = None,
     ) -> None:
         self.config = config
-        self.screenshots = ScreenshotOffload(store, config.inline_max_bytes, config.screenshot_prefix)
+        self.screenshots = ScreenshotOffload(
+            store, config.inline_max_bytes, config.screenshot_prefix, refresh_s=config.screenshot_refresh_s
+        )
         """Sends large screenshots by reference; its counters say how many."""
         self._bus = bus
         self._telemetry = telemetry

@@ -94,12 +94,14 @@ class ConsumerState:
         num_ack_pending: Delivered messages not yet acked (in flight or awaiting redelivery).
         num_redelivered: Messages delivered more than once.
         num_waiting: Pull requests waiting for messages (idle fetchers).
+        ack_floor: Stream sequence at and below which every message was acked (or terminated).
     """
 
     num_pending: int
     num_ack_pending: int
     num_redelivered: int
     num_waiting: int
+    ack_floor: int = 0
 
 
 async def stream_state(js: JetStreamContext, name: str) -> StreamState:
@@ -123,6 +125,7 @@ async def consumer_state(js: JetStreamContext, stream: str, durable: str) -> Con
         num_ack_pending=info.num_ack_pending or 0,
         num_redelivered=info.num_redelivered or 0,
         num_waiting=info.num_waiting or 0,
+        ack_floor=(info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0,
     )
 
 

@@ -38,6 +38,7 @@ from dart.protocol.messages import ModelVersion
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.protocol.waiting import wait_event
 from dart.rollout.engine.base import EngineError, EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
@@ -283,7 +284,6 @@ class WeightSyncController:
             failed_version = version.version
             # Try again after a backoff, or at once when a newer version is announced meanwhile.
             log.warning("version %d did not reach every engine; retrying in %.3gs", version.version, backoff)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), backoff)
+            await wait_event(self._wakeup, backoff)
             self._wakeup.set()
             backoff = min(backoff * 2, self._config.retry_backoff_max_s)

@@ -1,0 +1,189 @@
+"""Bounded storage for what reaches the data manager: trajectory blobs and the env's screenshots.
+
+A run writes three kinds of objects per episode: the trajectory's JSON and the images stored under its
+directory (``<blob_prefix>/<trajectory>/``, written at ingestion), and screenshots the env service
+stored by reference (``<screenshot_prefix>/<sha256>.png``, shared by every trajectory that saw the same
+screen). Published weights and checkpoints are the trainer's (``train.retention``).
+
+**Trajectories.** A pass deletes a trajectory's directory when nothing can need it for training:
+
+- its group is closed: ``dropped`` and never replayed, or every batch that carried it was acked by
+  the trainer. The data manager records on each trajectory the ``batch`` stream sequence of the newest
+  batch holding its samples (``last_batch_seq``: its own group's, or a later one that replayed it from
+  the experience pool) and compares it with the trainer's durable consumer's *ack floor*: every batch
+  at or below it was trained, dropped as stale or refused, so its samples' images are read no more;
+- it is not in the experience pool;
+- its newest step is older than the newest ``keep_versions`` versions and not of a version divisible by
+  ``keep_every`` (kept to look back at).
+
+The index row stays, with ``pruned_at`` set: statistics and reports keep every trajectory.
+
+**Shared screenshots.** Ingestion records the keys of shared images each trajectory refers to
+(``image_refs``); pruning a trajectory drops its references. A pass lists the screenshot prefix and
+deletes an object that no stored trajectory refers to and that was last written more than
+``image_grace_s`` ago. Why that cannot pull an image from under a trajectory still on its way: the env
+service rewrites a screenshot it hands out if its last write is older than its ``screenshot_refresh_s``
+(:class:`dart.env.service.screenshots.ScreenshotOffload`), so a reference handed out at time t names an
+object written at or after ``t - screenshot_refresh_s``; with ``image_grace_s`` above that plus the time
+from observation to ingestion, the object outlives the trajectory's arrival, and from then on its
+reference protects it. The reference check, a fresh ``stat`` and the delete run on the data manager's
+database thread, the same thread that checks a new trajectory's images and records its references, so
+the two never interleave. Screenshots no trajectory ever referred to (held-out evaluation episodes,
+rejected trajectories) go the same way. Passes skip the screenshots while trajectories wait on the
+stream (their references are not recorded yet), and never delete one last written before the index
+recorded references (schema version 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from dart.data.config import RetentionConfig
+from dart.data.state import DataState
+from dart.protocol.bus import Bus
+from dart.protocol.errors import ArtifactNotFoundError
+from dart.protocol.store import ArtifactInfo
+from dart.protocol.topology import durable_name
+
+log = logging.getLogger("dart.data")
+
+_CHUNK = 256
+"""Screenshots checked against the index and deleted per call on the database thread."""
+
+
+@dataclass(frozen=True)
+class RetentionPass:
+    """What one pass deleted.
+
+    Attributes:
+        trajectories: Trajectories whose objects were deleted.
+        objects: Objects deleted (trajectory JSON and images, and shared screenshots).
+        bytes: Their size.
+        screenshots: Shared screenshots among them.
+        screenshots_skipped: Why the screenshot sweep did not run ("" when it ran).
+    """
+
+    trajectories: int = 0
+    objects: int = 0
+    bytes: int = 0
+    screenshots: int = 0
+    screenshots_skipped: str = ""
+
+
+class Retention:
+    """Deletes the data manager's objects that nothing needs any more (see the module doc).
+
+    Args:
+        config: What is kept.
+        state: The data manager's state (index, blobs, version, counters, database thread).
+        bus: The bus (the trainer's and the ingestor's consumer positions).
+    """
+
+    def __init__(self, config: RetentionConfig, state: DataState, bus: Bus) -> None:
+        self.config = config
+        self._state = state
+        self._bus = bus
+
+    async def run(self) -> None:
+        """A pass every ``interval_s`` until cancelled; a failing pass is logged and retried."""
+        while True:
+            await asyncio.sleep(self.config.interval_s)
+            try:
+                await self.run_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("a retention pass failed; the next one retries")
+
+    async def run_pass(self) -> RetentionPass:
+        """Delete what is not kept now; counts go to the state's counters too."""
+        state, config = self._state, self.config
+        trainer = await self._bus.consumer_state("batch", durable_name(self._bus, "batch"))
+        below = state.version - config.keep_versions + 1
+        ids = await state.db(state.index.prunable, trainer.ack_floor, below, config.keep_every, config.max_per_pass)
+        objects = size = 0
+        for trajectory_id in ids:
+            n, b = await asyncio.to_thread(self._delete_prefix, state.blobs.directory(trajectory_id) + "/")
+            await state.db(state.index.mark_pruned, trajectory_id)
+            objects, size = objects + n, size + b
+        ingest = await self._bus.consumer_state("traj", durable_name(self._bus, "traj"))
+        shots, shot_bytes, skipped = 0, 0, ""
+        if ingest.num_pending or ingest.num_ack_pending:
+            skipped = "trajectories waiting to be ingested"
+        else:
+            shots, shot_bytes = await self._sweep_screenshots()
+        done = RetentionPass(len(ids), objects + shots, size + shot_bytes, shots, skipped)
+        counters = state.counters
+        counters["pruned_trajectories"] += done.trajectories
+        counters["pruned_objects"] += done.objects
+        counters["pruned_bytes"] += done.bytes
+        counters["pruned_screenshots"] += done.screenshots
+        if done.objects and state.telemetry is not None:
+            state.telemetry.event(
+                "data.retention",
+                trajectories=done.trajectories,
+                objects=done.objects,
+                bytes=done.bytes,
+                screenshots=done.screenshots,
+                ack_floor=trainer.ack_floor,
+                version=state.version,
+            )
+        return done
+
+    def _delete_prefix(self, prefix: str) -> tuple[int, int]:
+        store = self._state.blobs.store
+        n = size = 0
+        for info in list(store.list(prefix)):
+            store.delete(info.key)
+            n, size = n + 1, size + info.size
+        return n, size
+
+    async def _sweep_screenshots(self) -> tuple[int, int]:
+        state = self._state
+        since = await state.db(state.index.references_since)
+        cutoff = time.time() - self.config.image_grace_s
+        old = await asyncio.to_thread(self._old_screenshots, cutoff, since)
+        n = size = 0
+        for chunk in _chunks(old, _CHUNK):
+            deleted = await state.db(self._delete_unreferenced, chunk)
+            n, size = n + len(deleted), size + sum(i.size for i in deleted)
+        return n, size
+
+    def _old_screenshots(self, cutoff: float, since: float) -> list[ArtifactInfo]:
+        """Screenshots last written before ``cutoff`` and after ``since`` (listing thread)."""
+        prefix = self.config.screenshot_prefix.strip("/") + "/"
+        return [
+            info
+            for info in self._state.blobs.store.list(prefix)
+            if info.modified is not None and since <= info.modified.timestamp() < cutoff
+        ]
+
+    def _delete_unreferenced(self, candidates: list[ArtifactInfo]) -> list[ArtifactInfo]:
+        """Delete the candidates no trajectory refers to and nobody rewrote since the listing (database thread)."""
+        state = self._state
+        store = state.blobs.store
+        referenced = state.index.referenced(info.key for info in candidates)
+        deleted = []
+        for info in candidates:
+            if info.key in referenced:
+                continue
+            try:
+                fresh = store.stat(info.key)
+            except ArtifactNotFoundError:
+                continue
+            if fresh.modified is None or fresh.modified.timestamp() >= time.time() - self.config.image_grace_s:
+                continue  # the env service rewrote it: a new reference may be on its way
+            store.delete(info.key)
+            deleted.append(fresh)
+        return deleted
+
+
+def _chunks(items: list[ArtifactInfo], n: int) -> Iterator[list[ArtifactInfo]]:
+    it = iter(items)
+    while chunk := list(islice(it, n)):
+        yield chunk
