@@ -55,3 +55,20 @@ def test_an_osworld_directory_keeps_the_tasks_the_local_desktop_runs(tmp_path: P
         load_tasks(config.model_copy(update={"env": config.env.model_copy(update={"backend": "sim"})}))
     with pytest.raises(ConfigError, match="suite"):
         load_tasks(RunConfig(suite=f"osworld:{tmp_path / 'missing'}", env={"backend": "osworld"}))
+
+
+def test_dart_run_refuses_a_database_url_it_would_ignore_and_writes_nothing(tmp_path: Path) -> None:
+    """dart run keeps the index in its run directory: a PostgreSQL URL in the config is refused by name,
+    before any run directory exists."""
+    from dart.cli.stack.run import run
+
+    config = tmp_path / "run.yaml"
+    runs = tmp_path / "runs"
+    config.write_text(
+        json.dumps(
+            {"run": {"runs_root": str(runs)}, "data": {"database_url": "postgresql+psycopg://dart@db:5432/dart"}}
+        )
+    )
+    with pytest.raises(ConfigError, match="data.database_url"):
+        run(config)
+    assert not runs.exists()

@@ -160,6 +160,18 @@ def test_pipeline_parallelism_is_refused_clearly(tiny_checkpoint: Path) -> None:
 
 
 @pytest.mark.unit
+def test_a_config_asking_for_pipeline_stages_is_refused_at_load() -> None:
+    """Refused when the config is read, naming the field, not only when the ranks start."""
+    from pydantic import ValidationError
+
+    from dart.train.config import TrainerConfig
+
+    with pytest.raises(ValidationError, match="pipeline_parallel_size 2: pipeline parallelism is not supported"):
+        TrainerConfig(backend={"kind": "megatron", "tensor_parallel_size": 2, "pipeline_parallel_size": 2})
+    TrainerConfig(backend={"kind": "megatron", "tensor_parallel_size": 2, "data_parallel_size": 2})
+
+
+@pytest.mark.unit
 def test_only_dart_train_imports_megatron() -> None:
     files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     pattern = re.compile(r"^\s*(import|from) megatron\b", re.MULTILINE)

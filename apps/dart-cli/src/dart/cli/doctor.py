@@ -327,6 +327,32 @@ def render(checks: list[Check], console: Console) -> None:
     console.print(table)
 
 
+def vllm_command_line(config_path: str, model_path: str | None = None, port: int = 8000) -> str:
+    """The ``vllm serve`` command line (and environment) a server for the run config's vLLM engine needs:
+    what to run in each container or on each GPU node of an ``attach`` deployment.
+
+    Raises:
+        ConfigError: The run config's engine is not ``vllm``, or no model path is known.
+    """
+    import shlex
+
+    from dart.cli.stack.config import load_run_config
+    from dart.protocol.errors import ConfigError
+    from dart.rollout.engine.vllm_config import VLLMEngineConfig
+    from dart.rollout.engine.vllm_server import server_args
+
+    config = load_run_config(config_path)
+    engine = config.rollout.engine
+    if not isinstance(engine, VLLMEngineConfig):
+        kind = getattr(engine, "kind", None)
+        raise ConfigError(config_path, "rollout.engine.kind", f"is {kind!r}: the vLLM arguments need kind: vllm")
+    model = model_path or engine.model_path or config.model.path
+    if model is None:
+        raise ConfigError(config_path, "rollout.engine.model_path", "no checkpoint named: pass --vllm-model")
+    args = server_args(engine, model_path=str(model), host="0.0.0.0", port=port)
+    return "VLLM_SERVER_DEV_MODE=1 vllm serve " + shlex.join(args)
+
+
 def doctor_command(
     nats_url: Annotated[
         str | None, typer.Option("--nats-url", help="Also check this NATS server (and JetStream).")
@@ -344,8 +370,32 @@ def doctor_command(
         str | None,
         typer.Option("--vllm-python", help="Interpreter of the vLLM environment (default .venv-vllm/bin/python)."),
     ] = None,
+    vllm_args: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-args",
+            metavar="RUN_CONFIG",
+            help="Print the vllm serve command line a server for this run config's vLLM engine needs, and exit.",
+        ),
+    ] = None,
+    vllm_model: Annotated[
+        str | None, typer.Option("--vllm-model", help="With --vllm-args: the checkpoint path the server loads.")
+    ] = None,
 ) -> None:
-    """Check this machine for what DART needs: Python, packages, nats-server, torch/CUDA, browsers, vLLM, S3, NATS."""
+    """Check this machine for what DART needs: Python, packages, nats-server, torch/CUDA, browsers, vLLM, S3, NATS.
+
+    With --vllm-args RUN_CONFIG, print instead the command that starts a vLLM server for that run's engine
+    (for servers you run yourself, e.g. one per GPU with the engine's attach mode).
+    """
+    if vllm_args is not None:
+        from dart.protocol.errors import ConfigError
+
+        try:
+            typer.echo(vllm_command_line(vllm_args, vllm_model))
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        return
     checks = run_checks(
         nats_url=nats_url,
         s3_endpoint=s3_endpoint,

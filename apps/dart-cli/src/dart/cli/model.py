@@ -1,4 +1,4 @@
-"""``dart model``: create and inspect policy checkpoints (local files only, never a model hub)."""
+"""``dart model``: create policy checkpoints (local files only, never a model hub)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
-model_app = typer.Typer(help="Create and inspect policy checkpoints.", no_args_is_help=True)
+model_app = typer.Typer(
+    help="Create policy checkpoints (random weights of a named architecture, local files only).", no_args_is_help=True
+)
 
 
 PathArg = Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")]
@@ -74,7 +76,7 @@ def init(
 
 @model_app.command("init-tiny")
 def init_tiny(path: PathArg, seed: SeedOpt = 0, suite: SuiteOpt = None, sim_suites: SimSuitesOpt = True) -> None:
-    """Write a random tiny Qwen2.5-VL checkpoint (same as ``dart model init --arch tiny``)."""
+    """Write a random tiny Qwen2.5-VL checkpoint (same as "dart model init --arch tiny")."""
     init(path, arch="tiny", dtype="", layers=None, vision_blocks=None, seed=seed, suite=suite, sim_suites=sim_suites)
 
 

@@ -36,8 +36,8 @@ def serve_command(
     """Run one service against the NATS server and artifact store named in the config, until SIGTERM.
 
     The whole run config is validated first; then the service's package serves it, exactly as its own
-    command (``dart-env serve --config FILE``, likewise dart-data, dart-rollout, dart-train) would. A fatal
-    error ends with exit code 1 and one ``error:`` line on stderr.
+    command ('dart-env serve --config FILE', likewise dart-data, dart-rollout, dart-train) would. A fatal
+    error ends with exit code 1 and one 'error:' line on stderr.
     """
     from dart.cli.stack.config import load_run_config
     from dart.cli.stack.services import service_command

@@ -8,7 +8,7 @@ the file (or variable) and the dotted field path of every bad value.
 Precedence, lowest to highest: model defaults < YAML file < ``DART_*`` environment < ``overrides``.
 
 Example:
-    >>> cfg = load_config(RunConfig, "examples/tiny.yaml", overrides={"bus.url": url})  # doctest: +SKIP
+    >>> cfg = load_config(RunConfig, "examples/smoke.yaml", overrides={"bus.url": url})  # doctest: +SKIP
 
 YAML is read with the YAML 1.2 core schema rather than PyYAML's YAML 1.1 default, so ``no``,
 ``on`` and ``yes`` stay strings, ``010`` is ten, ``1:30`` is a string and dates are strings that

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dart.protocol.config import ConfigModel
 from dart.protocol.retry import RetryPolicy
@@ -126,7 +126,7 @@ class FsdpBackendSettings(NodeSettings):
 
 
 class MegatronBackendSettings(NodeSettings):
-    """megatron-core: tensor (and pipeline) parallel Qwen2.5-VL language model, vision tower from transformers.
+    """megatron-core: tensor- and data-parallel Qwen2.5-VL language model, vision tower from transformers.
 
     ``tensor_parallel_size * data_parallel_size`` ranks in all, split evenly over ``nnodes`` machines (a
     tensor-parallel group may span machines; keep it within one where the interconnect is faster).
@@ -136,9 +136,20 @@ class MegatronBackendSettings(NodeSettings):
     tensor_parallel_size: int = Field(default=1, ge=1)
     """Ranks one layer's weights are split over."""
     pipeline_parallel_size: int = Field(default=1, ge=1)
-    """Pipeline stages (only 1 is supported: see the dart-train README)."""
+    """Pipeline stages: only 1 (refused at load otherwise; see the dart-train README)."""
     data_parallel_size: int = Field(default=1, ge=1)
     """Replicas of the tensor-parallel group; each takes its share of a mini-batch's samples."""
+
+    @field_validator("pipeline_parallel_size")
+    @classmethod
+    def _no_pipeline(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                f"pipeline_parallel_size {value}: pipeline parallelism is not supported (the vision tower and "
+                "the 3-D positions feed the first stage only, and megatron's pipeline schedules are CUDA-only); "
+                "use tensor_parallel_size and data_parallel_size"
+            )
+        return value
 
     @property
     def world_size(self) -> int:

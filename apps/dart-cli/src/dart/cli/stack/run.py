@@ -44,8 +44,27 @@ console = Console(stderr=True)
 log = logging.getLogger(__name__)
 
 
+def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
+    """Refuse settings ``dart run`` would otherwise ignore (before anything is written).
+
+    Raises:
+        ConfigError: ``data.database_url`` is set: ``dart run`` keeps the index in its run directory.
+    """
+    from dart.protocol.errors import ConfigError
+
+    if "database_url" in config.data.model_fields_set:
+        raise ConfigError(
+            str(config_path),
+            "data.database_url",
+            f"is {config.data.database_url!r}, but dart run keeps the data manager's index in its run directory "
+            "(<run_dir>/data.sqlite3, which the summary and dart report read); remove it, or run the services with "
+            "dart serve (docs/deployment.md) to use another database",
+        )
+
+
 def resolve(config: RunConfig, config_path: Path) -> RunConfig:
     """Give the run its directory (``<runs_root>/<name>-<UTC time>``)."""
+    check_for_dart_run(config, config_path)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     run_dir = (config.run.runs_root / f"{config.run.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=False)
