@@ -11,16 +11,39 @@ import typer
 
 from dart.protocol.errors import ConfigError
 
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[KEY=VALUE]...",
+        help="Settings over the file's and the environment's, e.g. run.rl_duration_s=30 train.lr=1e-5.",
+        show_default=False,
+    ),
+]
+PrintConfig = Annotated[
+    bool, typer.Option("--print-config", help="Print the resolved config (file, environment, KEY=VALUE) and exit.")
+]
+
 
 def run_command(
     config: Annotated[Path, typer.Argument(help="Run config YAML (see examples/).", exists=True, dir_okay=False)],
+    overrides: Overrides = None,
+    print_config: PrintConfig = False,
 ) -> None:
-    """Run warm start and decoupled RL on one machine; the last line printed is a JSON summary."""
+    """Run warm start and decoupled RL on one machine; the last line printed is a JSON summary.
+
+    A config error (a misspelt key, a bad value, a suite that does not resolve) ends with exit code 2 and one
+    'error:' line, before anything is written.
+    """
+    from dart.cli.stack.config import load_run_config
     from dart.cli.stack.run import run
+    from dart.protocol.config import dump_config
 
     logging.basicConfig(level=logging.WARNING)
     try:
-        summary = run(config)
+        if print_config:
+            typer.echo(dump_config(load_run_config(config, overrides or [])), nl=False)
+            return
+        summary = run(config, overrides or [])
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -32,25 +55,33 @@ def run_command(
 def serve_command(
     service: Annotated[str, typer.Argument(help="Which service: env, rollout, data or train.")],
     config: Annotated[Path, typer.Option("--config", "-c", help="Run config YAML.", exists=True, dir_okay=False)],
+    overrides: Overrides = None,
+    print_config: PrintConfig = False,
 ) -> None:
     """Run one service against the NATS server and artifact store named in the config, until SIGTERM.
 
     The whole run config is validated first; then the service's package serves it, exactly as its own
-    command ('dart-env serve --config FILE', likewise dart-data, dart-rollout, dart-train) would. A fatal
-    error ends with exit code 1 and one 'error:' line on stderr.
+    command ('dart-env serve --config FILE KEY=VALUE ...', likewise dart-data, dart-rollout, dart-train)
+    would. A config error ends with exit code 2, a fatal error with exit code 1; either with one 'error:'
+    line on stderr.
     """
     from dart.cli.stack.config import load_run_config
     from dart.cli.stack.services import service_command
+    from dart.protocol.config import dump_config
 
     if service not in ("env", "rollout", "data", "train"):
         typer.echo(f"error: unknown service {service!r}; choose env, rollout, data or train", err=True)
         raise typer.Exit(2)
     try:
-        load_run_config(config)
+        resolved = load_run_config(config, overrides or [])
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(service_command(service)(["serve", "--config", str(config)]))  # type: ignore[arg-type]
+    if print_config:
+        typer.echo(dump_config(resolved), nl=False)
+        return
+    argv = ["serve", "--config", str(config), *(overrides or [])]
+    raise typer.Exit(service_command(service)(argv))  # type: ignore[arg-type]
 
 
 def register(app: typer.Typer) -> None:

@@ -21,7 +21,7 @@ import difflib
 import os
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -276,6 +276,25 @@ def _describe(model: type[BaseModel], err: Mapping[str, Any]) -> str:
     return detail
 
 
+def command_line_overrides(model_type: type[BaseModel], items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` arguments (``run.rl_duration_s=30``, ``data.retention={keep_versions: 2}``) as overrides
+    for :func:`load_config`. Values parse as environment values do: verbatim for string fields, else as a
+    YAML scalar or flow collection. Unknown keys are left for validation, which names them.
+
+    Raises:
+        ConfigError: An argument is not ``KEY=VALUE`` with a dotted key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(p.strip() for p in parts):
+            raise ConfigError("command line", item, "expected KEY=VALUE with a dotted key, e.g. run.rl_duration_s=30")
+        parts = [p.strip() for p in parts]
+        out[".".join(parts)] = _env_value(raw, _annotation_at(model_type, parts))
+    return out
+
+
 def load_config(
     model_type: type[M],
     path: str | Path | None,
@@ -283,6 +302,7 @@ def load_config(
     env_prefix: str | None = "DART_",
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    overrides_source: str = "overrides",
 ) -> M:
     """Load a config: YAML file, then environment, then overrides, then validate.
 
@@ -299,6 +319,8 @@ def load_config(
         overrides: Highest-precedence values, as dotted keys (``{"bus.url": ...}``) or nested
             mappings (``{"bus": {"url": ...}}``); nested mappings merge into the file's.
         environ: The environment to read (``os.environ`` by default).
+        overrides_source: What error messages call the overrides (``command line`` for
+            :func:`command_line_overrides`).
 
     Returns:
         The validated model.
@@ -324,7 +346,7 @@ def load_config(
 
     for parts, value in _flatten(overrides or {}, []):
         _set_path(data, parts, value)
-        origins[tuple(parts)] = "overrides"
+        origins[tuple(parts)] = overrides_source
 
     try:
         return model_type.model_validate(data)

@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ConfigDict, Field, model_validator
 
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.config import ConfigModel, load_config
+from dart.protocol.config import ConfigModel, command_line_overrides, load_config
 from dart.protocol.errors import ConfigError
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, TelemetryConfig, setup_telemetry
@@ -181,9 +181,12 @@ async def serve(
         telemetry.shutdown()
 
 
-def load_serve_config(config_type: type[C], path: Path) -> C:
-    """Load a service's config from a run config file (environment overrides apply)."""
-    return load_config(config_type, path)
+def load_serve_config(config_type: type[C], path: Path, overrides: Sequence[str] = ()) -> C:
+    """Load a service's config from a run config file (environment overrides apply, then ``KEY=VALUE``
+    command-line ``overrides``)."""
+    return load_config(
+        config_type, path, overrides=command_line_overrides(config_type, overrides), overrides_source="command line"
+    )
 
 
 def serve_or_exit(service: str, config: C, body: ServiceBody[C], *, version: str) -> int:
@@ -206,26 +209,29 @@ def service_main(
     *,
     version: str,
     argv: Sequence[str] | None = None,
-    before: Callable[[C, Path], int | None] | None = None,
+    before: Callable[[C, Path, Sequence[str]], int | None] | None = None,
 ) -> int:
-    """The ``dart-<service>`` command: ``serve --config FILE``; returns the exit code.
+    """The ``dart-<service>`` command: ``serve --config FILE [KEY=VALUE ...]``; returns the exit code.
 
-    ``before(config, path)``, when given, runs after the config loaded and may end the command with
-    its exit code instead of serving (the trainer launches its ranks there).
+    ``before(config, path, overrides)``, when given, runs after the config loaded and may end the command
+    with its exit code instead of serving (the trainer launches its ranks there, with the same overrides).
     """
     parser = argparse.ArgumentParser(prog=f"dart-{service}", description=f"The DART {service} service.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help=f"Serve the {service} service until SIGTERM.")
     serve_parser.add_argument("--config", "-c", type=Path, required=True, help="Run config YAML.")
+    serve_parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="Settings over the file's, e.g. train.lr=1e-5."
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_serve_config(config_type, args.config)
+        config = load_serve_config(config_type, args.config, args.overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if before is not None:
-        code = before(config, args.config)
+        code = before(config, args.config, args.overrides)
         if code is not None:
             return code
     return serve_or_exit(service, config, body, version=version)

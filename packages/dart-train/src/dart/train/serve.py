@@ -69,7 +69,7 @@ def torchrun_argv(nodes: NodeSettings) -> list[str]:
     return [*argv, "--max-restarts=0"]
 
 
-def launch_ranks(config_file: Path, nodes: NodeSettings) -> int:
+def launch_ranks(config_file: Path, nodes: NodeSettings, overrides: Sequence[str] = ()) -> int:
     """Run this machine's ``dart-train serve`` ranks under torchrun until they end; returns the exit code.
 
     SIGTERM/SIGINT are passed on to torchrun, which passes SIGTERM to the ranks: rank 0 stops
@@ -78,7 +78,7 @@ def launch_ranks(config_file: Path, nodes: NodeSettings) -> int:
     its local rank (missing = failed).
     """
     status = Path(tempfile.mkdtemp(prefix="dart-train-ranks-"))
-    argv = [*torchrun_argv(nodes), "-m", "dart.train.serve", "serve", "--config", str(config_file)]
+    argv = [*torchrun_argv(nodes), "-m", "dart.train.serve", "serve", "--config", str(config_file), *overrides]
     proc = subprocess.Popen(argv, env={**os.environ, STATUS_DIR_ENV: str(status)})
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: proc.send_signal(signal.SIGTERM))
@@ -116,13 +116,13 @@ def follow(config: TrainServeConfig) -> None:
     follow_rank0(backend, config.train, SampleReader(config.train, StoreImageSource(store, retry=retry)))
 
 
-def _ranks(config: TrainServeConfig, config_file: Path) -> int | None:
+def _ranks(config: TrainServeConfig, config_file: Path, overrides: Sequence[str]) -> int | None:
     """Before serving: launch the ranks of a multi-process backend, or serve/follow as one of them."""
     backend = config.train.backend
     if not isinstance(backend, NodeSettings) or backend.world_size <= 1:
         return None
     if "RANK" not in os.environ:
-        return launch_ranks(config_file, backend)
+        return launch_ranks(config_file, backend, overrides)
     # torchrun starts each rank in its own session: a SIGKILL of its agent would leave ranks waiting in a
     # collective forever, so each rank goes when the agent goes.
     exit_with_parent()

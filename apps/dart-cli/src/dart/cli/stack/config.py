@@ -7,6 +7,7 @@ what a distributed deployment reads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -15,8 +16,8 @@ from pydantic import Field, model_validator
 from dart.data.config import DataConfig
 from dart.env.service.config import EnvServiceConfig
 from dart.protocol.bus import BusConfig
-from dart.protocol.config import ConfigModel, load_config
-from dart.protocol.errors import ConfigError
+from dart.protocol.config import ConfigModel, command_line_overrides, load_config
+from dart.protocol.errors import ConfigError, SuiteError
 from dart.protocol.messages import TaskSpec
 from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
@@ -200,9 +201,12 @@ def warm_start_on(config: RunConfig) -> bool:
     return enabled if enabled is not None else config.model.path is None
 
 
-def load_run_config(path: str | Path) -> RunConfig:
-    """Load a run config file (environment overrides ``DART_<SECTION>__<FIELD>`` apply)."""
-    return load_config(RunConfig, path)
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load a run config file: environment overrides ``DART_<SECTION>__<FIELD>`` apply, then ``KEY=VALUE``
+    command-line ``overrides`` (``run.rl_duration_s=30``)."""
+    return load_config(
+        RunConfig, path, overrides=command_line_overrides(RunConfig, overrides), overrides_source="command line"
+    )
 
 
 def store_config(config: RunConfig) -> StoreConfig:
@@ -218,12 +222,15 @@ def load_tasks(config: RunConfig) -> list[TaskSpec]:
     """The suite's tasks (see :func:`dart.env.suite.resolve_suite` for the forms of ``suite``).
 
     Raises:
-        ConfigError: A ``builtin:`` suite that does not exist, or tasks for another backend than
-            ``env.backend`` (the env service could not run them).
+        ConfigError: A ``builtin:`` suite that does not exist, a suite file that is missing or invalid, or
+            tasks for another backend than ``env.backend`` (the env service could not run them).
     """
     from dart.env.suite import resolve_suite
 
-    suite = resolve_suite(config.suite)
+    try:
+        suite = resolve_suite(config.suite)
+    except SuiteError as exc:  # a suite file that is missing or invalid: a config error like any other
+        raise ConfigError("run config", "suite", str(exc)) from None
     wrong = sorted({t.backend for t in suite.tasks} - {config.env.backend})
     if wrong:
         raise ConfigError(

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,10 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
     """Refuse settings ``dart run`` would otherwise ignore (before anything is written).
 
     Raises:
-        ConfigError: ``data.database_url`` is set: ``dart run`` keeps the index in its run directory.
+        ConfigError: ``data.database_url`` is set (``dart run`` keeps the index in its run directory), or
+            the suite (or the held-out suite) does not resolve or does not suit the env backend.
     """
+    from dart.cli.stack.validation import heldout_tasks
     from dart.protocol.errors import ConfigError
 
     if "database_url" in config.data.model_fields_set:
@@ -60,6 +62,9 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
             "(<run_dir>/data.sqlite3, which the summary and dart report read); remove it, or run the services with "
             "dart serve (docs/deployment.md) to use another database",
         )
+    load_tasks(config)
+    if config.validation.enabled:
+        heldout_tasks(config)
 
 
 def resolve(config: RunConfig, config_path: Path) -> RunConfig:
@@ -425,11 +430,15 @@ def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[st
     }
 
 
-def run(config_path: Path) -> dict[str, Any]:
-    """Run the pipeline described by ``config_path``; returns the summary."""
+def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Run the pipeline described by ``config_path`` with ``KEY=VALUE`` ``overrides``; returns the summary.
+
+    Raises:
+        ConfigError: The config is invalid, or names what ``dart run`` cannot run (before anything is written).
+    """
     from dart.embedded.nats import EmbeddedNats, NatsUser
 
-    config = resolve(load_run_config(config_path), config_path)
+    config = resolve(load_run_config(config_path, overrides), config_path)
     run_dir = config.run.run_dir
     assert run_dir is not None
     console.log(f"run directory: {run_dir}")
