@@ -4,9 +4,8 @@ and trains on the real work as if it were not there; the record of emitted work 
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.permissions import service_permissions
 from dart.protocol.store import LocalStore
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.protocol.testing import TASK
+from dart.protocol.testing import TASK, wait_until
 from dart.protocol.topology import ROLES, Role, durable_name
 
 pytestmark = pytest.mark.integration
@@ -44,14 +43,6 @@ def secure_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
 async def connect(secure: tuple[EmbeddedNats, dict[str, Path]], role: Role) -> Bus:
     server, files = secure
     return await Bus.connect(BusConfig(url=server.url, prefix=PREFIX, run=RUN, user=role, password_file=files[role]))
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 def data_config(tmp_path: Path) -> DataConfig:
@@ -115,7 +106,7 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
         await publish(good(w, float(i % 2 == 0)))
     # A second answer to an answered work item; work this run never emitted; a work item's id on another
     # group; and messages no schema accepts (a NaN log-prob, more log-probs than tokens).
-    await wait_for(lambda: service.stats.stored == 4)
+    await wait_until(lambda: service.stats.stored == 4)
     await publish(good(answered[0], 0.0).model_copy(update={"trajectory_id": "second-answer"}))
     await publish(good(answered[1], 1.0).model_copy(update={"trajectory_id": "foreign", "work_id": "g-other-run-0"}))
     await publish(good(answered[2], 1.0).model_copy(update={"trajectory_id": "moved", "group_id": work[4].group_id}))
@@ -135,7 +126,7 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
         "logprob_not_finite": 1,
         "misaligned_arrays": 1,
     }
-    await wait_for(lambda: service.stats.rejected == expected and service.stats.batches == 1)
+    await wait_until(lambda: service.stats.rejected == expected and service.stats.batches == 1)
     stats = service.stats
     # The real work trained as if nothing else came: 2 groups x 2 trajectories x 2 steps, one batch.
     assert (stats.stored, stats.samples, stats.groups_emitted) == (4, 8, 2)
@@ -157,7 +148,7 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
     for i, w in enumerate(work[4:]):
         await publish(good(w, float(i)))
     await publish(good(work[4], 1.0).model_copy(update={"trajectory_id": "foreign-2", "work_id": "g-made-up-1"}))
-    await wait_for(lambda: again.stats.stored == 2 and sum(again.stats.rejected.values()) == 10)
+    await wait_until(lambda: again.stats.stored == 2 and sum(again.stats.rejected.values()) == 10)
     assert again.stats.rejected["unknown_work"] == 2
     await again.stop()
     await runner.close()

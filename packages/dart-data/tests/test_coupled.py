@@ -23,10 +23,8 @@ from dart.protocol import messages as m
 from dart.protocol.bus import Bus, BusConfig, Delivery
 from dart.protocol.store import LocalStore
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.protocol.testing import SHA, TASK
+from dart.protocol.testing import SHA, TASK, wait_until
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
-
-from .test_service import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +80,7 @@ async def test_coupled_round_barrier_batch_and_version_sync(bus: Bus, tmp_path: 
     try:
         async with service:
             # Round 1: exactly B x n = 3 x 2 items, at the current version (staleness 0).
-            await wait_for(lambda: service.stats.work_items == 6)
+            await wait_until(lambda: service.stats.work_items == 6)
             first = await runner.fetch(6, timeout=5)
             assert len(first) == 6 and all(d.message.min_policy_version == 3 for d in first)
             # A round of B = len(TASKS) groups is one pass: every task once, in the pass's shuffled order.
@@ -90,7 +88,7 @@ async def test_coupled_round_barrier_batch_and_version_sync(bus: Bus, tmp_path: 
             # Half the round arrives: no batch (although batching limits are exceeded), no new work.
             rewards = {TASKS[0].task_id: [1.0, 0.0], TASKS[1].task_id: [0.0, 0.0], TASKS[2].task_id: [0.0, 1.0]}
             await answer(bus, first[:4], rewards, traj_factory)
-            await wait_for(lambda: service.stats.stored == 4)
+            await wait_until(lambda: service.stats.stored == 4)
             await asyncio.sleep(0.5)
             assert service.stats.work_items == 6 and service.stats.batches == 0 and await queued(bus) == 2
             # The rest arrives: ONE batch with the round's two groups that have reward variance.
@@ -105,7 +103,7 @@ async def test_coupled_round_barrier_batch_and_version_sync(bus: Bus, tmp_path: 
             await asyncio.sleep(0.5)
             assert service.stats.work_items == 6 and service.stats.groups_dropped == {"zero_variance": 1}
             await state.put(LATEST_MODEL_KEY, m.ModelVersion(version=4, uri="file:///w/v4", sha256=SHA, created_at=2.0))
-            await wait_for(lambda: service.stats.work_items == 12)
+            await wait_until(lambda: service.stats.work_items == 12)
             second = await runner.fetch(6, timeout=5)
             assert len(second) == 6 and all(d.message.min_policy_version == 4 for d in second)
             await asyncio.sleep(0.3)
@@ -127,13 +125,13 @@ async def test_coupled_round_times_out_and_skips_training_when_nothing_remains( 
     service = DataService(coupled_config(tmp_path, work_timeout_s=1.0), bus, LocalStore(tmp_path / "store"), TASKS)
     runner = await bus.pull_consumer("work", durable_name(bus, "work"), m.WorkItem)
     async with service:
-        await wait_for(lambda: service.stats.work_items == 6)
+        await wait_until(lambda: service.stats.work_items == 6)
         first = await runner.fetch(6, timeout=5)
         # One trajectory per group never arrives; the rest all failed: nothing to train on.
         await answer(bus, first[::2], {t.task_id: [0.0, 0.0] for t in TASKS}, traj_factory)
         # The round times out, the missing ones count as lost, training is skipped and the next
         # round goes out at the same version without waiting for a new one.
-        await wait_for(lambda: service.stats.work_items == 12, timeout=10)
+        await wait_until(lambda: service.stats.work_items == 12, timeout_s=10)
         stats = service.stats
         assert (stats.rounds, stats.round_lost, stats.batches) == (1, 3, 0)
         second = await runner.fetch(6, timeout=5)

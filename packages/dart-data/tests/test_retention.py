@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,20 +24,12 @@ from dart.data.service import DataService
 from dart.protocol import messages as m
 from dart.protocol.bus import Bus, BusConfig, KeyValueStore
 from dart.protocol.store import ArtifactStore, LocalStore
-from dart.protocol.testing import SHA, tiny_png
+from dart.protocol.testing import SHA, tiny_png, wait_until
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
 
 GRACE_S = 1.0
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -71,7 +63,7 @@ async def older_than_grace(store: ArtifactStore, key: str) -> None:
     """Wait until the object's last write is older than the grace period (a condition, not a guess)."""
     written = store.stat(key).modified
     assert written is not None
-    await wait_for(lambda: time.time() - written.timestamp() > GRACE_S + 0.05)
+    await wait_until(lambda: time.time() - written.timestamp() > GRACE_S + 0.05)
 
 
 async def test_retention_deletes_only_what_the_trainer_is_done_with(  # type: ignore[no-untyped-def]
@@ -107,8 +99,8 @@ async def test_retention_deletes_only_what_the_trainer_is_done_with(  # type: ig
         ]
         for t in trajs:
             await bus.js_publish(bus.subjects.stream_subject("traj"), t, msg_id=t.trajectory_id)
-        await wait_for(lambda: service.stats.stored == 6 and service.stats.batches == 1)
-        await wait_for(lambda: all((index.group(g) or {}).get("status") == "dropped" for g in ("g2", "g3")))
+        await wait_until(lambda: service.stats.stored == 6 and service.stats.batches == 1)
+        await wait_until(lambda: all((index.group(g) or {}).get("status") == "dropped" for g in ("g2", "g3")))
         assert index.referenced([shared_key, unreferenced_key]) == {shared_key}
         assert index.trajectory("a")["last_batch_seq"] is not None  # type: ignore[index]
         index.add_to_pool("b", "sim/click/1", keep=4)  # b is in the experience pool from now on
@@ -128,7 +120,7 @@ async def test_retention_deletes_only_what_the_trainer_is_done_with(  # type: ig
         # Version 5: the dropped group's trajectories go; the batched ones wait for the trainer, and
         # version 4's are kept (keep_every 2).
         await announce(state, 5)
-        await wait_for(lambda: service.policy_version == 5)
+        await wait_until(lambda: service.policy_version == 5)
         second = await service.retention.run_pass()
         assert second.trajectories == 2 and not stored("c") and not stored("d")
         assert all(stored(t) for t in "abef")

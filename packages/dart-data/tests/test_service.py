@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,18 +24,10 @@ from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.store import LocalStore, get_by_uri
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.protocol.testing import SHA, TASK
+from dart.protocol.testing import SHA, TASK, wait_until
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -82,7 +74,7 @@ async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, databa
             batch = delivery.message
             await delivery.ack()
             # The batch is delivered before the service records it as published: wait on both conditions.
-            await wait_for(lambda: service.stats.received == 5 and service.stats.batches == 1)
+            await wait_until(lambda: service.stats.received == 5 and service.stats.batches == 1)
             stats = service.stats
     finally:
         telemetry.shutdown()
@@ -111,7 +103,7 @@ async def test_trajectories_become_a_batch_once(bus: Bus, tmp_path: Path, databa
     await bus.js_publish(subject, trajs[1], msg_id="b-late")
     again = DataService(config(tmp_path, database_url=database_url), bus, store, [TASK])
     await again.start()
-    await wait_for(lambda: again.stats.duplicates == 1)
+    await wait_until(lambda: again.stats.duplicates == 1)
     assert again.former.groups.open_groups == 0
     assert again.state.index.count_trajectories() == 4
     assert again.state.task_stats[TASK.task_id].attempts == 4
@@ -136,7 +128,7 @@ async def test_work_emission_respects_max_outstanding(bus: Bus, tmp_path: Path, 
         return (await bus.stream_state("work")).messages
 
     async with service:
-        await wait_for(lambda: service.stats.work_items == 4)
+        await wait_until(lambda: service.stats.work_items == 4)
         await asyncio.sleep(0.3)  # backpressure: nothing more while 4 are outstanding
         assert service.stats.work_items == 4 and service.stats.outstanding == 4 and await queued() == 4
         items = await runner.fetch(2, timeout=5)
@@ -148,7 +140,7 @@ async def test_work_emission_respects_max_outstanding(bus: Bus, tmp_path: Path, 
         # A new policy while the emitter waits: the held group's version floor follows it.
         state = await ensure_topology(bus)
         await state.put(LATEST_MODEL_KEY, m.ModelVersion(version=7, uri="file:///w/v7", sha256=SHA, created_at=2.0))
-        await wait_for(lambda: service.policy_version == 7)
+        await wait_until(lambda: service.policy_version == 7)
         for i, delivery in enumerate(items):
             work = delivery.message
             traj = traj_factory(
@@ -157,7 +149,7 @@ async def test_work_emission_respects_max_outstanding(bus: Bus, tmp_path: Path, 
             await bus.js_publish(bus.subjects.stream_subject("traj"), traj, msg_id=traj.trajectory_id)
             await delivery.ack()
         # Two trajectories arrived: room for exactly one more group of two.
-        await wait_for(lambda: service.stats.work_items == 6)
+        await wait_until(lambda: service.stats.work_items == 6)
         await asyncio.sleep(0.3)
         stats = service.stats
         assert (stats.work_items, stats.work_groups, stats.outstanding) == (6, 3, 4)
@@ -202,12 +194,12 @@ async def test_emission_pauses_while_batches_wait_for_the_trainer(bus: Bus, tmp_
     service = DataService(cfg, bus, LocalStore(tmp_path / "store"), [TASK])
     trainer = await bus.pull_consumer("batch", durable_name(bus, "batch"), m.TrainingBatch)
     async with service:
-        await wait_for(lambda: service.stats.emission_throttles == 1)
+        await wait_until(lambda: service.stats.emission_throttles == 1)
         assert service.stats.work_items == 0 and (await bus.stream_state("work")).messages == 0
         # The trainer takes one: the backlog is at the limit, no longer over it, and emission resumes.
         [delivery] = await trainer.fetch(1, timeout=10)
         await delivery.ack()
-        await wait_for(lambda: service.stats.work_items == 4)  # then max_outstanding holds it
+        await wait_until(lambda: service.stats.work_items == 4)  # then max_outstanding holds it
         assert service.stats.emission_throttles == 1
     await trainer.close()
 

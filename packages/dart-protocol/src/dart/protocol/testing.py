@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
 import zlib
+from typing import TYPE_CHECKING
 
 from dart.protocol import messages as m
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def tiny_png(width: int = 2, height: int = 2) -> bytes:
@@ -148,3 +153,16 @@ def all_messages() -> list[m.Message]:
             engine="hf on cuda (bfloat16)",
         ),
     ]
+
+
+async def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll ``cond`` every 50 ms until it holds (tests wait on conditions, not on guessed durations).
+
+    Raises:
+        AssertionError: It did not hold within ``timeout_s`` (generous: tests run on busy machines).
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.05)
