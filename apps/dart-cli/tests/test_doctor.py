@@ -103,3 +103,22 @@ def test_vllm_environment_is_reported(tmp_path: Path) -> None:
     if venv_python.is_file():  # where the vLLM environment exists, it is reported usable
         _, summary, _ = run_doctor("--vllm-python", str(venv_python))
         assert summary["checks"]["vllm"]["status"] == "ok" and "vllm 0." in summary["checks"]["vllm"]["detail"]
+
+
+def test_vllm_args_prints_the_server_command_of_a_run_config() -> None:
+    """What a server of an attach deployment must run: the arguments the launched servers get, dev mode on."""
+    import shlex
+
+    from dart.cli.stack.config import load_run_config
+    from dart.rollout.engine.vllm_server import server_args
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    result = CliRunner().invoke(app, ["doctor", "--vllm-args", str(examples / "smoke-vllm.yaml"), "--vllm-model", "/m"])
+    assert result.exit_code == 0, result.stdout
+    engine = load_run_config(examples / "smoke-vllm.yaml").rollout.engine
+    expected = server_args(engine, model_path="/m", host="0.0.0.0", port=8000)  # type: ignore[arg-type]
+    assert result.stdout.strip() == "VLLM_SERVER_DEV_MODE=1 vllm serve " + shlex.join(expected)
+    assert "--logprobs-mode processed_logprobs" in result.stdout
+    # A run config whose engine is not vLLM: one error line, exit code 2.
+    refused = CliRunner().invoke(app, ["doctor", "--vllm-args", str(examples / "smoke.yaml")])
+    assert refused.exit_code == 2 and "rollout.engine.kind" in refused.stderr

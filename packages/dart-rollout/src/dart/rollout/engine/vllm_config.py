@@ -68,7 +68,8 @@ class VLLMAttachConfig(BaseModel):
 
     urls: list[str] = Field(min_length=1)
     """Base URLs, e.g. ``http://gpu-0:8000``. The servers must run with ``VLLM_SERVER_DEV_MODE=1`` and the
-    flags :func:`dart.rollout.engine.vllm_server.server_args` lists (``dart doctor`` prints them)."""
+    flags :func:`dart.rollout.engine.vllm_server.server_args` lists (``dart doctor --vllm-args RUN_CONFIG``
+    prints the whole command)."""
 
 
 class VLLMEngineConfig(BaseModel):
