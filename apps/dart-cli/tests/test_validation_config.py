@@ -64,3 +64,19 @@ def test_screenshot_retention_must_outlast_the_env_refresh() -> None:
     # Both moved together, or retention off: accepted.
     RunConfig(env={"screenshot_prefix": "shots"}, data={"retention": {"screenshot_prefix": "shots"}})
     RunConfig(data={"retention": {"enabled": False, "image_grace_s": 1}}, env={"screenshot_refresh_s": 600})
+
+
+def test_env_requests_must_outlast_the_env_services_op_timeout() -> None:
+    with pytest.raises(
+        ValidationError, match=r"rollout.runner.env_request_timeout_s \(120.0\) must exceed env.op_timeout_s \(120.0\)"
+    ):
+        RunConfig(rollout={"runner": {"env_request_timeout_s": 120}}, env={"op_timeout_s": 120})
+    RunConfig(rollout={"runner": {"env_request_timeout_s": 121}}, env={"op_timeout_s": 120})
+
+
+def test_in_progress_must_come_well_within_the_work_consumers_ack_wait() -> None:
+    from dart.rollout.service.config import RolloutConfig
+
+    with pytest.raises(ValidationError, match=r"in_progress_interval_s \(31.0\) must be at most half"):
+        RolloutConfig(in_progress_interval_s=31)
+    assert RolloutConfig(in_progress_interval_s=30).in_progress_interval_s == 30

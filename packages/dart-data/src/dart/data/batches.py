@@ -97,11 +97,6 @@ class BatchAssembler:
         self._samples: list[TrainingSample] = []
         self._groups: list[ReadyGroup] = []
 
-    @property
-    def pending_groups(self) -> int:
-        """Groups waiting in the unfinished batch."""
-        return len(self._groups)
-
     def add(self, group: ReadyGroup, *, flush_when_full: bool = True) -> tuple[bool, FormedBatch | None]:
         """Add a group's samples.
 

@@ -72,10 +72,6 @@ class Subjects:
         """Subject of one operation on one leased env instance."""
         return f"{self.prefix}.env.inst.{_check_token(instance_id, 'instance id')}.{op}"
 
-    def env_instance_wildcard(self, instance_id: str) -> str:
-        """Wildcard matching every operation on one env instance."""
-        return f"{self.prefix}.env.inst.{_check_token(instance_id, 'instance id')}.*"
-
     def eval_request(self) -> str:
         """Subject on which the run's rollout service evaluates a policy version on its engines."""
         return f"{self.prefix}.eval.{self.run}"

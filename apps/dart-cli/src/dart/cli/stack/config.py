@@ -167,6 +167,17 @@ class RunConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _env_requests_outlast_env_ops(self) -> RunConfig:
+        # A slow backend must be reported by the env service (env_failed), not guessed at by a runner's timeout.
+        request, op = self.rollout.runner.env_request_timeout_s, self.env.op_timeout_s
+        if request <= op:
+            raise ValueError(
+                f"rollout.runner.env_request_timeout_s ({request}) must exceed env.op_timeout_s ({op}): the env "
+                "service answers a slow step with env_failed only after its op timeout"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _screenshot_retention_agrees_with_the_env(self) -> RunConfig:
         # Retention deletes unreferenced screenshots older than its grace period; the env service
         # refreshes a screenshot it hands out once it is older than its refresh period.

@@ -14,7 +14,6 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,6 @@ from dart.env.service.config import EnvServiceConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
 from dart.rollout.service.config import RunnerConfig
-
-
-@dataclass(frozen=True)
-class WarmStartResult:
-    """What the warm start did.
-
-    Attributes:
-        demos: Demonstration steps recorded.
-        episodes: Oracle episodes recorded.
-        steps: SFT optimizer steps taken.
-        first_loss: Response NLL at the first step, nats per token.
-        last_loss: Response NLL at the last step.
-        seconds: Wall time.
-    """
-
-    demos: int
-    episodes: int
-    steps: int
-    first_loss: float
-    last_loss: float
-    seconds: float
 
 
 async def record_demos(

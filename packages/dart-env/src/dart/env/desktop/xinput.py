@@ -183,18 +183,6 @@ class XInput:
                 self._fake(X.ButtonRelease, button)
             self._flush()
 
-    def mouse_down(self, button: int = 1) -> None:
-        """Press ``button`` where the pointer is."""
-        with self._x():
-            self._fake(X.ButtonPress, button)
-            self._flush()
-
-    def mouse_up(self, button: int = 1) -> None:
-        """Release ``button`` where the pointer is."""
-        with self._x():
-            self._fake(X.ButtonRelease, button)
-            self._flush()
-
     def drag(self, x1: int, y1: int, x2: int, y2: int, button: int = 1) -> None:
         """Press at ``(x1, y1)``, move in steps to ``(x2, y2)``, release there."""
         with self._x():

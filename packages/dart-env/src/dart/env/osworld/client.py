@@ -245,10 +245,6 @@ class VMServerClient:
         """Execute a DART typed action (``POST /dart/action``, DART extension)."""
         return self._json(self._request("POST", "/dart/action", json=action), "/dart/action")
 
-    def dart_revert(self) -> None:
-        """Kill launched apps and restore the home directory (``POST /dart/revert``, DART extension)."""
-        self._request("POST", "/dart/revert")
-
 
 _TREE_CODE = """
 import json, os

@@ -19,6 +19,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
+from dart.protocol.topology import STREAMS
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.model.screen import Coordinates, ImageSizing, ResizeRule
@@ -174,6 +175,18 @@ class RolloutConfig(ConfigModel):
     disables it. Without a GPU (or NVML) nothing is sampled."""
     stop_timeout_s: float = Field(default=30.0, ge=0.0)
     """On stop, how long running trajectories may finish before they are aborted, seconds."""
+
+    @model_validator(mode="after")
+    def _in_progress_within_the_ack_wait(self) -> RolloutConfig:
+        # The work consumer redelivers an item whose runner stayed silent for its ack_wait.
+        consumer = STREAMS["work"].consumer
+        assert consumer is not None
+        if self.in_progress_interval_s > consumer.ack_wait_s / 2:
+            raise ValueError(
+                f"in_progress_interval_s ({self.in_progress_interval_s}) must be at most half the work consumer's "
+                f"ack_wait ({consumer.ack_wait_s} s), or a running trajectory's work item goes to another runner"
+            )
+        return self
 
     @model_validator(mode="after")
     def _attach_count(self) -> RolloutConfig:
