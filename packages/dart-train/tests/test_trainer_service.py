@@ -141,6 +141,64 @@ async def test_a_batch_whose_store_stays_unreachable_is_skipped_and_handed_back(
         assert backlog.num_ack_pending == 1
 
 
+async def test_a_batch_failing_on_its_last_allowed_delivery_is_terminated(
+    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    """JetStream would not deliver it again; left unacked it would hold the consumer's ack floor (what the
+    data manager's retention waits on) below it for the rest of the run. Terminated, the floor moves past."""
+    from dart.protocol.topology import STREAMS
+
+    unreachable = [
+        s.model_copy(
+            update={"images": [i.model_copy(update={"uri": f"s3://shots/{n}.png"}) for n, i in enumerate(s.images)]}
+        )
+        for s in rollout_samples
+    ]
+    (tmp_path / "access").write_text("key")
+    (tmp_path / "secret").write_text("secret")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store_config = StoreConfig(
+        uri="s3://shots",
+        endpoint=f"http://127.0.0.1:{port}",
+        access_key_file=tmp_path / "access",
+        secret_key_file=tmp_path / "secret",
+        max_retries=0,
+        connect_timeout_s=1.0,
+    )
+    config = TrainerConfig(
+        model_path=str(tiny_checkpoint), num_threads=2, image_reads={"attempts": 1, "initial_delay_s": 0.0}
+    )
+    limit = STREAMS["batch"].consumer.max_deliver  # type: ignore[union-attr]
+    run = f"last-{uuid.uuid4().hex[:8]}"
+    async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
+        await ensure_topology(bus)
+        ack = await bus.js_publish(bus.subjects.stream_subject("batch"), _batch("b-last", unreachable), "b-last")
+        # Earlier trainers failed on it: every delivery but the last one used up (handed back at once).
+        consumer = await bus.pull_consumer("batch", durable_name(bus, "batch"), TrainingBatch)
+        for _ in range(limit - 1):
+            [delivery] = await consumer.fetch(1, timeout=10)
+            await delivery.nak()
+        await consumer.close()
+        service = await TrainerService.start(
+            config, bus, LocalStore(tmp_path / "artifacts", fsync=False), store_config=store_config
+        )
+        task = asyncio.create_task(service.run(fetch_timeout_s=0.2))
+        for _ in range(1200):  # a bound on a hang, not a timing
+            if service.stats.failed:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(service.stop(), timeout=60)
+        assert task.done() and service.stats.failed == 1 and service.stats.batches == 0
+        for _ in range(200):
+            state = await bus.consumer_state("batch", durable_name(bus, "batch"))
+            if state.ack_floor >= ack.seq:
+                break
+            await asyncio.sleep(0.05)
+        assert state.ack_floor == ack.seq and state.num_ack_pending == 0
+
+
 async def test_samples_staler_than_the_batch_bound_are_dropped_and_counted(
     nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
 ) -> None:

@@ -11,7 +11,10 @@ screen). Published weights and checkpoints are the trainer's (``train.retention`
   the trainer. The data manager records on each trajectory the ``batch`` stream sequence of the newest
   batch holding its samples (``last_batch_seq``: its own group's, or a later one that replayed it from
   the experience pool) and compares it with the trainer's durable consumer's *ack floor*: every batch
-  at or below it was trained, dropped as stale or refused, so its samples' images are read no more;
+  at or below it was trained, dropped as stale or refused, so its samples' images are read no more (a
+  batch a trainer failed on its last allowed delivery is terminated, which moves the floor past it; one
+  left at its delivery limit by a trainer that crashed holds the floor back, so a pass also counts every
+  delivered batch as done whenever the trainer has none in flight);
 - it is not in the experience pool;
 - its newest step is older than the newest ``keep_versions`` versions and not of a version divisible by
   ``keep_every`` (kept to look back at).
@@ -104,8 +107,11 @@ class Retention:
         """Delete what is not kept now; counts go to the state's counters too."""
         state, config = self._state, self.config
         trainer = await self._bus.consumer_state("batch", durable_name(self._bus, "batch"))
+        # With nothing in flight every delivered batch is done, even one a crashed trainer left at its
+        # delivery limit (which holds the ack floor back for good).
+        floor = max(trainer.ack_floor, trainer.delivered if trainer.num_ack_pending == 0 else 0)
         below = state.version - config.keep_versions + 1
-        ids = await state.db(state.index.prunable, trainer.ack_floor, below, config.keep_every, config.max_per_pass)
+        ids = await state.db(state.index.prunable, floor, below, config.keep_every, config.max_per_pass)
         objects = size = 0
         for trajectory_id in ids:
             n, b = await asyncio.to_thread(self._delete_prefix, state.blobs.directory(trajectory_id) + "/")
@@ -130,7 +136,7 @@ class Retention:
                 objects=done.objects,
                 bytes=done.bytes,
                 screenshots=done.screenshots,
-                ack_floor=trainer.ack_floor,
+                ack_floor=floor,
                 version=state.version,
             )
         return done

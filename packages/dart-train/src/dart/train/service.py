@@ -238,7 +238,7 @@ class TrainerService:
             except Exception:
                 log.exception("training on batch %s failed; handing it back", batch.batch_id)
                 self.stats.failed += 1
-                await delivery.nak(delay=5.0)
+                await self._hand_back(delivery)
                 return
             finally:
                 heartbeat.cancel()
@@ -278,11 +278,29 @@ class TrainerService:
         if exc.retryable:
             log.error("batch %s skipped; handing it back: %s", batch_id, exc)
             self.stats.failed += 1
-            await delivery.nak(delay=5.0)
+            await self._hand_back(delivery)
         else:
             log.error("terminating batch %s: %s", batch_id, exc)
             self.stats.rejected += 1
             await delivery.term()
+
+    async def _hand_back(self, delivery: Delivery[TrainingBatch]) -> None:
+        """Ask for redelivery; on the last delivery the consumer allows, terminate instead. JetStream would not
+        deliver it again anyway, but a message left at its delivery limit is never acked, so the consumer's
+        ack floor (what the data manager's retention waits on) would stay below it for the rest of the run."""
+        consumer = STREAMS["batch"].consumer
+        if consumer is not None and consumer.max_deliver > 0 and delivery.num_delivered >= consumer.max_deliver:
+            log.error(
+                "batch %s failed on its last allowed delivery (%d): terminated",
+                delivery.message.batch_id,
+                delivery.num_delivered,
+            )
+            self._event(
+                "trainer.batch_abandoned", batch_id=delivery.message.batch_id, deliveries=delivery.num_delivered
+            )
+            await delivery.term()
+        else:
+            await delivery.nak(delay=5.0)
 
     def _stale(self, batch: TrainingBatch, dropped: int, kept: int) -> None:
         self.stats.stale_samples += dropped

@@ -94,7 +94,9 @@ class ConsumerState:
         num_ack_pending: Delivered messages not yet acked (in flight or awaiting redelivery).
         num_redelivered: Messages delivered more than once.
         num_waiting: Pull requests waiting for messages (idle fetchers).
-        ack_floor: Stream sequence at and below which every message was acked (or terminated).
+        ack_floor: Stream sequence at and below which every message was acked (or terminated). A message
+            that reached the consumer's delivery limit unacked holds it back for good.
+        delivered: Stream sequence of the last message delivered.
     """
 
     num_pending: int
@@ -102,6 +104,7 @@ class ConsumerState:
     num_redelivered: int
     num_waiting: int
     ack_floor: int = 0
+    delivered: int = 0
 
 
 async def stream_state(js: JetStreamContext, name: str) -> StreamState:
@@ -126,6 +129,7 @@ async def consumer_state(js: JetStreamContext, stream: str, durable: str) -> Con
         num_redelivered=info.num_redelivered or 0,
         num_waiting=info.num_waiting or 0,
         ack_floor=(info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0,
+        delivered=(info.delivered.stream_seq or 0) if info.delivered is not None else 0,
     )
 
 
