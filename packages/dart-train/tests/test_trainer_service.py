@@ -93,10 +93,8 @@ async def test_trains_acks_and_publishes_each_batch(
     assert steps[0]["attributes"]["rollout_mismatch"] < 1e-4
 
 
-async def test_a_batch_whose_store_stays_unreachable_is_skipped_and_handed_back(
-    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
-) -> None:
-    # The samples are fine, the store is not (nothing listens on its port): terminating would lose them.
+def _unreachable_store(tmp_path: Path, samples: list[TrainingSample]) -> tuple[StoreConfig, list[TrainingSample]]:
+    """An S3 store nothing listens for, and the samples with their images moved there."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -110,12 +108,20 @@ async def test_a_batch_whose_store_stays_unreachable_is_skipped_and_handed_back(
         max_retries=0,
         connect_timeout_s=1.0,
     )
-    unreachable = [
+    moved = [
         s.model_copy(
             update={"images": [i.model_copy(update={"uri": f"s3://shots/{n}.png"}) for n, i in enumerate(s.images)]}
         )
-        for s in rollout_samples
+        for s in samples
     ]
+    return store_config, moved
+
+
+async def test_a_batch_whose_store_stays_unreachable_is_skipped_and_handed_back(
+    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    # The samples are fine, the store is not (nothing listens on its port): terminating would lose them.
+    store_config, unreachable = _unreachable_store(tmp_path, rollout_samples)
     config = TrainerConfig(
         model_path=str(tiny_checkpoint), num_threads=2, image_reads={"attempts": 2, "initial_delay_s": 0.0}
     )
@@ -148,25 +154,7 @@ async def test_a_batch_failing_on_its_last_allowed_delivery_is_terminated(
     data manager's retention waits on) below it for the rest of the run. Terminated, the floor moves past."""
     from dart.protocol.topology import STREAMS
 
-    unreachable = [
-        s.model_copy(
-            update={"images": [i.model_copy(update={"uri": f"s3://shots/{n}.png"}) for n, i in enumerate(s.images)]}
-        )
-        for s in rollout_samples
-    ]
-    (tmp_path / "access").write_text("key")
-    (tmp_path / "secret").write_text("secret")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    store_config = StoreConfig(
-        uri="s3://shots",
-        endpoint=f"http://127.0.0.1:{port}",
-        access_key_file=tmp_path / "access",
-        secret_key_file=tmp_path / "secret",
-        max_retries=0,
-        connect_timeout_s=1.0,
-    )
+    store_config, unreachable = _unreachable_store(tmp_path, rollout_samples)
     config = TrainerConfig(
         model_path=str(tiny_checkpoint), num_threads=2, image_reads={"attempts": 1, "initial_delay_s": 0.0}
     )
