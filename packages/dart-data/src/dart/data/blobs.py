@@ -115,22 +115,25 @@ class TrajectoryBlobs:
     def shared_image_keys(self, traj: Trajectory) -> list[str]:
         """Keys in this store of the images a stored trajectory refers to outside its own directory
         (screenshots the env service stored), each once; images in other stores are not listed."""
-        base = self.store.uri("probe")[: -len("probe")]
         own = self.directory(traj.trajectory_id) + "/"
         keys: dict[str, None] = {}
         for step in traj.steps:
             for image in (step.observation.screenshot, *step.prompt_images):
-                if isinstance(image, ImageRef) and image.uri.startswith(base):
-                    key = image.uri[len(base) :]
-                    if not key.startswith(own):
-                        keys[key] = None
+                key = self._key_of(image.uri) if isinstance(image, ImageRef) else None
+                if key is not None and not key.startswith(own):
+                    keys[key] = None
         return list(keys)
+
+    def _key_of(self, uri: str) -> str | None:
+        """The key of ``uri`` in this store, or None when it points elsewhere."""
+        base = self.store.uri("probe")[: -len("probe")]
+        return uri[len(base) :] if uri.startswith(base) else None
 
     def image_exists(self, ref: ImageRef) -> bool:
         """Whether an image reference names a stored object: in this store, or where its URI points."""
-        base = self.store.uri("probe")[: -len("probe")]
-        if ref.uri.startswith(base):
-            return self.store.exists(ref.uri[len(base) :])
+        key = self._key_of(ref.uri)
+        if key is not None:
+            return self.store.exists(key)
         try:
             store, key = resolve_uri(ref.uri)
             with store:

@@ -108,17 +108,8 @@ class TrajectoryIndex:
         batch_id: str | None = None,
     ) -> None:
         """Create or update a group's row (``open``, ``emitted`` or ``dropped``)."""
-        now = time.time()
-        closed_at = None if status == "open" else now
-        values = {"status": status, "reason": reason, "batch_id": batch_id, "closed_at": closed_at}
         with self.engine.begin() as conn:
-            updated = conn.execute(update(rollout_groups).where(rollout_groups.c.group_id == group_id).values(**values))
-            if updated.rowcount == 0:
-                conn.execute(
-                    insert(rollout_groups).values(
-                        group_id=group_id, task_id=task_id, group_size=group_size, created_at=now, **values
-                    )
-                )
+            _put_group(conn, group_id, task_id, group_size, status, reason=reason, batch_id=batch_id)
 
     def record_batch(
         self, batch_id: str, batch_seq: int, groups: Sequence[tuple[str, str, int]], trajectory_ids: Sequence[str]
@@ -132,18 +123,10 @@ class TrajectoryIndex:
             groups: ``(group_id, task_id, members)`` of each group in the batch.
             trajectory_ids: Every trajectory whose samples the batch holds.
         """
-        now = time.time()
         t = trajectories.c
         with self.engine.begin() as conn:
             for group_id, task_id, members in groups:
-                values = {"status": "emitted", "reason": None, "batch_id": batch_id, "closed_at": now}
-                g = rollout_groups.c
-                if conn.execute(update(rollout_groups).where(g.group_id == group_id).values(**values)).rowcount == 0:
-                    conn.execute(
-                        insert(rollout_groups).values(
-                            group_id=group_id, task_id=task_id, group_size=members, created_at=now, **values
-                        )
-                    )
+                _put_group(conn, group_id, task_id, members, "emitted", batch_id=batch_id)
             newer = or_(t.last_batch_seq.is_(None), t.last_batch_seq < batch_seq)
             conn.execute(
                 update(trajectories)
@@ -178,13 +161,14 @@ class TrajectoryIndex:
         with self.engine.connect() as conn:
             return list(conn.execute(stmt).scalars())
 
-    def mark_pruned(self, trajectory_id: str) -> None:
-        """Record a trajectory's objects deleted: ``pruned_at`` set, its image references dropped."""
+    def mark_pruned(self, trajectory_ids: Sequence[str]) -> None:
+        """Record trajectories' objects deleted: ``pruned_at`` set, their image references dropped."""
+        ids = list(trajectory_ids)
         with self.engine.begin() as conn:
             conn.execute(
-                update(trajectories).where(trajectories.c.trajectory_id == trajectory_id).values(pruned_at=time.time())
+                update(trajectories).where(trajectories.c.trajectory_id.in_(ids)).values(pruned_at=time.time())
             )
-            conn.execute(delete(image_refs).where(image_refs.c.trajectory_id == trajectory_id))
+            conn.execute(delete(image_refs).where(image_refs.c.trajectory_id.in_(ids)))
 
     def referenced(self, keys: Iterable[str]) -> set[str]:
         """Those of ``keys`` that a stored, unpruned trajectory refers to (shared images)."""
@@ -356,6 +340,28 @@ class TrajectoryIndex:
         conn.execute(
             stmt.on_conflict_do_update(
                 index_elements=["task_id"], set_={k: v for k, v in values.items() if k != "task_id"}
+            )
+        )
+
+
+def _put_group(
+    conn: Connection,
+    group_id: str,
+    task_id: str,
+    group_size: int,
+    status: str,
+    *,
+    reason: str | None = None,
+    batch_id: str | None = None,
+) -> None:
+    """Create or update a group's row within ``conn``'s transaction."""
+    now = time.time()
+    values = {"status": status, "reason": reason, "batch_id": batch_id, "closed_at": None if status == "open" else now}
+    g = rollout_groups.c
+    if conn.execute(update(rollout_groups).where(g.group_id == group_id).values(**values)).rowcount == 0:
+        conn.execute(
+            insert(rollout_groups).values(
+                group_id=group_id, task_id=task_id, group_size=group_size, created_at=now, **values
             )
         )
 

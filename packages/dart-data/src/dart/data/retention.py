@@ -68,14 +68,12 @@ class RetentionPass:
         objects: Objects deleted (trajectory JSON and images, and shared screenshots).
         bytes: Their size.
         screenshots: Shared screenshots among them.
-        screenshots_skipped: Why the screenshot sweep did not run ("" when it ran).
     """
 
     trajectories: int = 0
     objects: int = 0
     bytes: int = 0
     screenshots: int = 0
-    screenshots_skipped: str = ""
 
 
 class Retention:
@@ -112,18 +110,15 @@ class Retention:
         floor = max(trainer.ack_floor, trainer.delivered if trainer.num_ack_pending == 0 else 0)
         below = state.version - config.keep_versions + 1
         ids = await state.db(state.index.prunable, floor, below, config.keep_every, config.max_per_pass)
-        objects = size = 0
-        for trajectory_id in ids:
-            n, b = await asyncio.to_thread(self._delete_prefix, state.blobs.directory(trajectory_id) + "/")
-            await state.db(state.index.mark_pruned, trajectory_id)
-            objects, size = objects + n, size + b
+        # Objects first, rows after: a pass cut short in between finds the directories empty next time.
+        objects, size = await asyncio.to_thread(self._delete_trajectories, ids)
+        if ids:
+            await state.db(state.index.mark_pruned, ids)
         ingest = await self._bus.consumer_state("traj", durable_name(self._bus, "traj"))
-        shots, shot_bytes, skipped = 0, 0, ""
-        if ingest.num_pending or ingest.num_ack_pending:
-            skipped = "trajectories waiting to be ingested"
-        else:
+        shots = shot_bytes = 0
+        if not (ingest.num_pending or ingest.num_ack_pending):  # else references are on their way
             shots, shot_bytes = await self._sweep_screenshots()
-        done = RetentionPass(len(ids), objects + shots, size + shot_bytes, shots, skipped)
+        done = RetentionPass(len(ids), objects + shots, size + shot_bytes, shots)
         counters = state.counters
         counters["pruned_trajectories"] += done.trajectories
         counters["pruned_objects"] += done.objects
@@ -141,12 +136,14 @@ class Retention:
             )
         return done
 
-    def _delete_prefix(self, prefix: str) -> tuple[int, int]:
-        store = self._state.blobs.store
+    def _delete_trajectories(self, trajectory_ids: list[str]) -> tuple[int, int]:
+        """Delete every object under each trajectory's directory (a worker thread); returns (objects, bytes)."""
+        blobs = self._state.blobs
         n = size = 0
-        for info in list(store.list(prefix)):
-            store.delete(info.key)
-            n, size = n + 1, size + info.size
+        for trajectory_id in trajectory_ids:
+            for info in list(blobs.store.list(blobs.directory(trajectory_id) + "/")):
+                blobs.store.delete(info.key)
+                n, size = n + 1, size + info.size
         return n, size
 
     async def _sweep_screenshots(self) -> tuple[int, int]:
