@@ -87,8 +87,8 @@ async def test_a_served_service_leaves_no_secret_in_the_run_directory(
         # The data service, as `dart serve data` runs it, until it has started and stored something.
         stop = asyncio.Event()
         task = asyncio.create_task(serve(config, "data", stop))
-        store = open_store(store_config(config))
-        store.put("probe", b"artifact")
+        # Store calls are blocking HTTP: off the event loop, which the service task shares.
+        await asyncio.to_thread(lambda: open_store(store_config(config)).put("probe", b"artifact"))
         async with await Bus.connect(
             BusConfig(url=nats.url, run=RUN, user="run", password_file=credentials["run"])
         ) as bus:
@@ -109,7 +109,7 @@ async def test_a_served_service_leaves_no_secret_in_the_run_directory(
         logging.getLogger("test").error("bus refused: %s", refused.value)
         (key_dir / "secret").write_text(wrong)
         with pytest.raises(StoreError) as denied:
-            open_store(store_config(config)).put("probe2", b"x")
+            await asyncio.to_thread(lambda: open_store(store_config(config)).put("probe2", b"x"))
         logging.getLogger("test").error("store refused: %s", denied.value)
     (run_dir / "summary.json").write_text(json.dumps({"ok": True}))
 
