@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from dart.protocol.messages import Sampling
 from dart.rollout.engine.base import GenerationRequest, InferenceEngine
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.vllm import VLLMEngine
@@ -67,7 +68,7 @@ async def level(engine: InferenceEngine, concurrency: int, count: int, max_new_t
         async with gate:
             started = time.monotonic()
             result = await engine.generate(
-                GenerationRequest(prompt, max_new_tokens=max_new_tokens, temperature=1.0, seed=i)
+                GenerationRequest(prompt, max_new_tokens=max_new_tokens, sampling=Sampling(temperature=1.0), seed=i)
             )
             latencies.append(time.monotonic() - started)
             tokens += len(result.response_token_ids)

@@ -17,6 +17,8 @@ from typing import Any
 
 from trainer_throughput import synthetic_samples
 
+from dart.protocol.messages import Sampling
+
 # Peak dense bf16 tensor throughput by GPU name (vendor data sheets), FLOP/s. The first match wins.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756e12),
@@ -178,7 +180,9 @@ async def _generate(args: argparse.Namespace) -> dict[str, Any]:
     async def one(i: int) -> None:
         nonlocal tokens
         async with gate:
-            request = GenerationRequest(prompts[i], max_new_tokens=args.max_new_tokens, temperature=1.0, seed=i)
+            request = GenerationRequest(
+                prompts[i], max_new_tokens=args.max_new_tokens, sampling=Sampling(temperature=1.0), seed=i
+            )
             tokens += len((await engine.generate(request)).response_token_ids)
 
     try:

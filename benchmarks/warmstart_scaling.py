@@ -38,7 +38,7 @@ from dart.cli.stack.warmstart import record_demos
 from dart.env.service.config import EnvServiceConfig
 from dart.env.sim import SimEnv
 from dart.env.sim.catalog import generate_suite, load_builtin_suite
-from dart.protocol.messages import Finished, TaskSpec
+from dart.protocol.messages import Finished, Sampling, TaskSpec
 from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -153,7 +153,9 @@ async def _episode(engine: HFEngine, task: TaskSpec, image_size: int) -> bool:
         history: list[HistoryStep] = []
         for _ in range(task.max_steps):
             prompt = build_prompt(instruction, observation.screenshot, history, max_images=1, image_size=image_size)
-            result = await engine.generate(GenerationRequest(prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0.0))
+            result = await engine.generate(
+                GenerationRequest(prompt, max_new_tokens=MAX_NEW_TOKENS, sampling=Sampling(temperature=0.0))
+            )
             parsed = parse_action(result.text)
             history.append(HistoryStep(result.text))
             if parsed.action is None or isinstance(parsed.action, Finished):

@@ -57,6 +57,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from dart.protocol.messages import Sampling
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 SHARD_MIB = 2048.0
@@ -178,7 +180,9 @@ class Engine:
             into["stage_s"], into["load_s"] = round(total - load, 3), round(load, 3)
         else:
             into["stage_s"], into["load_s"] = 0.0, round(total, 3)
-        result = await self.engine.generate(GenerationRequest(ChatPrompt("hi"), max_new_tokens=2, temperature=0.0))
+        result = await self.engine.generate(
+            GenerationRequest(ChatPrompt("hi"), max_new_tokens=2, sampling=Sampling(temperature=0.0))
+        )
         assert result.policy_version == version, (result.policy_version, version)
 
     async def close(self) -> None:

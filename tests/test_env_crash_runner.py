@@ -32,7 +32,7 @@ from dart.env.osworld.suites import load_local_suite, local_solutions
 from dart.env.service import EnvService, EnvServiceConfig, SlotState
 from dart.env.sim.catalog import sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import TaskSpec, TrajectoryStatus, Wait, WorkItem
+from dart.protocol.messages import Sampling, TaskSpec, TrajectoryStatus, Wait, WorkItem
 from dart.rollout.action_grammar import format_action
 from dart.rollout.errors import EnvFailed
 from dart.rollout.service.config import RunnerConfig
@@ -60,7 +60,7 @@ def work_item(task: TaskSpec, max_steps: int) -> WorkItem:
         group_size=1,
         max_steps=max_steps,
         min_policy_version=0,
-        temperature=1.0,
+        sampling=Sampling(temperature=1.0),
         created_at=time.time(),
     )
 

@@ -26,7 +26,7 @@ from dart.data.groups import ReadyGroup
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import ImageRef, InlineImage, TrajectoryStatus, WorkItem
+from dart.protocol.messages import ImageRef, InlineImage, Sampling, TrajectoryStatus, WorkItem
 from dart.protocol.messages.codec import encode
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -89,7 +89,7 @@ async def test_trainer_rebuilds_the_engines_inputs_from_the_stored_trajectory(
                 rollout_index=0,
                 group_size=1,
                 max_steps=3,
-                temperature=1.0,
+                sampling=Sampling(temperature=1.0),
                 created_at=time.time(),
             )
             trajectory = await runner.run(work)

@@ -40,7 +40,7 @@ from dart.data.groups import ReadyGroup
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import ImageRef, TrainingSample, TrajectoryStatus, WorkItem
+from dart.protocol.messages import ImageRef, Sampling, TrainingSample, TrajectoryStatus, WorkItem
 from dart.protocol.store import LocalStore, resolve_uri
 from dart.rollout.engine.base import GenerationRequest, GenerationResult
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -160,7 +160,7 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
                 rollout_index=0,
                 group_size=1,
                 max_steps=1,
-                temperature=1.0,
+                sampling=Sampling(temperature=1.0),
                 created_at=time.time(),
             )
             trajectory = await runner.run(work)
@@ -191,7 +191,7 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
         worst_fsdp = _worst(samples, [torch.tensor(x) for x in fsdp])
         assert worst_fsdp < TOLERANCE, worst_fsdp
 
-        request = GenerationRequest(prompt, max_new_tokens=6, temperature=1.0, seed=7)
+        request = GenerationRequest(prompt, max_new_tokens=6, sampling=Sampling(temperature=1.0), seed=7)
         vllm = await _start_vllm(checkpoint, tmp_path)
         try:
             served = await vllm.generate(request)

@@ -16,7 +16,7 @@ import pytest
 from dart.cli.stack.supervisor import ServiceSupervisor
 from dart.embedded.nats import EmbeddedNats
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import TaskSpec, WorkItem
+from dart.protocol.messages import Sampling, TaskSpec, WorkItem
 from dart.protocol.topology import ensure_topology
 
 WORK = WorkItem(
@@ -27,7 +27,7 @@ WORK = WorkItem(
     group_size=1,
     max_steps=3,
     min_policy_version=0,
-    temperature=1.0,
+    sampling=Sampling(temperature=1.0),
     created_at=1.0,
 )
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]

@@ -7,9 +7,9 @@ import pytest
 from dart.data.advantages import group_advantages
 from dart.data.batches import BatchAssembler, group_samples
 from dart.data.blobs import TrajectoryBlobs
-from dart.data.config import BatchingConfig, CurationConfig, EmissionConfig
+from dart.data.config import BatchingConfig, CurationConfig, EmissionConfig, GroupingConfig
 from dart.data.curation import ExperiencePool, is_hard, max_steps_for, rollout_count
-from dart.data.groups import GroupAssembler, GroupPolicy, ReadyGroup
+from dart.data.groups import GroupAssembler, ReadyGroup
 from dart.data.stats import TaskStats
 from dart.data.tasks import load_task_suite
 from dart.data.work import OutstandingWork, WorkPlanner
@@ -84,7 +84,7 @@ def test_experience_pool_fills_all_failure_group_of_hard_task(traj_factory, tmp_
     assert pool.size(TASK.task_id) == 1
     failures = [traj_factory(f"f{i}", gid="new", idx=i, size=3, reward=0.0) for i in range(3)]
     assert pool.fill(failures, stats_with(5, 10)) is None  # not hard
-    asm = GroupAssembler(GroupPolicy(), fill=lambda gid, members: pool.fill(members, hard))
+    asm = GroupAssembler(GroupingConfig(), fill=lambda gid, members: pool.fill(members, hard))
     ready: list[ReadyGroup] = []
     for t in failures:
         ready += asm.add(t, 3)
@@ -99,7 +99,7 @@ def test_experience_pool_fills_all_failure_group_of_hard_task(traj_factory, tmp_
     off.add(win)
     dropped: list[tuple[str, str, str]] = []
     asm = GroupAssembler(
-        GroupPolicy(), fill=lambda gid, members: off.fill(members, hard), on_drop=lambda *a: dropped.append(a)
+        GroupingConfig(), fill=lambda gid, members: off.fill(members, hard), on_drop=lambda *a: dropped.append(a)
     )
     for t in failures:
         assert asm.add(t, 3) == []

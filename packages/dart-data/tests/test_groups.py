@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from dart.data.groups import GroupAssembler, GroupPolicy
+from dart.data.config import GroupingConfig
+from dart.data.groups import GroupAssembler
 from dart.protocol import messages as m
 from dart.protocol.testing import TASK
 
@@ -44,7 +45,7 @@ class Clock:
 
 
 def test_complete_group_emitted_once_in_rollout_order() -> None:
-    asm = GroupAssembler(GroupPolicy())
+    asm = GroupAssembler(GroupingConfig())
     assert asm.add(traj("b", idx=1, reward=1.0), 5) == []
     assert asm.add(traj("a", idx=0), 5) == []
     assert asm.add(traj("c", idx=2), 5) == []
@@ -57,7 +58,7 @@ def test_complete_group_emitted_once_in_rollout_order() -> None:
 
 
 def test_zero_variance_group_dropped() -> None:
-    asm = GroupAssembler(GroupPolicy())
+    asm = GroupAssembler(GroupingConfig())
     for i in range(3):
         asm.add(traj(f"t{i}", idx=i, size=4, reward=1.0), 5)
     assert asm.add(traj("t3", idx=3, size=4, reward=1.0), 5) == []
@@ -65,7 +66,7 @@ def test_zero_variance_group_dropped() -> None:
 
 
 def test_duplicates_ignored() -> None:
-    asm = GroupAssembler(GroupPolicy())
+    asm = GroupAssembler(GroupingConfig())
     asm.add(traj("t0", idx=0, size=2, reward=1.0), 5)
     assert asm.add(traj("t0", idx=0, size=2, reward=1.0), 5) == []
     assert asm.drops["duplicate"] == 1
@@ -73,7 +74,7 @@ def test_duplicates_ignored() -> None:
 
 
 def test_staleness_limit_on_arrival_and_while_waiting() -> None:
-    asm = GroupAssembler(GroupPolicy(max_staleness=2, min_group_size=2))
+    asm = GroupAssembler(GroupingConfig(max_staleness=2, min_group_size=2))
     assert asm.is_stale(traj("x", version=1), 4)
     assert not asm.is_stale(traj("x", version=2), 4)
     asm.add(traj("old", idx=0, size=3, version=1), 4)
@@ -86,7 +87,7 @@ def test_staleness_limit_on_arrival_and_while_waiting() -> None:
 
 
 def test_failed_trajectories_count_toward_completion_but_are_not_trained() -> None:
-    asm = GroupAssembler(GroupPolicy(min_group_size=2))
+    asm = GroupAssembler(GroupingConfig(min_group_size=2))
     asm.add(traj("a", idx=0, size=3, reward=1.0), 5)
     asm.add(traj("f", idx=1, size=3, status=m.TrajectoryStatus.ENV_FAILED), 5)
     ready = asm.add(traj("b", idx=2, size=3, reward=0.0), 5)
@@ -97,7 +98,7 @@ def test_failed_trajectories_count_toward_completion_but_are_not_trained() -> No
 
 def test_timeout_emits_partial_group() -> None:
     clock = Clock()
-    asm = GroupAssembler(GroupPolicy(timeout_s=10, min_group_size=2), clock=clock)
+    asm = GroupAssembler(GroupingConfig(timeout_s=10, min_group_size=2), clock=clock)
     asm.add(traj("a", idx=0, size=8, reward=1.0), 5)
     asm.add(traj("b", idx=1, size=8, reward=0.0), 5)
     clock.t = 9.9
@@ -109,7 +110,7 @@ def test_timeout_emits_partial_group() -> None:
 
 
 def test_a_redelivered_unusable_trajectory_counts_once_towards_closing() -> None:
-    asm = GroupAssembler(GroupPolicy(min_group_size=2))
+    asm = GroupAssembler(GroupingConfig(min_group_size=2))
     failed = traj("f", idx=0, size=3, status=m.TrajectoryStatus.ENV_FAILED)
     asm.add(failed, 5)
     assert asm.add(failed, 5) == []  # redelivered: the same id, not a second arrival

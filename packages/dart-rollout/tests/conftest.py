@@ -16,7 +16,7 @@ import pytest
 from dart.env.service import EnvService, EnvServiceConfig, register_backend, unregister_backend
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import Action, Observation, Wait, WorkItem
+from dart.protocol.messages import Action, Observation, Sampling, Wait, WorkItem
 from dart.protocol.messages.observation import MetadataValue
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
@@ -125,7 +125,7 @@ def _work_item(max_steps: int = 3, *, min_policy_version: int = 0) -> WorkItem:
         group_size=1,
         max_steps=max_steps,
         min_policy_version=min_policy_version,
-        temperature=1.0,
+        sampling=Sampling(temperature=1.0),
         created_at=time.time(),
     )
 

@@ -18,7 +18,7 @@ import pytest
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.protocol.bus import Bus
-from dart.protocol.messages import Fail, TaskSpec
+from dart.protocol.messages import Fail, Sampling, TaskSpec
 from dart.rollout.action_grammar import format_output
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.eval import difference_interval, evaluate, pass_at_k, pass_ks, wilson_interval
@@ -104,7 +104,7 @@ async def test_evaluate_reports_exactly_the_outcomes_a_scripted_policy_produces(
         RunnerConfig(pool=pool, max_images=1),
         [a, b, c, d],
         episodes_per_task=2,
-        temperature=0.0,
+        sampling=Sampling(temperature=0.0),
         concurrency=2,
         label="t",
     )

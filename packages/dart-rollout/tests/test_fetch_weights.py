@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dart.protocol.messages import ModelVersion
+from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.store import LocalStore, S3Store, StoreConfig
 from dart.protocol.weights import WeightManifest, shard_files
 from dart.rollout.engine.base import GenerationRequest
@@ -141,7 +141,9 @@ async def test_a_corrupt_or_missing_shard_is_refused_and_the_previous_version_ke
 
         assert sync.failed_fetches == 3 and engine.version == 1 and engine.stats.weight_updates == 1
         assert torch.equal(engine.model.state_dict()[name], v1_state[name])
-        result = await engine.generate(GenerationRequest(ChatPrompt("hi"), max_new_tokens=2, temperature=0.0))
+        result = await engine.generate(
+            GenerationRequest(ChatPrompt("hi"), max_new_tokens=2, sampling=Sampling(temperature=0.0))
+        )
         assert result.policy_version == 1
     finally:
         await engine.close()

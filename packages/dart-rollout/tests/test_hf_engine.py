@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from dart.protocol.messages import Sampling
 from dart.rollout.engine.base import EngineState, GenerationRequest, WeightUpdateError
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
@@ -43,7 +44,8 @@ def _prompts(n: int) -> list[ChatPrompt]:
 async def test_concurrent_requests_share_one_batch_and_logprobs_recompute_exactly(engine: HFEngine) -> None:
     prompts = _prompts(4)
     requests = [
-        GenerationRequest(p, max_new_tokens=12 + i, temperature=1.0, top_p=0.9, seed=i) for i, p in enumerate(prompts)
+        GenerationRequest(p, max_new_tokens=12 + i, sampling=Sampling(temperature=1.0, top_p=0.9), seed=i)
+        for i, p in enumerate(prompts)
     ]
     results = await asyncio.gather(*(engine.generate(r) for r in requests))
     assert engine.stats.batches == 1 and engine.stats.last_batch_size == 4
@@ -81,7 +83,7 @@ async def test_concurrent_requests_share_one_batch_and_logprobs_recompute_exactl
 
 
 async def test_greedy_is_deterministic(engine: HFEngine) -> None:
-    request = GenerationRequest(_prompts(2)[1], max_new_tokens=10, temperature=0.0)
+    request = GenerationRequest(_prompts(2)[1], max_new_tokens=10, sampling=Sampling(temperature=0.0))
     first = await engine.generate(request)
     second = await engine.generate(request)
     assert first.response_token_ids == second.response_token_ids
@@ -89,7 +91,7 @@ async def test_greedy_is_deterministic(engine: HFEngine) -> None:
 
 
 async def test_update_weights_changes_outputs_and_version(engine: HFEngine, tmp_path: Path) -> None:
-    request = GenerationRequest(_prompts(1)[0], max_new_tokens=6, temperature=0.0)
+    request = GenerationRequest(_prompts(1)[0], max_new_tokens=6, sampling=Sampling(temperature=0.0))
     before = await engine.generate(request)
     generator = torch.Generator().manual_seed(1)
     new_state = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in engine.model.state_dict().items()}

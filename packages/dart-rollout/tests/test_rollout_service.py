@@ -15,7 +15,7 @@ import pytest
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
 from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.messages import Trajectory, TrajectoryStatus, WorkItem
+from dart.protocol.messages import Sampling, Trajectory, TrajectoryStatus, WorkItem
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.service import RolloutConfig, RolloutService, RunnerConfig
@@ -52,7 +52,7 @@ async def publish_work(bus: Bus, n: int, max_steps: int = 2) -> list[WorkItem]:
             rollout_index=i % 2,
             group_size=2,
             max_steps=max_steps,
-            temperature=1.0,
+            sampling=Sampling(temperature=1.0),
             created_at=time.time(),
         )
         for i in range(n)
@@ -207,7 +207,7 @@ async def test_an_evaluation_request_runs_on_one_engine_held_at_the_version_whil
                 tasks=tasks,
                 pool=eval_env.config.pool,
                 episodes_per_task=2,
-                temperature=0.0,
+                sampling=Sampling(temperature=0.0),
                 concurrency=2,
             )
             asked = asyncio.create_task(bus.request(bus.subjects.eval_request(), request, EvalResult, timeout=60))

@@ -24,7 +24,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from dart.protocol.bus import Bus
-from dart.protocol.messages import TrajectoryStatus, WorkItem
+from dart.protocol.messages import Sampling, TrajectoryStatus, WorkItem
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
@@ -100,7 +100,9 @@ async def test_image_chat_records_exact_prompt_ids_and_behaviour_logprobs(
 ) -> None:
     prompt = _prompt(1)
     assert len(prompt.images) == 2
-    request = GenerationRequest(prompt, max_new_tokens=16, temperature=temperature, top_p=top_p, seed=7)
+    request = GenerationRequest(
+        prompt, max_new_tokens=16, sampling=Sampling(temperature=temperature, top_p=top_p), seed=7
+    )
     result = await engine.generate(request)
     n = len(result.response_token_ids)
     assert 1 <= n <= 16 and len(result.response_logprobs) == n
@@ -123,7 +125,7 @@ async def test_weight_update_in_place_serves_new_weights(
     original, perturbed = await asyncio.to_thread(_perturbed_weights, model, tmp_path / "v1.safetensors")
     new_path = tmp_path / "v1.safetensors"
     prompt = _prompt(2)
-    request = GenerationRequest(prompt, max_new_tokens=12, temperature=1.0, seed=3)
+    request = GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(temperature=1.0), seed=3)
     try:
         await engine.update_weights(new_path, version=1)
         assert engine.version == 1 and engine.state is EngineState.SERVING and engine.stats.weight_updates == 1
@@ -166,7 +168,7 @@ async def test_a_sharded_version_is_staged_whole_and_serves_its_weights(
     publisher = WeightPublisher(store, config=PublishConfig(shard_mib=shard_mib))
     version = publisher.save(perturbed, 1, trainer_step=1, base_model="tiny")
     prompt = _prompt(1)
-    request = GenerationRequest(prompt, max_new_tokens=12, temperature=1.0, seed=5)
+    request = GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(temperature=1.0), seed=5)
     try:
         assert version.shards >= 3
         await engine.update_weights(await fetch_weights(version), version=1)
@@ -192,7 +194,7 @@ async def test_a_sharded_version_is_staged_whole_and_serves_its_weights(
 
 
 async def test_requests_during_an_update_wait_and_get_the_new_version(engine: VLLMEngine, checkpoint: Path) -> None:
-    request = GenerationRequest(_prompt(0), max_new_tokens=8, temperature=1.0, seed=1)
+    request = GenerationRequest(_prompt(0), max_new_tokens=8, sampling=Sampling(temperature=1.0), seed=1)
     in_flight = asyncio.create_task(engine.generate(request))
     await asyncio.sleep(0)  # the request is on its way before the update starts
     update = asyncio.create_task(engine.update_weights(checkpoint / "model.safetensors", version=5))

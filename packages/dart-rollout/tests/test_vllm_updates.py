@@ -22,7 +22,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from dart.protocol.bus import Bus
-from dart.protocol.messages import ModelVersion
+from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
 from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
@@ -143,7 +143,7 @@ def policy(checkpoint: Path) -> tuple[Any, Any]:
 def _request(i: int = 1, max_new_tokens: int = 12) -> GenerationRequest:
     screen = Image.new("RGB", (224, 224), (30 * i, 120, 200 - 20 * i))
     prompt = build_prompt(f"Click the OK button {i}.", screen, [], max_images=1)
-    return GenerationRequest(prompt, max_new_tokens=max_new_tokens, temperature=1.0, seed=i)
+    return GenerationRequest(prompt, max_new_tokens=max_new_tokens, sampling=Sampling(temperature=1.0), seed=i)
 
 
 def _logprobs(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, TrainingSample
+from dart.protocol.messages import ImageRef, Sampling, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -50,7 +50,9 @@ async def _rollout(checkpoint: Path, store: LocalStore, n: int) -> list[Training
             prompt = build_prompt(
                 f"Click the OK button {i}.", current, [HistoryStep("Action: wait()", older)], max_images=2
             )
-            result = await engine.generate(GenerationRequest(prompt, max_new_tokens=10, temperature=1.0, seed=i))
+            result = await engine.generate(
+                GenerationRequest(prompt, max_new_tokens=10, sampling=Sampling(temperature=1.0), seed=i)
+            )
             # The images as fed (the prompt resized them), as a runner records them in StepRecord.prompt_images.
             refs = [store_png(store, f"shots/{i}/{j}.png", im) for j, im in enumerate(prompt.images)]
             samples.append(

@@ -12,16 +12,16 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from PIL import Image
 
 from dart.train.batching import InputBuilder, ModelInputs
+from dart.train.config import MegatronBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError
 from dart.train.loss import token_logprobs
-from dart.train.megatron import MegatronBackend, MegatronSettings
+from dart.train.megatron import MegatronBackend
 
 LR, CLIP, STEPS, TEMPERATURE = 1e-3, 1.0, 3, 0.7
 
@@ -77,8 +77,10 @@ def main() -> None:
     rank = dist.get_rank()
     started = time.perf_counter()
     result: dict[str, object] = {}
-    settings = MegatronSettings(model_path=checkpoint, lr=LR, grad_clip=CLIP, tensor_parallel_size=2, seed=0)
-    backend = MegatronBackend.create(settings)
+    config = TrainerConfig(
+        model_path=checkpoint, lr=LR, grad_clip=CLIP, seed=0, backend={"kind": "megatron", "tensor_parallel_size": 2}
+    )
+    backend = MegatronBackend.create(config)
     inputs = samples(backend)
     result["layout"] = [backend.tensor_parallel_size, backend.data_parallel_size]
     hf = None
@@ -156,10 +158,9 @@ def main() -> None:
 
     # 5. TP=1 x DP=2 (both ranks the same samples, gradients averaged): same trajectory as TP=2.
     # Built the way the trainer service builds backends: load(trainer config) with a backend section.
-    config = SimpleNamespace(
-        model_path=checkpoint, lr=LR, grad_clip=CLIP, seed=0, backend=SimpleNamespace(tensor_parallel_size=1)
+    single = MegatronBackend.load(
+        config.model_copy(update={"backend": MegatronBackendSettings(tensor_parallel_size=1, data_parallel_size=2)})
     )
-    single = MegatronBackend.load(config)
     result["dp_rank_size"] = [single.dp_rank, single.dp_size]
     result["layout_tp1"] = [single.tensor_parallel_size, single.data_parallel_size]
     try:
@@ -185,7 +186,7 @@ def main() -> None:
         model.resize_token_embeddings(923, mean_resizing=False)
         model.save_pretrained(odd)
     dist.barrier()
-    padded = MegatronBackend.create(MegatronSettings(model_path=str(odd), tensor_parallel_size=2))
+    padded = MegatronBackend.create(config.model_copy(update={"model_path": str(odd)}))
     with torch.no_grad():
         x = inputs[0]
         logits = padded.model(x, 0, x.input_ids.shape[1])

@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, TrainingSample
+from dart.protocol.messages import ImageRef, Sampling, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -60,7 +60,9 @@ async def _generate(checkpoint: Path, store: LocalStore, temperature: float) -> 
     try:
         older, current = Image.new("RGB", (224, 224), (10, 20, 30)), Image.new("RGB", (300, 200), (200, 40, 40))
         prompt = build_prompt("Click the OK button.", current, [HistoryStep("Action: wait()", older)], max_images=2)
-        request = GenerationRequest(prompt, max_new_tokens=24, temperature=temperature, top_p=0.9, seed=5)
+        request = GenerationRequest(
+            prompt, max_new_tokens=24, sampling=Sampling(temperature=temperature, top_p=0.9), seed=5
+        )
         result = await engine.generate(request)
     finally:
         await engine.close()

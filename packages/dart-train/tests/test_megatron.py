@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -133,30 +132,6 @@ def test_tensor_parallel_sizes_that_do_not_split_the_model_are_refused(tp: int) 
     )
     with pytest.raises(ParallelismError):
         hf_to_megatron(_numbered_state(spec), spec, 0, tp)
-
-
-@pytest.mark.unit
-def test_settings_come_from_a_trainer_config_and_its_backend_section() -> None:
-    from dart.train.megatron import MegatronSettings
-
-    backend = SimpleNamespace(kind="megatron", tensor_parallel_size=2, pipeline_parallel_size=1)
-    config = SimpleNamespace(model_path="/ckpt", lr=2e-6, betas=[0.9, 0.95], grad_clip=None, seed=3, backend=backend)
-    settings = MegatronSettings.from_config(config)
-    assert (settings.tensor_parallel_size, settings.lr, settings.betas, settings.grad_clip, settings.seed) == (
-        2,
-        2e-6,
-        (0.9, 0.95),
-        None,
-        3,
-    )
-
-
-@pytest.mark.unit
-def test_pipeline_parallelism_is_refused_clearly(tiny_checkpoint: Path) -> None:
-    from dart.train.megatron import MegatronBackend, MegatronSettings
-
-    with pytest.raises(ParallelismError, match="pipeline parallelism"):
-        MegatronBackend.create(MegatronSettings(model_path=str(tiny_checkpoint), pipeline_parallel_size=2))
 
 
 @pytest.mark.unit

@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from dart.protocol.messages import TrainingBatch, TrainingSample
+from dart.protocol.messages import Sampling, TrainingBatch, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -64,7 +64,7 @@ async def _greedy_matches_trainer(engine_weights: Path, tiny_checkpoint: Path, b
     try:
         await engine.update_weights(engine_weights, version=1)
         prompt = build_prompt("Click the OK button.", Image.new("RGB", (224, 224), (10, 200, 30)))
-        result = await engine.generate(GenerationRequest(prompt, max_new_tokens=8, temperature=0.0))
+        result = await engine.generate(GenerationRequest(prompt, max_new_tokens=8, sampling=Sampling(temperature=0.0)))
         assert result.policy_version == 1
         encoded = encode_prompt(engine.processor, prompt)
     finally:

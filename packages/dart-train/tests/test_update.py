@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, SamplingParams, TrainingSample
+from dart.protocol.messages import ImageRef, Sampling, SamplingParams, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -56,7 +56,9 @@ async def _tempered(checkpoint: Path, store: LocalStore) -> TrainingSample:
     try:
         image = Image.new("RGB", (224, 224), (200, 40, 40))
         prompt = build_prompt("Press the red button.", image, [], max_images=1)
-        result = await engine.generate(GenerationRequest(prompt, max_new_tokens=16, temperature=0.7, top_p=0.9, seed=3))
+        result = await engine.generate(
+            GenerationRequest(prompt, max_new_tokens=16, sampling=Sampling(temperature=0.7, top_p=0.9), seed=3)
+        )
     finally:
         await engine.close()
     assert result.sampling == SamplingParams(

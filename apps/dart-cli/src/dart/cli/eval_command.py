@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dart.protocol.errors import ConfigError, DartError
+from dart.protocol.messages import Sampling
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -57,6 +58,9 @@ def eval_command(
     temperature: Annotated[
         float, typer.Option("--temperature", "-t", min=0.0, help="0 = greedy; above 0 samples.")
     ] = 0.0,
+    top_p: Annotated[
+        float, typer.Option("--top-p", min=0.01, max=1.0, help="Nucleus mass when sampling; 1 = off.")
+    ] = 1.0,
     instances: Annotated[int, typer.Option("--instances", min=1, help="Env instances (episodes in flight).")] = 4,
     nats_url: Annotated[
         str | None, typer.Option("--nats-url", help="An existing nats-server (default: start an embedded one).")
@@ -65,7 +69,8 @@ def eval_command(
     """Evaluate a policy: K episodes per task; a per-task table, then one JSON object as the last line."""
     logging.basicConfig(level=logging.WARNING)
     try:
-        result = asyncio.run(_eval(policy, version, base, config, suite, episodes, temperature, instances, nats_url))
+        sampling = Sampling(temperature=temperature, top_p=top_p)
+        result = asyncio.run(_eval(policy, version, base, config, suite, episodes, sampling, instances, nats_url))
     except (ConfigError, DartError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -83,21 +88,21 @@ async def _eval(
     config_path: Path | None,
     suite: str | None,
     episodes: int,
-    temperature: float,
+    sampling: Sampling,
     instances: int,
     nats_url: str | None,
 ) -> tuple[EvalReport, dict[str, Any]]:
     # Reading configs, manifests and suites, and starting nats-server, block: off the event loop.
     config, policy, tasks, chosen = await asyncio.to_thread(_resolve, target, version, base, config_path, suite)
     if nats_url is not None:
-        return await _on_bus(config, nats_url, policy, tasks, chosen, episodes, temperature, instances, target)
+        return await _on_bus(config, nats_url, policy, tasks, chosen, episodes, sampling, instances, target)
     from dart.embedded.nats import EmbeddedNats
 
     with tempfile.TemporaryDirectory(prefix="dart-eval-nats-") as tmp:
         nats = EmbeddedNats(store_dir=Path(tmp))
         await asyncio.to_thread(nats.start)
         try:
-            return await _on_bus(config, nats.url, policy, tasks, chosen, episodes, temperature, instances, target)
+            return await _on_bus(config, nats.url, policy, tasks, chosen, episodes, sampling, instances, target)
         finally:
             await asyncio.to_thread(nats.stop)
 
@@ -123,7 +128,7 @@ async def _on_bus(
     tasks: list[Any],
     suite: str,
     episodes: int,
-    temperature: float,
+    sampling: Sampling,
     instances: int,
     target: str,
 ) -> tuple[EvalReport, dict[str, Any]]:
@@ -149,7 +154,7 @@ async def _on_bus(
                     tasks,
                     pool=EVAL_POOL,
                     episodes_per_task=episodes,
-                    temperature=temperature,
+                    sampling=sampling,
                     concurrency=instances,
                     label=f"v{policy.version}",
                     store=store,
@@ -184,7 +189,8 @@ def report_table(report: EvalReport) -> Table:
     def ci(bounds: tuple[float, float]) -> str:
         return f"[{bounds[0]:.0%}, {bounds[1]:.0%}]"
 
-    mode = "greedy" if report.temperature == 0 else f"T={report.temperature:g}"
+    sampling = report.sampling
+    mode = "greedy" if sampling.temperature == 0 else f"T={sampling.temperature:g}, top-p={sampling.top_p:g}"
     table = Table(title=f"policy v{report.policy_version}, {mode}, K={report.episodes_per_task}")
     for column in ("task", "n", "success", "95% CI", "errors", "steps"):
         table.add_column(column, justify="left" if column == "task" else "right")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from dart.protocol.bus import Bus
 from dart.protocol.errors import ConfigError
-from dart.protocol.messages import ModelVersion, TaskSpec
+from dart.protocol.messages import ModelVersion, Sampling, TaskSpec
 from dart.protocol.store import ArtifactStore, StoreConfig, open_store, resolve_uri
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ async def evaluate_policy(
     *,
     pool: str,
     episodes_per_task: int,
-    temperature: float,
+    sampling: Sampling,
     concurrency: int,
     label: str,
     store: StoreConfig | None = None,
@@ -278,7 +278,7 @@ async def evaluate_policy(
             runner_config,
             tasks,
             episodes_per_task=episodes_per_task,
-            temperature=temperature,
+            sampling=sampling,
             concurrency=concurrency,
             label=label,
             images=images,

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dart.protocol.config import ConfigModel
+from dart.protocol.messages import Sampling
 
 
 class IngestConfig(ConfigModel):
@@ -32,7 +33,7 @@ class IngestConfig(ConfigModel):
 
 
 class GroupingConfig(ConfigModel):
-    """How trajectories form GRPO groups (see :class:`dart.data.groups.GroupPolicy`)."""
+    """How trajectories form GRPO groups (see :class:`dart.data.groups.GroupAssembler`)."""
 
     timeout_s: float = Field(default=300.0, gt=0)
     """Close an incomplete group this long after its first trajectory, seconds."""
@@ -127,8 +128,9 @@ class EmissionConfig(ConfigModel):
     work_timeout_s: float = Field(default=900.0, gt=0)
     """Stop waiting for a group's missing trajectories this long after emission (a runner that died
     for good must not stall emission forever); in coupled mode, the round's barrier timeout."""
-    temperature: float = Field(default=1.0, ge=0, le=10)
-    """Sampling temperature put on work items."""
+    sampling: Sampling = Field(default_factory=Sampling)
+    """How the policy samples (temperature, top-p): put on every work item, so the rollout engines
+    sample with exactly this and record it on each step for the trainer."""
     max_groups: int | None = Field(default=None, ge=0)
     """Stop after emitting this many groups; None walks the task list forever."""
     seed: int = 0

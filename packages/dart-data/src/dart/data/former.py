@@ -18,7 +18,7 @@ from collections import Counter
 
 from dart.data.batches import BatchAssembler
 from dart.data.config import GroupingConfig
-from dart.data.groups import GroupAssembler, GroupPolicy, ReadyGroup
+from dart.data.groups import GroupAssembler, ReadyGroup
 from dart.data.state import DataState
 from dart.protocol.bus import Bus
 from dart.protocol.messages import TrainingBatch, Trajectory
@@ -50,7 +50,7 @@ class BatchFormer:
         self._flush_when_full = flush_when_full
         g: GroupingConfig = state.config.grouping
         self.groups = GroupAssembler(
-            GroupPolicy(g.timeout_s, g.min_group_size, g.max_staleness, g.drop_zero_variance),
+            g,
             state.clock,
             fill=self._fill_from_pool,
             on_drop=self._group_dropped,

@@ -17,24 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dart.data.advantages import has_variance
+from dart.data.config import GroupingConfig
 from dart.protocol.messages import Trajectory
-
-
-@dataclass(frozen=True)
-class GroupPolicy:
-    """How groups are formed.
-
-    Attributes:
-        timeout_s: Emit (or drop) an incomplete group this long after its first trajectory.
-        min_group_size: Smallest group worth training on after filtering.
-        max_staleness: Largest accepted policy lag in versions; None disables the limit.
-        drop_zero_variance: Drop groups whose rewards are all equal (zero advantage everywhere).
-    """
-
-    timeout_s: float = 300.0
-    min_group_size: int = 2
-    max_staleness: int | None = 4
-    drop_zero_variance: bool = True
 
 
 @dataclass
@@ -74,7 +58,7 @@ class GroupAssembler:
 
     def __init__(
         self,
-        policy: GroupPolicy,
+        policy: GroupingConfig,
         clock: Callable[[], float] = time.monotonic,
         *,
         fill: Callable[[str, list[Trajectory]], Trajectory | None] | None = None,
@@ -83,7 +67,7 @@ class GroupAssembler:
         """Create an assembler.
 
         Args:
-            policy: Completion, timeout, staleness and variance rules.
+            policy: Completion, timeout, staleness and variance rules (``data.grouping``).
             clock: Monotonic seconds (injectable for tests).
             fill: Called as ``fill(group_id, members)`` when a closing group has no successful
                 member; may return a stored success of the same task to add (experience pool).

@@ -145,7 +145,7 @@ class WorkPlanner:
                 group_size=size,
                 max_steps=steps,
                 min_policy_version=min_version,
-                temperature=self.emission.temperature,
+                sampling=self.emission.sampling,
                 created_at=now,
             )
             for i in range(size)

@@ -14,36 +14,6 @@ from dart.protocol.retry import RetryPolicy
 from dart.train.loss import LossConfig
 
 
-class LossSettings(ConfigModel):
-    """The GRPO + TIS objective's knobs (validated again by :class:`~dart.train.loss.LossConfig`)."""
-
-    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0)
-    """Lower clip range of the ratio (ratio >= 1 - clip_low)."""
-    clip_high: float = Field(default=0.28, ge=0.0)
-    """Upper clip range of the ratio (ratio <= 1 + clip_high), DAPO's clip-higher."""
-    tis_cap: float | None = Field(default=2.0, gt=0.0)
-    """Truncation of the rollout-to-trainer importance weight; None disables TIS."""
-    kl_coef: float = Field(default=0.0, ge=0.0)
-    """Weight of the k3 KL to the reference policy; 0 disables it (no reference model is kept)."""
-    objective: Literal["tis", "decoupled"] = "tis"
-    """Off-policy correction: ``tis`` truncates the behaviour importance weight at ``tis_cap``;
-    ``decoupled`` is AReaL's decoupled PPO, dropping tokens whose weight exceeds ``behav_cap``
-    (see :mod:`dart.train.loss`)."""
-    behav_cap: float | None = Field(default=5.0, gt=1.0)
-    """``decoupled``: tokens whose behaviour importance weight exceeds this are dropped; None keeps all."""
-
-    def to_loss_config(self) -> LossConfig:
-        """The frozen dataclass :func:`~dart.train.loss.grpo_loss` takes."""
-        return LossConfig(
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            tis_cap=self.tis_cap,
-            kl_coef=self.kl_coef,
-            objective=self.objective,
-            behav_cap=self.behav_cap,
-        )
-
-
 class TorchBackendSettings(ConfigModel):
     """One process, one device (``train.device``)."""
 
@@ -219,7 +189,7 @@ class TrainerConfig(ConfigModel):
     trainer's ``logp_old`` pass); 1.0 keeps all."""
     entropy_scope: Literal["batch", "trajectory"] = "batch"
     """Rank steps across the whole batch, or within each trajectory."""
-    loss: LossSettings = Field(default_factory=LossSettings)
+    loss: LossConfig = Field(default_factory=LossConfig)
     """The policy-gradient objective."""
     loss_aggregation: Literal["trajectory_mean", "token_mean"] = "trajectory_mean"
     """How token losses are averaged over a batch. ``token_mean`` weights every token equally, so long

@@ -33,46 +33,33 @@ change the result.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from pydantic import Field
+
+from dart.protocol.config import ConfigModel
 
 Objective = Literal["tis", "decoupled"]
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    """Knobs of the GRPO objective.
+class LossConfig(ConfigModel):
+    """Knobs of the GRPO objective (``train.loss``; see the module docstring)."""
 
-    Attributes:
-        clip_low: Lower clip range (ratio >= 1 - clip_low).
-        clip_high: Upper clip range (ratio <= 1 + clip_high).
-        tis_cap: ``tis``: truncation C of the importance weight; None disables the correction.
-        kl_coef: Weight of the k3 KL estimate to a reference policy; 0 disables it.
-        objective: ``tis`` or ``decoupled`` (see the module docstring).
-        behav_cap: ``decoupled``: tokens whose behaviour importance weight exceeds this are dropped; None
-            keeps every token. Must be > 1 (AReaL's constraint: a cap below 1 would drop on-policy tokens).
-    """
-
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    tis_cap: float | None = 2.0
-    kl_coef: float = 0.0
+    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """Lower clip range of the ratio (ratio >= 1 - clip_low)."""
+    clip_high: float = Field(default=0.28, ge=0.0)
+    """Upper clip range of the ratio (ratio <= 1 + clip_high), DAPO's clip-higher."""
+    tis_cap: float | None = Field(default=2.0, gt=0.0)
+    """``tis``: truncation C of the rollout-to-trainer importance weight; None disables the correction."""
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    """Weight of the k3 KL estimate to the reference policy; 0 disables it (no reference model is kept)."""
     objective: Objective = "tis"
-    behav_cap: float | None = 5.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.clip_low < 1.0 or self.clip_high < 0.0:
-            raise ValueError(f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ValueError(f"tis_cap must be positive, got {self.tis_cap}")
-        if self.kl_coef < 0.0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.objective not in ("tis", "decoupled"):
-            raise ValueError(f"objective must be 'tis' or 'decoupled', got {self.objective!r}")
-        if self.behav_cap is not None and self.behav_cap <= 1.0:
-            raise ValueError(f"behav_cap must be > 1, got {self.behav_cap}")
+    """Off-policy correction: ``tis`` truncates the behaviour importance weight at ``tis_cap``;
+    ``decoupled`` is AReaL's decoupled PPO, dropping tokens whose weight exceeds ``behav_cap``."""
+    behav_cap: float | None = Field(default=5.0, gt=1.0)
+    """``decoupled``: tokens whose behaviour importance weight exceeds this are dropped; None keeps every
+    token. Above 1 (AReaL's constraint: a cap below 1 would drop on-policy tokens)."""
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -205,7 +205,7 @@ class RLUpdate:
     def __init__(self, backend: Any, config: TrainerConfig) -> None:
         self.backend = backend
         self.config = config
-        self.loss_config = config.loss.to_loss_config()
+        self.loss_config = config.loss
 
     @staticmethod
     def _sampling(sample: TrainingSample) -> dict[str, Any]:

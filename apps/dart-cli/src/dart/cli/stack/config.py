@@ -18,7 +18,7 @@ from dart.env.service.config import EnvServiceConfig
 from dart.protocol.bus import BusConfig
 from dart.protocol.config import ConfigModel, command_line_overrides, load_config
 from dart.protocol.errors import ConfigError, SuiteError
-from dart.protocol.messages import TaskSpec
+from dart.protocol.messages import Sampling, TaskSpec
 from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
@@ -123,8 +123,8 @@ class ValidationSection(ConfigModel):
     warm-started policy, as ``benchmarks/ablation.py``'s): the validator then never competes with
     early RL for the machine's cores."""
     episodes_per_task: int = Field(default=1, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
-    """0 = greedy."""
+    sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.0))
+    """How the validation episodes sample; temperature 0 (the default) is greedy."""
     instances: int = Field(default=4, ge=1, le=256)
     """Env instances of the validation pool (episodes in flight)."""
     pool: str = Field(default="heldout", pattern=r"^[A-Za-z0-9_-]+$")

@@ -245,7 +245,7 @@ class HeldOutValidator:
                 tasks=self._tasks,
                 pool=v.pool,
                 episodes_per_task=v.episodes_per_task,
-                temperature=v.temperature,
+                sampling=v.sampling,
                 concurrency=v.instances,
                 hold_timeout_s=v.final_timeout_s,
             )
@@ -264,7 +264,7 @@ class HeldOutValidator:
                 self._tasks,
                 pool=v.pool,
                 episodes_per_task=v.episodes_per_task,
-                temperature=v.temperature,
+                sampling=v.sampling,
                 concurrency=v.instances,
                 label=label,
                 store=self._store,

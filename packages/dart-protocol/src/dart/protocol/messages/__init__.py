@@ -51,11 +51,11 @@ from dart.protocol.messages.env import (
 )
 from dart.protocol.messages.evaluation import EvalRequest, EvalResult, EvalTaskOutcome
 from dart.protocol.messages.observation import Image, ImageRef, InlineImage, Observation
+from dart.protocol.messages.sampling import Sampling, SamplingParams
 from dart.protocol.messages.tasks import TaskSpec, WorkItem
 from dart.protocol.messages.training import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.messages.trajectory import (
     TRAINABLE_STATUSES,
-    SamplingParams,
     StepRecord,
     StepTimings,
     Trajectory,
@@ -98,6 +98,7 @@ __all__ = [
     "ACTION_ADAPTER",
     "ANY_MESSAGE",
     "SCHEMA_VERSION",
+    "Sampling",
     "SamplingParams",
     "TERMINAL_ACTION_KINDS",
     "TRAINABLE_STATUSES",

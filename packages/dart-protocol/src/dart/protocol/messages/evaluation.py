@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from dart.protocol.messages.base import Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
+from dart.protocol.messages.sampling import Sampling
 from dart.protocol.messages.tasks import TaskSpec
 from dart.protocol.messages.training import ModelVersion
 
@@ -31,8 +32,8 @@ class EvalRequest(Message):
     pool: NonEmptyStr
     """Env pool the episodes lease from (the evaluator's own, never a training pool)."""
     episodes_per_task: int = Field(ge=1, le=1024)
-    temperature: NonNegFloat
-    """0 = greedy."""
+    sampling: Sampling
+    """How every episode samples (temperature 0: greedy)."""
     concurrency: int = Field(ge=1, le=1024)
     """Episodes in flight."""
     hold_timeout_s: float = Field(default=600.0, gt=0.0)
@@ -58,7 +59,8 @@ class EvalResult(Message):
     label: NonEmptyStr
     policy_version: PolicyVersion
     """Lowest policy version any counted step was generated with (the held engine's)."""
-    temperature: NonNegFloat
+    sampling: Sampling
+    """How the episodes sampled."""
     episodes_per_task: int = Field(ge=1)
     tasks: list[EvalTaskOutcome]
     seconds: NonNegFloat

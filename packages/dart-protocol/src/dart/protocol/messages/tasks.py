@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
+from dart.protocol.messages.sampling import Sampling
 
 
 class TaskSpec(Value):
@@ -62,8 +63,8 @@ class WorkItem(Message):
     """Step budget for this trajectory (may differ from the task default: adaptive length)."""
     min_policy_version: PolicyVersion = 0
     """The runner must not sample with an older policy than this."""
-    temperature: FiniteFloat = Field(default=1.0, ge=0.0, le=10.0)
-    """Sampling temperature."""
+    sampling: Sampling = Field(default_factory=Sampling)
+    """How the policy samples this trajectory's responses (the data manager's ``emission.sampling``)."""
     created_at: NonNegFloat
     """Unix time, seconds."""
 

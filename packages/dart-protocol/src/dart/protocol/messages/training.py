@@ -20,7 +20,7 @@ from dart.protocol.messages.base import (
     Value,
 )
 from dart.protocol.messages.observation import ImageRef, Sha256Hex
-from dart.protocol.messages.trajectory import SamplingParams
+from dart.protocol.messages.sampling import SamplingParams
 
 
 class TrainingSample(Value):

@@ -26,6 +26,7 @@ from dart.protocol.messages.base import (
     Value,
 )
 from dart.protocol.messages.observation import Image, Observation
+from dart.protocol.messages.sampling import SamplingParams
 from dart.protocol.messages.tasks import TaskSpec
 
 
@@ -56,25 +57,6 @@ class StepTimings(Value):
     env_s: NonNegFloat = 0.0
     """Round trip of the env step request."""
     total_s: NonNegFloat = 0.0
-
-
-class SamplingParams(Value):
-    """How a response's tokens were drawn: the behaviour distribution the recorded log-probs belong to.
-
-    The behaviour distribution at each position is ``softmax(logits / temperature)`` with
-    ``excluded_token_ids`` removed, then restricted to the smallest set of most likely tokens whose
-    mass reaches ``top_p`` and renormalized. The trainer recomputes log-probs of the same
-    distribution (same temperature, exclusions and nucleus rule) so importance weights compare like
-    with like.
-    """
-
-    temperature: NonNegFloat = 1.0
-    """Sampling temperature; 0 is greedy: the argmax of the temperature-1 distribution with
-    ``excluded_token_ids`` removed, whose log-probs are the recorded ones (``top_p`` plays no part)."""
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus mass; 1 keeps the whole distribution."""
-    excluded_token_ids: list[TokenId] = Field(default_factory=list, max_length=1024)
-    """Token ids that could never be sampled (vision placeholders, a new turn), masked before sampling."""
 
 
 class StepRecord(Value):

@@ -21,7 +21,7 @@ import abc
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from dart.protocol.messages import SamplingParams
+from dart.protocol.messages import Sampling, SamplingParams
 from dart.rollout.model.prompt import ChatPrompt
 
 
@@ -72,24 +72,18 @@ class GenerationRequest:
     Attributes:
         prompt: The rendered chat prompt (text with image placeholders, and the images).
         max_new_tokens: Upper bound on response tokens, the stop token included.
-        temperature: Sampling temperature; 0 means greedy (argmax).
-        top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
+        sampling: Temperature (0 means greedy, the argmax) and nucleus mass.
         seed: Seed of this request's sampler; same seed, prompt and weights give the same response.
     """
 
     prompt: ChatPrompt
     max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    sampling: Sampling = field(default_factory=Sampling)
     seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ class _RowSampler:
             chosen[i] = token
             self.tokens[i].append(token)
             # Greedy rows draw nothing: the contract records the temperature-1 log-prob, banned tokens masked.
-            self.logprobs[i].append(float(greedy_logp[i, token]) if req.temperature == 0 else sampled_lp)
+            self.logprobs[i].append(float(greedy_logp[i, token]) if req.sampling.temperature == 0 else sampled_lp)
             self.entropy[i].append(float(entropy[i]))
         self.step += 1
         out = torch.full_like(scores, -math.inf)
@@ -177,13 +177,14 @@ class _RowSampler:
 
     @staticmethod
     def _sample(logits: torch.Tensor, req: GenerationRequest, gen: torch.Generator) -> tuple[int, float]:
-        if req.temperature == 0:
+        sampling = req.sampling
+        if sampling.temperature == 0:
             return int(torch.argmax(logits)), 0.0
-        probs = torch.softmax(logits.cpu() / req.temperature, dim=-1)
-        if req.top_p < 1.0:
+        probs = torch.softmax(logits.cpu() / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            drop = (sorted_p.cumsum(-1) - sorted_p) >= req.top_p
+            drop = (sorted_p.cumsum(-1) - sorted_p) >= sampling.top_p
             sorted_p[drop] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
             probs /= probs.sum()
@@ -372,11 +373,7 @@ class HFEngine(InferenceEngine):
                     response_token_ids=tokens,
                     response_logprobs=sampler.logprobs[i][:end],
                     response_entropy=sampler.entropy[i][:end],
-                    sampling=SamplingParams(
-                        temperature=req.temperature,
-                        top_p=1.0 if req.temperature == 0 else req.top_p,  # greedy: no nucleus was applied
-                        excluded_token_ids=list(self._banned_ids),
-                    ),
+                    sampling=SamplingParams.drawn(req.sampling, self._banned_ids),
                     text=self._processor.tokenizer.decode(tokens, skip_special_tokens=True),
                     finish_reason=finish,
                     policy_version=version,

@@ -235,13 +235,13 @@ class VLLMEngine(InferenceEngine):
             self._load -= 1
 
     def _body(self, request: GenerationRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        greedy = request.temperature == 0
+        greedy = request.sampling.temperature == 0
         body: dict[str, Any] = {
             "model": self.config.served_model_name,
             "messages": messages,
             "max_completion_tokens": request.max_new_tokens,
-            "temperature": request.temperature,
-            "top_p": 1.0 if greedy else request.top_p,
+            "temperature": request.sampling.temperature,
+            "top_p": 1.0 if greedy else request.sampling.top_p,
             "logprobs": True,
             "top_logprobs": 0,
             "return_token_ids": True,
@@ -272,11 +272,7 @@ class VLLMEngine(InferenceEngine):
             raise EngineRequestError(f"{len(logprobs)} log-probs for {len(tokens)} tokens from {self.url}")
         if finish == "stop" and tokens and tokens[-1] not in self._stop_ids:
             finish = "length"  # never: stop strings are not used; keep the contract's meaning anyway
-        sampling = SamplingParams(
-            temperature=request.temperature,
-            top_p=1.0 if request.temperature == 0 else request.top_p,
-            excluded_token_ids=list(self._banned_ids),
-        )
+        sampling = SamplingParams.drawn(request.sampling, self._banned_ids)
         return GenerationResult(
             prompt_token_ids=prompt_ids,
             response_token_ids=tokens,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dart.protocol.bus import Bus
-from dart.protocol.messages import EvalResult, EvalTaskOutcome, TaskSpec, Trajectory, WorkItem
+from dart.protocol.messages import EvalResult, EvalTaskOutcome, Sampling, TaskSpec, Trajectory, WorkItem
 from dart.protocol.messages.trajectory import TrajectoryStatus
 from dart.rollout.eval.stats import pass_at_k, pass_ks, wilson_interval
 from dart.rollout.service.config import RunnerConfig
@@ -73,6 +73,10 @@ class TaskResult:
         }
 
 
+GREEDY = Sampling(temperature=0.0)
+"""Greedy decoding, the default of an evaluation."""
+
+
 @dataclass(frozen=True)
 class EvalReport:
     """The result of one evaluation.
@@ -81,7 +85,7 @@ class EvalReport:
         label: What was evaluated (e.g. ``v3``), part of the work ids.
         policy_version: Lowest policy version any counted step was generated with (engines do
             not change version during an evaluation unless someone updates them).
-        temperature: Sampling temperature of every episode (0 = greedy).
+        sampling: How every episode sampled (temperature 0 = greedy).
         episodes_per_task: K.
         tasks: Per-task outcomes, in suite order.
         seconds: Wall time of the evaluation.
@@ -89,7 +93,7 @@ class EvalReport:
 
     label: str
     policy_version: int
-    temperature: float
+    sampling: Sampling
     episodes_per_task: int
     tasks: tuple[TaskResult, ...]
     seconds: float
@@ -135,7 +139,8 @@ class EvalReport:
         return {
             "label": self.label,
             "policy_version": self.policy_version,
-            "temperature": self.temperature,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
             "episodes_per_task": self.episodes_per_task,
             "num_tasks": len(self.tasks),
             "n": self.n,
@@ -154,7 +159,7 @@ class EvalReport:
         return EvalResult(
             label=self.label,
             policy_version=self.policy_version,
-            temperature=self.temperature,
+            sampling=self.sampling,
             episodes_per_task=self.episodes_per_task,
             tasks=[
                 EvalTaskOutcome(
@@ -174,7 +179,7 @@ class EvalReport:
         return cls(
             label=result.label,
             policy_version=result.policy_version,
-            temperature=result.temperature,
+            sampling=result.sampling,
             episodes_per_task=result.episodes_per_task,
             tasks=tuple(TaskResult(t.task_id, t.n, t.successes, t.errors, t.mean_steps) for t in result.tasks),
             seconds=result.seconds,
@@ -189,7 +194,7 @@ async def evaluate(
     tasks: Sequence[TaskSpec],
     *,
     episodes_per_task: int = 1,
-    temperature: float = 0.0,
+    sampling: Sampling = GREEDY,
     concurrency: int = 4,
     label: str = "eval",
     images: ImageCache | None = None,
@@ -202,7 +207,7 @@ async def evaluate(
         runner_config: Prompt, token budget and env pool, as the rollout service's runners use.
         tasks: The tasks; each runs ``episodes_per_task`` times with its own ``max_steps``.
         episodes_per_task: K, at least 1.
-        temperature: 0 for greedy decoding; above 0 samples (each episode seeded by its work id).
+        sampling: Temperature 0 decodes greedily; above 0 samples (each episode seeded by its work id).
         concurrency: Episodes in flight at once (at most the env slots of the pool, usefully).
         label: Part of every work id, to tell evaluations apart in traces.
         images: Where screenshots sent by reference are read (the rollout service's cache); None: one
@@ -228,7 +233,7 @@ async def evaluate(
                     rollout_index=i,
                     group_size=episodes_per_task,
                     max_steps=task.max_steps,
-                    temperature=temperature,
+                    sampling=sampling,
                     created_at=now,
                 )
             )
@@ -246,14 +251,14 @@ async def evaluate(
         TrajectoryRunner(f"eval-{label}-{i}", bus, router, runner_config, images=images) for i in range(concurrency)
     ]
     await asyncio.gather(*(worker(r) for r in runners))
-    return _report(label, tasks, episodes_per_task, temperature, results, time.monotonic() - started)
+    return _report(label, tasks, episodes_per_task, sampling, results, time.monotonic() - started)
 
 
 def _report(
     label: str,
     tasks: Sequence[TaskSpec],
     k: int,
-    temperature: float,
+    sampling: Sampling,
     trajectories: list[Trajectory],
     seconds: float,
 ) -> EvalReport:
@@ -279,7 +284,7 @@ def _report(
     return EvalReport(
         label=label,
         policy_version=min(versions, default=0),
-        temperature=temperature,
+        sampling=sampling,
         episodes_per_task=k,
         tasks=tuple(results),
         seconds=seconds,

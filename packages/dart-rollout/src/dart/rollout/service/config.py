@@ -64,8 +64,6 @@ class RunnerConfig(ConfigModel):
     the resize."""
     max_new_tokens: int = Field(default=256, ge=1)
     """Response token budget per step."""
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass; the temperature comes from each work item."""
     lease_ttl_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     """Lease lifetime without a heartbeat, seconds; the client heartbeats well within it."""
     lease_timeout_s: float = Field(default=300.0, gt=0.0)

@@ -237,8 +237,7 @@ class TrajectoryRunner:
         request = GenerationRequest(
             prompt,
             max_new_tokens=self._config.max_new_tokens,
-            temperature=work.temperature,
-            top_p=self._config.top_p,
+            sampling=work.sampling,
             seed=_step_seed(work, index),
         )
         with self.tracker.busy("pick"):

@@ -125,7 +125,7 @@ class ScriptedEngine(InferenceEngine):
                 response_token_ids=tokens,
                 response_logprobs=[-0.5] * len(tokens),
                 response_entropy=[1.0] * len(tokens),
-                sampling=SamplingParams(temperature=request.temperature, top_p=request.top_p),
+                sampling=SamplingParams.drawn(request.sampling, []),
                 text=text,
                 finish_reason="stop",
                 policy_version=self._version,

@@ -183,7 +183,7 @@ class RolloutService:
                     runner_config,
                     request.tasks,
                     episodes_per_task=request.episodes_per_task,
-                    temperature=request.temperature,
+                    sampling=request.sampling,
                     concurrency=request.concurrency,
                     label=request.label,
                     images=self.images,

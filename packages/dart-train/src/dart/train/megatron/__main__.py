@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -20,7 +21,8 @@ import torch.distributed as dist
 from PIL import Image
 
 from dart.train.batching import InputBuilder, ModelInputs
-from dart.train.megatron.backend import MegatronBackend, MegatronSettings
+from dart.train.config import TrainerConfig
+from dart.train.megatron.backend import MegatronBackend
 
 
 def synthetic_row(backend: MegatronBackend, prompt_len: int, response_len: int, seed: int) -> ModelInputs:
@@ -51,14 +53,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    settings = MegatronSettings(
+    config = TrainerConfig(
         model_path=args.model,
         lr=args.lr,
-        tensor_parallel_size=args.tensor_parallel_size,
         seed=args.seed,
         dtype=args.dtype,
+        backend={
+            "kind": "megatron",
+            "tensor_parallel_size": args.tensor_parallel_size,
+            "data_parallel_size": max(1, int(os.environ.get("WORLD_SIZE", "1")) // args.tensor_parallel_size),
+        },
     )
-    backend = MegatronBackend.create(settings)
+    backend = MegatronBackend.create(config)
     row = synthetic_row(backend, args.prompt_len, args.response_len, args.seed + backend.data_parallel_rank)
     losses, norms, times = [], [], []
     for _ in range(args.steps):

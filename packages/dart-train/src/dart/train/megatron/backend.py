@@ -3,7 +3,8 @@
 Launch one process per rank with torchrun; every rank builds the backend with the same settings::
 
     torchrun --nproc-per-node 2 my_trainer.py        # in it:
-    backend = MegatronBackend.create(MegatronSettings(model_path="/ckpt/qwen", tensor_parallel_size=2))
+    config = TrainerConfig(model_path="/ckpt/qwen", backend={"kind": "megatron", "tensor_parallel_size": 2})
+    backend = MegatronBackend.create(config)
     logp, entropy = backend.forward_logprobs(inputs, temperature=1.0)   # every rank, same inputs per TP group
     (loss_of(logp)).backward()
     grad_norm = backend.optimizer_step()
@@ -27,7 +28,6 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dart.train.batching import ModelInputs
+from dart.train.config import MegatronBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, ParallelismError, TrainerError
 from dart.train.loss import behaviour_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
@@ -43,51 +44,6 @@ from dart.train.precision import MasterWeights, needs_master_weights
 
 _META = "megatron_meta.json"
 _FORMAT = "dart-megatron-1"
-
-
-@dataclass(frozen=True)
-class MegatronSettings:
-    """What the megatron backend needs (the same fields as the trainer config, plus the layout).
-
-    Attributes:
-        model_path: Local Hugging Face Qwen2.5-VL checkpoint directory.
-        lr: AdamW learning rate.
-        betas: AdamW betas.
-        weight_decay: AdamW weight decay.
-        grad_clip: Max global gradient L2 norm (None: no clipping).
-        tensor_parallel_size: Ranks sharing each layer; must divide the key/value heads and the world size.
-        pipeline_parallel_size: Only 1 is supported.
-        seed: Seed of torch's and megatron's RNGs.
-        dtype: Weight dtype name (``float32``, ``bfloat16``).
-        num_threads: Torch CPU threads per rank (None: torch's default).
-    """
-
-    model_path: str
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    grad_clip: float | None = 1.0
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    seed: int = 0
-    dtype: str = "float32"
-    num_threads: int | None = None
-
-    @classmethod
-    def from_config(cls, config: Any) -> MegatronSettings:
-        """Settings from any object with these attribute names (e.g. the trainer config); missing ones default.
-
-        The layout fields are also read from ``config.backend`` (the trainer config's backend settings).
-        """
-        fields = cls.__dataclass_fields__
-        values = {name: getattr(config, name) for name in fields if hasattr(config, name)}
-        backend = getattr(config, "backend", None)
-        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            if hasattr(backend, name):
-                values[name] = getattr(backend, name)
-        if isinstance(values.get("betas"), list):
-            values["betas"] = tuple(values["betas"])
-        return cls(**values)
 
 
 def _ensure_process_group(device: torch.device) -> None:
@@ -120,12 +76,10 @@ class MegatronBackend:
         hf_config: The checkpoint's ``Qwen2_5_VLConfig``.
     """
 
-    def __init__(self, settings: MegatronSettings, model: QwenVLMegatron, processor: Any, device: torch.device) -> None:
+    def __init__(self, config: TrainerConfig, model: QwenVLMegatron, processor: Any, device: torch.device) -> None:
         mcore = import_megatron()
         ps = mcore.parallel_state
-        self.settings = settings
-        # The trainer config when built by load(); checkpoint helpers read config.model_path.
-        self.config: Any = settings
+        self.config = config
         self.image_source: Any = None
         self.model = model
         self.processor = processor
@@ -143,15 +97,15 @@ class MegatronBackend:
         self._tp_src = ps.get_tensor_model_parallel_src_rank()
         trainable = [p for p in model.parameters() if p.requires_grad]
         # Float32 masters for a low-precision model (AdamW on bfloat16 weights rounds updates of lr away).
-        self.masters = MasterWeights(trainable) if needs_master_weights(getattr(torch, settings.dtype)) else None
+        self.masters = MasterWeights(trainable) if needs_master_weights(getattr(torch, config.dtype)) else None
         # The tensors AdamW updates, whose gradients are averaged, measured and clipped.
         self.params: list[torch.nn.Parameter] = self.masters.masters if self.masters else trainable
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
 
     @classmethod
-    def load(cls, config: Any, *, image_source: Any = None) -> MegatronBackend:
+    def load(cls, config: TrainerConfig, *, image_source: Any = None) -> MegatronBackend:
         """Build from the trainer config (the ``TrainerBackend`` constructor; collective, every rank).
 
         ``image_source`` is kept for the caller that rebuilds sample inputs (``backend.image_source``).
@@ -159,54 +113,53 @@ class MegatronBackend:
         Raises:
             TrainerError: ``loss.kl_coef > 0``: this backend keeps no reference model.
         """
-        kl_coef = getattr(getattr(config, "loss", None), "kl_coef", 0.0)
+        kl_coef = config.loss.kl_coef
         if kl_coef > 0.0:
             raise TrainerError(
                 f"train.backend megatron keeps no reference model: set train.loss.kl_coef to 0 (got {kl_coef})"
             )
-        backend = cls.create(MegatronSettings.from_config(config))
-        backend.config = config
+        backend = cls.create(config)
         backend.image_source = image_source
         return backend
 
     @classmethod
-    def create(cls, settings: MegatronSettings) -> MegatronBackend:
-        """Build the backend on every rank: process groups, the model converted from ``settings.model_path``.
+    def create(cls, config: TrainerConfig) -> MegatronBackend:
+        """Build the backend on every rank: process groups, the model converted from ``config.model_path``.
+
+        The layout is ``config.backend`` (``kind: megatron``); the optimizer, dtype, seed and threads are the
+        trainer config's own settings.
 
         Uses the process group torchrun set up (``env://``), or a one-rank one; CUDA (NCCL, device
         ``LOCAL_RANK``) when available, else CPU (gloo).
 
         Raises:
-            ParallelismError: The layout does not fit the world size or the model, or pipeline
-                parallelism was asked for.
+            ParallelismError: The layout does not fit the world size or the model.
+            TrainerError: ``config.backend`` is not the megatron backend's.
             FileNotFoundError: ``model_path`` holds no ``config.json``.
         """
         from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-        if settings.pipeline_parallel_size != 1:
-            raise ParallelismError(
-                "the megatron backend does not support pipeline parallelism (pipeline_parallel_size="
-                f"{settings.pipeline_parallel_size}): the vision tower and the 3-D rope positions feed the "
-                "first stage only; use tensor_parallel_size (and data parallel ranks) instead"
-            )
-        path = Path(settings.model_path)
+        layout = config.backend
+        if not isinstance(layout, MegatronBackendSettings):
+            raise TrainerError(f"MegatronBackend needs train.backend.kind megatron, got {layout.kind}")
+        path = Path(config.model_path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: expected {path / 'config.json'}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         # Megatron warns at every forward without it (it orders async TP all-reduces on GPUs).
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-        if settings.num_threads is not None:
-            torch.set_num_threads(settings.num_threads)
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
         _ensure_process_group(device)
-        tp = settings.tensor_parallel_size
+        tp = layout.tensor_parallel_size
         world = dist.get_world_size()
         if tp < 1 or world % tp:
             raise ParallelismError(f"tensor_parallel_size {tp} does not divide the world size {world}")
-        dtype = getattr(torch, settings.dtype)
+        dtype = getattr(torch, config.dtype)
         hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, local_files_only=True, dtype=dtype)
         LMSpec.from_hf_config(hf.config).check_tp(tp)
 
@@ -217,10 +170,10 @@ class MegatronBackend:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
         if not cuda:
             install_cpu_memory_buffer()
-        torch.manual_seed(settings.seed)
+        torch.manual_seed(config.seed)
         # On CPU the "inference" tracker avoids CUDA RNG states; attention forks it even with dropout 0.
         mcore.tensor_parallel.model_parallel_cuda_manual_seed(
-            settings.seed, inference_rng_tracker=not cuda, force_reset_rng=True
+            config.seed, inference_rng_tracker=not cuda, force_reset_rng=True
         )
         gpt = build_gpt(hf.config, tp, dtype, device)
         shard = hf_to_megatron(
@@ -231,7 +184,7 @@ class MegatronBackend:
         # No dropout anywhere; train mode changes nothing numerically but says what this module is for.
         model.train()
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
-        return cls(settings, model, processor, device)
+        return cls(config, model, processor, device)
 
     # --- forward ---------------------------------------------------------------------------------
     @property
@@ -300,7 +253,7 @@ class MegatronBackend:
                 dist.all_reduce(p.grad, group=self._dp_group)
                 p.grad.div_(self.data_parallel_size)
         norm = self.grad_norm()
-        clip = self.settings.grad_clip
+        clip = self.config.grad_clip
         if clip is not None and math.isfinite(norm):
             coef = clip / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s rule
             if coef < 1.0:
@@ -341,7 +294,7 @@ class MegatronBackend:
         gpt = dict(self.model.gpt.named_parameters())
         weights = self._gather_hf(gpt, dict(self.model.visual.state_dict()))
         # megatron keeps its RMSNorm weights in float32 whatever the model's dtype.
-        dtype = getattr(torch, self.settings.dtype)
+        dtype = getattr(torch, self.config.dtype)
         return {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
 
     def full_grad_dict(self) -> dict[str, torch.Tensor]:
@@ -439,8 +392,3 @@ def _load_params(gpt: torch.nn.Module, shard: dict[str, torch.Tensor]) -> None:
             if p.shape != shard[name].shape:
                 raise ParallelismError(f"{name}: model shape {tuple(p.shape)}, converted {tuple(shard[name].shape)}")
             p.copy_(shard[name])
-
-
-def build_backend(config: Any) -> MegatronBackend:
-    """Entry point for a torchrun launch: the backend from a trainer-config-like object (see MegatronSettings)."""
-    return MegatronBackend.create(MegatronSettings.from_config(config))
