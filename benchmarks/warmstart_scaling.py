@@ -45,7 +45,7 @@ from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
-from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.config import PromptConfig
 from dart.train.batching import InputBuilder, ModelInputs
 
 SPECS: dict[str, TinyModelSpec] = {
@@ -201,7 +201,7 @@ def run_config(
                 processor,
                 env_config=EnvServiceConfig(backend="sim"),
                 episodes_per_task=1,
-                runner=RunnerConfig(max_images=1, image_size=image_size),
+                prompt=PromptConfig(max_images=1, image_size=image_size),
                 seed=seed,
             )
         )

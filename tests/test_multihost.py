@@ -56,7 +56,7 @@ def _sections(service: str, host: Path, model: Path | None) -> dict[str, Any]:
     if service == "train":
         return {"train": {"model_path": str(model), "publish_every": 1, "micro_batch_size": 4}}
     engine = {"kind": "hf", "model_path": str(model), "device": "cpu", "dtype": "float32", "num_threads": 1}
-    runner = {"pool": "sim", "max_images": 1, "max_new_tokens": 24}
+    runner = {"pool": "sim", "max_new_tokens": 24, "prompt": {"max_images": 1}}
     return {"rollout": {"engine": engine, "num_engines": 1, "runners": 4, "runner": runner}}
 
 

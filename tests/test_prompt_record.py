@@ -31,7 +31,7 @@ from dart.protocol.messages.codec import encode
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.model.tiny import write_tiny_checkpoint
-from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
@@ -79,7 +79,7 @@ async def test_trainer_rebuilds_the_engines_inputs_from_the_stored_trajectory(
                 "runner-t",
                 bus,
                 EngineRouter([engine]),
-                RunnerConfig(pool=pool, max_images=2, image_size=image_size, max_new_tokens=8),
+                RunnerConfig(pool=pool, prompt=PromptConfig(max_images=2, image_size=image_size), max_new_tokens=8),
                 images=images,
             )
             work = WorkItem(

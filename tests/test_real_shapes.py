@@ -49,7 +49,7 @@ from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.model.architectures import get_architecture
 from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.model.random_init import write_checkpoint
-from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
@@ -150,7 +150,12 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
                 "runner-real",
                 bus,
                 EngineRouter([hf]),
-                RunnerConfig(pool=pool, max_images=1, image_size=None, max_new_tokens=6, env_request_timeout_s=600),
+                RunnerConfig(
+                    pool=pool,
+                    prompt=PromptConfig(max_images=1, image_size=None),
+                    max_new_tokens=6,
+                    env_request_timeout_s=600,
+                ),
                 images=images,
             )
             work = WorkItem(

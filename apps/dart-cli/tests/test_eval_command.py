@@ -53,7 +53,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"run: {{name: evaltest, run_dir: {root}, torch_threads: 1}}\n"
         f"suite: {root / 'suite.yaml'}\n"
         "env: {instances: 2, sim: {latency: {scale: 0.0}}}\n"
-        f"rollout: {{engine: {{model_path: {policy}, num_threads: 1}}, runner: {{max_images: 1, max_new_tokens: 8}}}}\n"
+        f"rollout: {{engine: {{model_path: {policy}, num_threads: 1}},"
+        " runner: {prompt: {max_images: 1}, max_new_tokens: 8}}\n"
     )
     return root
 

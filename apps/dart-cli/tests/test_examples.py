@@ -35,7 +35,7 @@ def test_the_real_checkpoint_profile(tmp_path: Path, monkeypatch: pytest.MonkeyP
         config.model_copy(update={"warm_start": config.warm_start.model_copy(update={"enabled": True})})
     )
     assert config.validation.enabled and config.validation.engine is None
-    assert (config.rollout.runner.image_size, config.rollout.runner.coordinates) == ("model", "pixels")
+    assert (config.rollout.runner.prompt.image_size, config.rollout.runner.prompt.coordinates) == ("model", "pixels")
     # The engine config needs nothing dart run fills in; finalize gives it the policy and the pixel bounds.
     policy = tmp_path / "ckpt"
     policy.mkdir()
@@ -46,5 +46,5 @@ def test_the_real_checkpoint_profile(tmp_path: Path, monkeypatch: pytest.MonkeyP
     final = finalize(run, policy, "nats://127.0.0.1:4222")
     assert final.rollout.engine is not None and final.rollout.engine.model_path == str(policy)
     runner = final.rollout.runner
-    assert (runner.min_pixels, runner.max_pixels, runner.patch_factor) == (3136, 200704, 28)
+    assert (runner.prompt.min_pixels, runner.prompt.max_pixels, runner.prompt.patch_factor) == (3136, 200704, 28)
     assert final.train.model_path == str(policy) and final.train.device == "cpu"

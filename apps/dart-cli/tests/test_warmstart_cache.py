@@ -31,8 +31,12 @@ def test_what_changes_the_policy_changes_the_key() -> None:
         base.model_copy(update={"warm_start": ws.model_copy(update={"lr": ws.lr * 2})}),
         base.model_copy(update={"model": base.model.model_copy(update={"tiny_seed": 1})}),
         base.model_copy(update={"env": env.model_copy(update={"sim": env.sim.model_copy(update={"width": 640})})}),
-        base.model_copy(
-            update={"rollout": base.rollout.model_copy(update={"runner": runner.model_copy(update={"max_images": 2})})}
+        *(
+            base.model_copy(update={"rollout": base.rollout.model_copy(update={"runner": runner.model_copy(update=u)})})
+            for u in (
+                {"prompt": runner.prompt.model_copy(update={"max_images": 2})},
+                {"prompt": runner.prompt.model_copy(update={"coordinates": "pixels"})},
+            )
         ),
         base.model_copy(update={"train": base.train.model_copy(update={"micro_batch_size": 2})}),
         base.model_copy(update={"run": base.run.model_copy(update={"seed": 7})}),

@@ -22,7 +22,7 @@ from dart.protocol.messages import Fail, Sampling, TaskSpec
 from dart.rollout.action_grammar import format_output
 from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.eval import difference_interval, evaluate, pass_at_k, pass_ks, wilson_interval
-from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
 
@@ -101,7 +101,7 @@ async def test_evaluate_reports_exactly_the_outcomes_a_scripted_policy_produces(
     report = await evaluate(
         bus,
         EngineRouter([engine]),
-        RunnerConfig(pool=pool, max_images=1),
+        RunnerConfig(pool=pool, prompt=PromptConfig(max_images=1)),
         [a, b, c, d],
         episodes_per_task=2,
         sampling=Sampling(temperature=0.0),

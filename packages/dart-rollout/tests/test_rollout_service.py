@@ -19,6 +19,7 @@ from dart.protocol.messages import Sampling, Trajectory, TrajectoryStatus, WorkI
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.service import RolloutConfig, RolloutService, RunnerConfig
+from dart.rollout.service.config import PromptConfig
 from dart.rollout.service.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -94,7 +95,7 @@ async def test_two_hf_engines_four_runners_turn_eight_items_into_eight_trajector
         engine=HFEngineConfig(model_path=str(checkpoint), num_threads=1, batch_wait_s=0.01),
         num_engines=2,
         runners=4,
-        runner=RunnerConfig(pool=env.config.pool, max_new_tokens=24, max_images=2),
+        runner=RunnerConfig(pool=env.config.pool, max_new_tokens=24, prompt=PromptConfig(max_images=2)),
         fetch_timeout_s=0.2,
     )
     try:

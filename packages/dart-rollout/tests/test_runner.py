@@ -21,7 +21,7 @@ from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.rollout.engine.base import EngineError, GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.model.screen import ResizeRule
-from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.scripted import ScriptedEngine
@@ -40,7 +40,7 @@ async def test_hf_engine_trajectory_has_aligned_versioned_steps(
     telemetry = setup_telemetry("dart-rollout", version="t", run_id="t", config=TelemetryConfig(run_dir=tmp_path))
     engine = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), num_threads=2, batch_wait_s=0.0))
     try:
-        runner = runner_for(bus, pool, engine, max_new_tokens=24, max_images=2)
+        runner = runner_for(bus, pool, engine, max_new_tokens=24, prompt=PromptConfig(max_images=2))
         item = work_item(max_steps=3)
         with telemetry.activate():
             trajectory = await runner.run(item)
@@ -191,11 +191,9 @@ async def test_a_real_resolution_prompt_keeps_the_aspect_and_pixel_coordinates_l
         bus,
         pool,
         ScriptedEngine([], answer=answer),
-        image_size="model",
-        min_pixels=3136,
-        max_pixels=200_704,
-        coordinates="pixels",
-        max_images=1,
+        prompt=PromptConfig(
+            image_size="model", min_pixels=3136, max_pixels=200_704, coordinates="pixels", max_images=1
+        ),
     )
     trajectory = await runner.run(work_item(max_steps=2))
     w, h = rule.size(1280, 720)

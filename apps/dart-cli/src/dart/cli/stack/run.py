@@ -84,7 +84,6 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
 
     from dart.cli.stack.warmstart import record_demos, run_sft, save_policy
     from dart.cli.stack.warmstart_cache import WarmStartCache, warm_start_key
-    from dart.rollout.service.config import resolve_runner
 
     run_dir = config.run.run_dir
     assert run_dir is not None
@@ -125,7 +124,7 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
             backend.processor,
             env_config=config.env,
             episodes_per_task=ws.episodes_per_task,
-            runner=resolve_runner(config.rollout.runner, base),
+            prompt=config.rollout.runner.prompt.resolved(base),
             seed=config.run.seed,
         )
     )

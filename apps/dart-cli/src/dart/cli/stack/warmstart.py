@@ -20,7 +20,7 @@ from typing import Any
 from dart.env.service.config import EnvServiceConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
-from dart.rollout.service.config import RunnerConfig
+from dart.rollout.service.config import PromptConfig
 
 
 async def record_demos(
@@ -29,7 +29,7 @@ async def record_demos(
     *,
     env_config: EnvServiceConfig,
     episodes_per_task: int,
-    runner: RunnerConfig,
+    prompt: PromptConfig,
     seed: int,
 ) -> tuple[list[Any], int]:
     """Roll out the backend's oracle on every task and tokenize each step as the rollout engine would.
@@ -56,7 +56,7 @@ async def record_demos(
         update={"sim": env_config.sim.model_copy(update={"latency": LatencyConfig(scale=0.0)})}
     )
     env = backend_factory(env_config.backend)(quiet, 0)
-    sizing = runner.image_sizing()
+    sizing = prompt.image_sizing()
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     demos: list[SftSample] = []
     episodes = 0
@@ -72,19 +72,19 @@ async def record_demos(
                         break
                     thought, action = step
                     shown = to_pil(observation.screenshot, sizing) if observation.screenshot is not None else None
-                    prompt = build_prompt(
+                    chat = build_prompt(
                         instruction,
                         shown,
                         history,
-                        max_images=runner.max_images,
+                        max_images=prompt.max_images,
                         image_size=sizing,
-                        action_space=action_space(runner.coordinates),
+                        action_space=action_space(prompt.coordinates),
                     )
-                    encoded = encode_prompt(processor, prompt)
-                    scale = coordinate_scale(runner.coordinates, shown.size if shown is not None else None)
+                    encoded = encode_prompt(processor, chat)
+                    scale = coordinate_scale(prompt.coordinates, shown.size if shown is not None else None)
                     text = format_output(thought, action, scale)
                     response = processor.tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
-                    demos.append(SftSample(list(encoded.input_ids), list(response), list(prompt.images)))
+                    demos.append(SftSample(list(encoded.input_ids), list(response), list(chat.images)))
                     history.append(HistoryStep(text, shown))
                     observation, done, _ = await env.step(action)
                     if done:

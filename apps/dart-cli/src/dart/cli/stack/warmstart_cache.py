@@ -66,19 +66,14 @@ def _model_source(config: RunConfig) -> dict[str, Any]:
     }
 
 
-_PROMPT_FIELDS = {"max_images", "image_size", "min_pixels", "max_pixels", "patch_factor", "coordinates"}
-"""The runner settings that shape a demonstration's prompt and response text."""
-
-
 def warm_start_key(config: RunConfig, tasks: list[TaskSpec]) -> str:
     """SHA-256 (hex) of everything that determines the warm-started policy of ``config``."""
-    runner = config.rollout.runner
     material = {
         "format": _FORMAT,
         "model": _model_source(config),
         "tasks": [t.model_dump(mode="json") for t in tasks],
         "env": config.env.model_dump(mode="json"),
-        "prompt": runner.model_dump(mode="json", include=_PROMPT_FIELDS),
+        "prompt": config.rollout.runner.prompt.model_dump(mode="json"),
         "warm_start": config.warm_start.model_dump(mode="json", exclude={"max_seconds", "cache_dir"}),
         "train": config.train.model_dump(mode="json", exclude=set(_TRAIN_FIELDS_OUTSIDE_KEY)),
         "seed": config.run.seed,

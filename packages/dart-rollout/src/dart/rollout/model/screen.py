@@ -1,6 +1,6 @@
 """How a screenshot is sized for the prompt, and how the model's coordinates map back to the screen.
 
-Two ways to size a screenshot (``runner.image_size``):
+Two ways to size a screenshot (``runner.prompt.image_size``):
 
 - a side ``N``: stretched to ``N`` x ``N`` (a fixed visual token count; the tiny CPU model's way);
 - ``model``: the checkpoint's own rule, as Qwen2.5-VL's image processor applies it
@@ -10,7 +10,7 @@ Two ways to size a screenshot (``runner.image_size``):
   Qwen2.5-VL bounds. The runner resizes before the processor sees the image, so the step records
   exactly the pixels fed, and the processor's own resize leaves them as they are.
 
-Two coordinate spaces for the positions the model writes (``runner.coordinates``):
+Two coordinate spaces for the positions the model writes (``runner.prompt.coordinates``):
 
 - ``grid``: a 0..1000 grid of the screen, whatever the image size (the default);
 - ``pixels``: pixels of the screenshot as the model was shown it (UI-TARS-1.5 and Qwen2.5-VL's
@@ -118,14 +118,14 @@ class ResizeRule:
         high = settings.get("max_pixels", size.get("longest_edge"))
         patch, merge = settings.get("patch_size", 14), settings.get("merge_size", 2)
         if not all(isinstance(v, int) for v in (low, high, patch, merge)):
-            raise ConfigError("runner", "image_size", f"{root}'s image processor config gives no min/max pixels")
+            raise ConfigError("prompt", "image_size", f"{root}'s image processor config gives no min/max pixels")
         assert isinstance(low, int) and isinstance(high, int) and isinstance(patch, int) and isinstance(merge, int)
         if max_pixels is not None:
             high = min(high, max_pixels)
         try:
             return cls(min_pixels=min(low, high), max_pixels=high, factor=patch * merge)
         except ValueError as exc:
-            raise ConfigError("runner", "max_pixels", str(exc)) from None
+            raise ConfigError("prompt", "max_pixels", str(exc)) from None
 
 
 ImageSizing = int | ResizeRule | None

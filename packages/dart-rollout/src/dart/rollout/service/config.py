@@ -6,7 +6,7 @@ Example (YAML)::
       num_engines: 2
       runners: 8
       engine: {kind: hf, model_path: /ckpt/tiny, device: cpu}   # or {kind: vllm, launch: {...} | attach: {...}}
-      runner: {pool: sim, max_images: 2, max_new_tokens: 256}   # real checkpoints: image_size: model
+      runner: {pool: sim, max_new_tokens: 256, prompt: {max_images: 2}}   # real checkpoints: image_size: model
       sync: {mode: decoupled, max_updating_fraction: 0.5}
 """
 
@@ -38,11 +38,14 @@ EngineConfig = Annotated[
 """``rollout.engine``: ``kind: hf`` (transformers, in process; the default) or ``kind: vllm`` (vLLM servers)."""
 
 
-class RunnerConfig(ConfigModel):
-    """How one trajectory runner talks to envs and engines."""
+class PromptConfig(ConfigModel):
+    """What the policy is shown and how it answers: the one record of the prompt's settings.
 
-    pool: str = "sim"
-    """Env pool to lease from (``subjects.env_lease(pool)``)."""
+    The rollout's runners build every prompt from it, the warm start builds its demonstrations from it,
+    and the warm-start cache key includes all of it. The trainer needs none of it: each step records its
+    prompt tokens and the images as fed.
+    """
+
     max_images: int = Field(default=2, ge=1, le=16)
     """Screenshots in a prompt, the current one included; older steps appear as their text only."""
     image_size: Annotated[int, Field(ge=28)] | Literal["model"] | None = 224
@@ -62,6 +65,62 @@ class RunnerConfig(ConfigModel):
     """Where the positions the model writes live: ``grid``, a 0..1000 grid of the screen; ``pixels``, pixels
     of the screenshot as the model was shown it (UI-TARS-1.5's absolute coordinates), mapped back through
     the resize."""
+
+    @model_validator(mode="after")
+    def _pixels_need_a_known_image(self) -> PromptConfig:
+        if self.coordinates == "pixels" and self.image_size is None:
+            raise ValueError(
+                "coordinates 'pixels' needs image_size (a side or 'model'): with None the processor resizes "
+                "the screenshot on its own and the pixels the model sees are not known here"
+            )
+        return self
+
+    def image_sizing(self) -> ImageSizing:
+        """The sizing prompts apply (see :mod:`dart.rollout.model.screen`).
+
+        Raises:
+            ConfigError: ``image_size: model`` with pixel bounds not filled in (see :meth:`resolved`).
+        """
+        if self.image_size != "model":
+            return self.image_size
+        if self.min_pixels is None or self.max_pixels is None:
+            raise ConfigError(
+                "prompt",
+                "image_size",
+                "image_size 'model' needs min_pixels and max_pixels: give them, or let the rollout service "
+                "read them from the checkpoint (PromptConfig.resolved)",
+            )
+        try:
+            return ResizeRule(self.min_pixels, self.max_pixels, self.patch_factor)
+        except ValueError as exc:
+            raise ConfigError("prompt", "max_pixels", str(exc)) from None
+
+    def resolved(self, model_path: str | Path | None) -> PromptConfig:
+        """These settings with the pixel bounds of ``image_size: model`` filled in from the checkpoint's
+        image processor (a ``max_pixels`` given lowers the checkpoint's); unchanged otherwise.
+
+        Raises:
+            ConfigError: ``image_size: model`` and neither bounds given nor a checkpoint that has them.
+        """
+        if self.image_size != "model" or (self.min_pixels is not None and self.max_pixels is not None):
+            return self
+        if model_path is None:
+            raise ConfigError("prompt", "image_size", "image_size 'model' needs min_pixels/max_pixels or a checkpoint")
+        rule = ResizeRule.of_checkpoint(model_path, max_pixels=self.max_pixels)
+        low = self.min_pixels if self.min_pixels is not None else rule.min_pixels  # a ResizeRule keeps min <= max
+        return self.model_copy(update={"min_pixels": low, "max_pixels": rule.max_pixels, "patch_factor": rule.factor})
+
+
+_MOVED_TO_PROMPT = frozenset(PromptConfig.model_fields)
+
+
+class RunnerConfig(ConfigModel):
+    """How one trajectory runner talks to envs and engines, and the prompt it builds."""
+
+    pool: str = "sim"
+    """Env pool to lease from (``subjects.env_lease(pool)``)."""
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    """What the policy is shown (screenshots, their sizing, the coordinate space it answers in)."""
     max_new_tokens: int = Field(default=256, ge=1)
     """Response token budget per step."""
     lease_ttl_s: float = Field(default=60.0, gt=0.0, le=3600.0)
@@ -86,50 +145,22 @@ class RunnerConfig(ConfigModel):
     """How long to wait for an engine at the work item's ``min_policy_version`` before using any
     serving engine, seconds (staleness is then visible in the step versions)."""
 
-    @model_validator(mode="after")
-    def _pixels_need_a_known_image(self) -> RunnerConfig:
-        if self.coordinates == "pixels" and self.image_size is None:
-            raise ValueError(
-                "coordinates 'pixels' needs image_size (a side or 'model'): with None the processor resizes "
-                "the screenshot on its own and the pixels the model sees are not known here"
-            )
-        return self
-
-    def image_sizing(self) -> ImageSizing:
-        """The sizing the runner applies (see :mod:`dart.rollout.model.screen`).
-
-        Raises:
-            ConfigError: ``image_size: model`` with pixel bounds not filled in (see :func:`resolve_runner`).
-        """
-        if self.image_size != "model":
-            return self.image_size
-        if self.min_pixels is None or self.max_pixels is None:
-            raise ConfigError(
-                "runner",
-                "image_size",
-                "image_size 'model' needs min_pixels and max_pixels: give them, or let the rollout service "
-                "read them from the checkpoint (resolve_runner)",
-            )
-        try:
-            return ResizeRule(self.min_pixels, self.max_pixels, self.patch_factor)
-        except ValueError as exc:
-            raise ConfigError("runner", "max_pixels", str(exc)) from None
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_settings_live_in_prompt(cls, data: Any) -> Any:
+        # Configs written before the prompt settings had their own section: say where they went.
+        if isinstance(data, dict):
+            moved = sorted(_MOVED_TO_PROMPT & set(data))
+            if moved:
+                raise ValueError(
+                    f"{', '.join(moved)} moved to rollout.runner.prompt (e.g. rollout.runner.prompt.{moved[0]})"
+                )
+        return data
 
 
 def resolve_runner(runner: RunnerConfig, model_path: str | Path | None) -> RunnerConfig:
-    """``runner`` with the pixel bounds of ``image_size: model`` filled in from the checkpoint's image
-    processor (a ``max_pixels`` given lowers the checkpoint's); unchanged otherwise.
-
-    Raises:
-        ConfigError: ``image_size: model`` and neither bounds given nor a checkpoint that has them.
-    """
-    if runner.image_size != "model" or (runner.min_pixels is not None and runner.max_pixels is not None):
-        return runner
-    if model_path is None:
-        raise ConfigError("runner", "image_size", "image_size 'model' needs min_pixels/max_pixels or a checkpoint")
-    rule = ResizeRule.of_checkpoint(model_path, max_pixels=runner.max_pixels)
-    low = runner.min_pixels if runner.min_pixels is not None else rule.min_pixels  # a ResizeRule keeps min <= max
-    return runner.model_copy(update={"min_pixels": low, "max_pixels": rule.max_pixels, "patch_factor": rule.factor})
+    """``runner`` with its prompt's pixel bounds filled in from the checkpoint (see :meth:`PromptConfig.resolved`)."""
+    return runner.model_copy(update={"prompt": runner.prompt.resolved(model_path)})
 
 
 class SyncConfig(ConfigModel):

@@ -112,9 +112,9 @@ class TrajectoryRunner:
         self._bus = bus
         self._router = router
         self._config = config
-        self._sizing = config.image_sizing()
+        self._sizing = config.prompt.image_sizing()
         self._images = PromptImages(images or ImageCache(), self._sizing)
-        self._action_space = action_space(config.coordinates)
+        self._action_space = action_space(config.prompt.coordinates)
         self.tracker = BusyTracker("runner", runner_id, telemetry)
         """Where this runner's time went (see the module docstring)."""
 
@@ -205,7 +205,7 @@ class TrajectoryRunner:
             )
             # The model sees its own earlier outputs (bad ones too), and the screens they acted on.
             history.append(HistoryStep(result.text, shown))
-            out_of_window = len(history) - self._config.max_images
+            out_of_window = len(history) - self._config.prompt.max_images
             if out_of_window >= 0:
                 # No later prompt shows it (history only grows): let its pixels go.
                 history[out_of_window] = HistoryStep(history[out_of_window].text)
@@ -221,7 +221,7 @@ class TrajectoryRunner:
 
     def _coordinate_scale(self, shown: PromptImage | None) -> tuple[float, float]:
         """What the positions in the model's text divide by (the shown screenshot's size for ``pixels``)."""
-        return coordinate_scale(self._config.coordinates, shown.pixels.size if shown is not None else None)
+        return coordinate_scale(self._config.prompt.coordinates, shown.pixels.size if shown is not None else None)
 
     async def _generate(
         self, work: WorkItem, instruction: str, shown: PromptImage | None, history: list[HistoryStep], index: int
@@ -230,7 +230,7 @@ class TrajectoryRunner:
             instruction,
             shown,
             history,
-            max_images=self._config.max_images,
+            max_images=self._config.prompt.max_images,
             image_size=self._sizing,
             action_space=self._action_space,
         )
