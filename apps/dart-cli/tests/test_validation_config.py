@@ -80,3 +80,10 @@ def test_in_progress_must_come_well_within_the_work_consumers_ack_wait() -> None
     with pytest.raises(ValidationError, match=r"in_progress_interval_s \(31.0\) must be at most half"):
         RolloutConfig(in_progress_interval_s=31)
     assert RolloutConfig(in_progress_interval_s=30).in_progress_interval_s == 30
+
+
+def test_runners_lease_from_the_env_pool() -> None:
+    assert RunConfig(env={"pool": "desk"}).rollout.runner.pool == "desk"
+    assert RunConfig(env={"pool": "desk"}, rollout={"runner": {"pool": "desk"}}).rollout.runner.pool == "desk"
+    with pytest.raises(ValidationError, match=r"rollout.runner.pool \('sim'\) must be env.pool \('desk'\)"):
+        RunConfig(env={"pool": "desk"}, rollout={"runner": {"pool": "sim"}})

@@ -198,6 +198,20 @@ class RunConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _runners_lease_from_the_env_pool(self) -> RunConfig:
+        # env.pool owns the name: runners not given a pool lease from it. One given another pool would
+        # wait out its lease timeout on every work item.
+        runner = self.rollout.runner
+        if "pool" not in runner.model_fields_set:
+            self.rollout = self.rollout.model_copy(update={"runner": runner.model_copy(update={"pool": self.env.pool})})
+        elif runner.pool != self.env.pool:
+            raise ValueError(
+                f"rollout.runner.pool ({self.rollout.runner.pool!r}) must be env.pool ({self.env.pool!r}): the "
+                "runners lease the instances the run's env service serves"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _validation_pool_is_its_own(self) -> RunConfig:
         if self.validation.enabled and self.validation.pool == self.env.pool:
             raise ValueError(

@@ -118,7 +118,7 @@ class RunnerConfig(ConfigModel):
     """How one trajectory runner talks to envs and engines, and the prompt it builds."""
 
     pool: str = "sim"
-    """Env pool to lease from (``subjects.env_lease(pool)``)."""
+    """Env pool to lease from (``subjects.env_lease(pool)``); in a run config it defaults to ``env.pool``."""
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     """What the policy is shown (screenshots, their sizing, the coordinate space it answers in)."""
     max_new_tokens: int = Field(default=256, ge=1)
