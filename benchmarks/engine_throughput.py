@@ -36,8 +36,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from dart.protocol.messages import Sampling
-from dart.rollout.engine.base import GenerationRequest, InferenceEngine
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest, InferenceEngine
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.model.loading import load_policy

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dart.env.backend import EnvBackend
+from dart.env.interface import EnvBackend
 from dart.protocol.messages import Action, Click, Drag, Hotkey, Scroll, ScrollDirection, TaskSpec, Type
 
 EPISODE_STEPS = 10
@@ -138,10 +138,11 @@ class EnvTarget(Target):
     """An :class:`EnvBackend` built through the env service's registry, cycling through ``tasks``."""
 
     def __init__(self, backend: str, tasks: Sequence[TaskSpec], stream: int) -> None:
-        from dart.env.service.config import EnvServiceConfig, backend_factory
+        from dart.env.interface import ENV_BACKENDS
+        from dart.env.service.config import EnvServiceConfig
 
         config = EnvServiceConfig(backend=backend, pool="bench")  # sim default: no simulated latency
-        self.env: EnvBackend = backend_factory(backend)(config, stream)
+        self.env: EnvBackend = ENV_BACKENDS.get(backend)(config, stream)
         self.tasks = list(tasks)
 
     async def start(self) -> None:

@@ -157,8 +157,8 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 async def _generate(args: argparse.Namespace) -> dict[str, Any]:
     from PIL import Image
 
-    from dart.rollout.engine.base import GenerationRequest
     from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+    from dart.rollout.engine.interface import GenerationRequest
     from dart.rollout.model.prompt import build_prompt
 
     dtype = "float32" if args.device == "cpu" else "bfloat16"

@@ -40,8 +40,8 @@ from dart.env.sim import SimEnv
 from dart.env.sim.catalog import generate_suite, load_builtin_suite
 from dart.protocol.messages import Finished, Sampling, TaskSpec
 from dart.rollout.action_grammar import parse_action
-from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint

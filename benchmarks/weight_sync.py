@@ -167,7 +167,7 @@ class Engine:
 
     async def load(self, weights: Path, version: int, into: dict[str, float]) -> None:
         """Stage and load ``weights`` as ``version``; check with one request that it serves it."""
-        from dart.rollout.engine.base import GenerationRequest
+        from dart.rollout.engine.interface import GenerationRequest
         from dart.rollout.model.prompt import ChatPrompt
 
         if self.engine is None:

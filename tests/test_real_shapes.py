@@ -42,8 +42,8 @@ from dart.env.sim import LatencyConfig, SimConfig, sim_task
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ImageRef, Sampling, TrainingSample, TrajectoryStatus, WorkItem
 from dart.protocol.store import LocalStore, resolve_uri
-from dart.rollout.engine.base import GenerationRequest, GenerationResult
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.model.architectures import get_architecture

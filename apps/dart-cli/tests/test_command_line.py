@@ -52,6 +52,10 @@ def test_print_config_shows_the_overrides_and_writes_nothing(tmp_path: Path) -> 
         ("data.batching.min_samples=0", "data.batching.min_samples"),  # out of range
         ("rl_duration_s", "rl_duration_s"),  # no "="
         ("suite=no/such/suite.yaml", "suite"),  # a suite that does not resolve
+        ("suite=nosource:basic", "suite"),  # a suite source nobody registered
+        ("env.backend=simm", "env.backend"),  # a backend nobody registered: the names that exist are listed
+        ("train.backend.kind=megatronn", "train.backend"),
+        ("rollout.engine={kind: vlm}", "rollout.engine"),
     ],
 )
 def test_a_config_error_is_one_line_with_exit_code_2_and_no_run_directory(

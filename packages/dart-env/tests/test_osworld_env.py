@@ -20,13 +20,14 @@ import pytest
 from PIL import Image
 
 from dart.env.errors import EnvError, EpisodeStateError, TaskParamsError
+from dart.env.interface import ENV_BACKENDS
 from dart.env.osworld import audit_dir, load_task_dir, to_task_spec
 from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
 from dart.env.osworld.getters import BUILTIN_GETTERS, GetterContext
 from dart.env.osworld.paths import OSWORLD_HOME
 from dart.env.osworld.providers import LocalDesktopProvider
 from dart.env.osworld.suites import load_local_suite, local_solutions
-from dart.env.service.config import EnvServiceConfig, backend_factory
+from dart.env.service.config import EnvServiceConfig
 from dart.protocol.messages import Click, Fail, Hotkey, InlineImage, TaskSpec, Type, Wait
 
 pytestmark = pytest.mark.integration
@@ -203,7 +204,7 @@ async def test_killed_xvfb_fails_the_step() -> None:
 
 def test_service_config_registers_the_backend() -> None:
     config = EnvServiceConfig(backend="osworld", osworld={"provider": "remote", "remote_url": "http://127.0.0.1:1"})
-    backend = backend_factory("osworld")(config, 0)
+    backend = ENV_BACKENDS.get("osworld")(config, 0)
     assert isinstance(backend, OSWorldEnv) and backend.config.provider == "remote"
     asyncio.run(backend.close())
 

@@ -10,16 +10,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from pydantic import ValidationError
 
-from dart.env.backend import EnvBackend
 from dart.env.errors import InstanceIdTakenError
+from dart.env.interface import ENV_BACKENDS, EnvBackend
 from dart.env.service import (
     EnvService,
     EnvServiceConfig,
     SlotState,
     SpareStats,
-    register_backend,
-    unregister_backend,
 )
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.protocol.bus import Bus, BusConfig
@@ -82,15 +81,15 @@ class SlowStartCrashOnWait(CrashOnWait):
 
 @pytest.fixture(autouse=True)
 def _test_backends() -> Iterator[None]:
-    register_backend("crash-on-wait", lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
-    register_backend("hang-on-wait", lambda cfg, stream: HangOnWait(cfg.sim, stream=stream), replace=True)
-    register_backend(
+    ENV_BACKENDS.register("crash-on-wait", lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
+    ENV_BACKENDS.register("hang-on-wait", lambda cfg, stream: HangOnWait(cfg.sim, stream=stream), replace=True)
+    ENV_BACKENDS.register(
         "slow-crash-on-wait", lambda cfg, stream: SlowStartCrashOnWait(cfg.sim, stream=stream), replace=True
     )
     yield
-    unregister_backend("crash-on-wait")
-    unregister_backend("hang-on-wait")
-    unregister_backend("slow-crash-on-wait")
+    ENV_BACKENDS.unregister("crash-on-wait")
+    ENV_BACKENDS.unregister("hang-on-wait")
+    ENV_BACKENDS.unregister("slow-crash-on-wait")
 
 
 @pytest.fixture
@@ -404,10 +403,16 @@ async def test_two_processes_cannot_serve_the_same_instance_ids(
             assert {lease.instance_id for lease in leases} == {first.instance_ids[0], second.instance_ids[0]}
 
 
-async def test_an_unknown_backend_fails_at_start_naming_the_field(bus: Bus) -> None:
+async def test_an_unknown_backend_is_refused_naming_the_field_and_the_registered_ones(bus: Bus) -> None:
+    with pytest.raises(ValidationError, match=r"unknown env backend 'nope'; registered: .*miniwob, osworld, sim"):
+        EnvServiceConfig(backend="nope")
+    # One registered after the config was written and gone by the time the service starts: named at start.
+    ENV_BACKENDS.register("fleeting", lambda cfg, stream: SimEnv(cfg.sim, stream=stream))
+    config = EnvServiceConfig(backend="fleeting")
+    ENV_BACKENDS.unregister("fleeting")
     with pytest.raises(ConfigError) as caught:
-        EnvService(EnvServiceConfig(backend="nope"), bus)
-    assert caught.value.field == "backend" and "sim" in str(caught.value)
+        EnvService(config, bus)
+    assert caught.value.field == "env.backend" and "unknown env backend 'fleeting'" in str(caught.value)
 
 
 async def test_stop_ends_leases_and_closes_backends(bus: Bus, make_service: Callable[..., EnvService]) -> None:

@@ -8,8 +8,8 @@ import time
 import pytest
 from PIL import Image
 
-from dart.env.backend import BackendState, EnvBackend
 from dart.env.errors import EpisodeStateError, TaskParamsError
+from dart.env.interface import BackendState, EnvBackend
 from dart.env.sim import ConstantLatency, LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.env.sim.families import FAMILIES
 from dart.protocol.messages import (

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from dart.protocol.config import load_config
 from dart.protocol.errors import ConfigError, InvalidURIError
 from dart.protocol.store import LocalStore, S3Store, StoreConfig, open_store, resolve_uri
-from dart.protocol.store.base import MiB
+from dart.protocol.store.interface import MiB
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ import pytest
 
 from dart.protocol.errors import ArtifactNotFoundError, IntegrityError, InvalidURIError, StoreError
 from dart.protocol.store import ArtifactStore, LocalStore, S3Store, StoreConfig, get_by_uri, resolve_uri
-from dart.protocol.store.base import MiB
+from dart.protocol.store.interface import MiB
 
 BUCKET = "dart-contract"
 

@@ -24,7 +24,7 @@ from dart.protocol.errors import (
     StoreUnavailableError,
 )
 from dart.protocol.store import S3Store, StoreConfig, get_by_uri, open_store, resolve_uri
-from dart.protocol.store.base import MiB
+from dart.protocol.store.interface import MiB
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from dart.env.service import EnvService, EnvServiceConfig, register_backend, unregister_backend
+from dart.env.interface import ENV_BACKENDS
+from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import Action, Observation, Sampling, Wait, WorkItem
@@ -44,9 +45,9 @@ class CrashOnWait(SimEnv):
 
 @pytest.fixture(autouse=True)
 def _crash_backend() -> Iterator[None]:
-    register_backend(CRASH_BACKEND, lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
+    ENV_BACKENDS.register(CRASH_BACKEND, lambda cfg, stream: CrashOnWait(cfg.sim, stream=stream), replace=True)
     yield
-    unregister_backend(CRASH_BACKEND)
+    ENV_BACKENDS.unregister(CRASH_BACKEND)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
 from dart.protocol.bus import Bus
 from dart.protocol.messages import Fail, Sampling, TaskSpec
 from dart.rollout.action_grammar import format_output
-from dart.rollout.engine.base import GenerationRequest
+from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.eval import difference_interval, evaluate, pass_at_k, pass_ks, wilson_interval
 from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter

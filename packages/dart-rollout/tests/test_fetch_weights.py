@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.store import LocalStore, S3Store, StoreConfig
 from dart.protocol.weights import WeightManifest, shard_files
-from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.engine.vllm_wire import safetensors_header, stage_weights, weights_header
 from dart.rollout.errors import WeightFetchError
 from dart.rollout.model.loading import load_policy

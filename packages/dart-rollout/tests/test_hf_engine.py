@@ -12,8 +12,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from dart.protocol.messages import Sampling
-from dart.rollout.engine.base import EngineState, GenerationRequest, WeightUpdateError
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import EngineState, GenerationRequest, WeightUpdateError
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
 
 pytestmark = pytest.mark.unit

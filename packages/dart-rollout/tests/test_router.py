@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dart.rollout.engine.base import EngineState, GenerationRequest
+from dart.rollout.engine.interface import EngineState, GenerationRequest
 from dart.rollout.errors import NoEngineError
 from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.router import EngineRouter

@@ -15,8 +15,8 @@ from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
-from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.config import SyncConfig

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from dart.protocol.bus import Bus
 from dart.protocol.messages import Sampling, TrajectoryStatus, WorkItem
 from dart.protocol.store import LocalStore
-from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
+from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
 from dart.rollout.model.loading import load_policy

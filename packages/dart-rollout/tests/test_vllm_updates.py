@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
-from dart.rollout.engine.base import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
+from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
 from dart.rollout.model.loading import load_policy

@@ -21,8 +21,8 @@ from PIL import Image
 
 from dart.protocol.messages import ImageRef, Sampling, TrainingSample
 from dart.protocol.store import LocalStore
-from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from dart.protocol.messages import Sampling, TrainingBatch, TrainingSample
 from dart.protocol.store import LocalStore
-from dart.rollout.engine.base import GenerationRequest
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.service.fetch import fetch_weights
 from dart.train.backend import TorchBackend

@@ -64,6 +64,22 @@ def _first_line(argv: list[str], timeout_s: float = 10.0) -> str:
     return f"(exit code {proc.returncode}, no output)"
 
 
+def check_registries() -> list[Check]:
+    """What is plugged in: one row per registry (entry-point group ``dart.<kind>``), naming every registered
+    implementation and the module and package it comes from. Nothing is imported to list them."""
+    from dart.protocol.registry import all_registries
+
+    checks = []
+    for registry in all_registries():
+        sources = registry.sources()
+        if sources:
+            detail = "; ".join(f"{name} = {source}" for name, source in sources.items())
+            checks.append(Check(registry.group, "ok", detail))
+        else:
+            checks.append(Check(registry.group, "warn", f"no {registry.what} registered"))
+    return checks
+
+
 def check_python(version_info: tuple[int, ...] = tuple(sys.version_info[:3])) -> Check:
     """Python >= :data:`MIN_PYTHON` (required)."""
     version = ".".join(map(str, version_info))
@@ -305,6 +321,7 @@ def run_checks(
     return [
         check_python(),
         *check_packages(),
+        *check_registries(),
         check_nats_server(),
         *check_torch(),
         *check_browsers(),

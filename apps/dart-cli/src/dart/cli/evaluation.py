@@ -35,7 +35,7 @@ from dart.protocol.store import ArtifactStore, StoreConfig, open_store, resolve_
 if TYPE_CHECKING:
     from dart.cli.stack.config import RunConfig
     from dart.env.service import EnvService
-    from dart.rollout.engine.base import InferenceEngine
+    from dart.rollout.engine.interface import InferenceEngine
     from dart.rollout.eval import EvalReport
     from dart.rollout.service.config import EngineConfig
 
@@ -157,31 +157,12 @@ async def start_engine(
     published weights through the rollout service's own fetch (sha256-verified), exactly as a rollout
     engine takes a new version. Nothing falls back to another kind or device.
     """
-    from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+    from dart.rollout.engine.hf import HFEngineConfig
+    from dart.rollout.engine.interface import ENGINES
 
-    engine_cfg = engine_config or config.rollout.engine or HFEngineConfig()
-    engine: InferenceEngine
-    if isinstance(engine_cfg, HFEngineConfig):
-        engine = await HFEngine.start(
-            engine_cfg.model_copy(
-                update={
-                    "model_path": str(policy.base),
-                    "initial_version": 0,
-                    "num_threads": num_threads or engine_cfg.num_threads or config.run.torch_threads,
-                }
-            )
-        )
-    else:
-        # Imported here, off the hf path: the vLLM client's modules take a second to import on a busy machine.
-        from dart.rollout.engine.vllm import start_vllm_engines
-
-        attach = engine_cfg.attach
-        if attach is not None:
-            attach = attach.model_copy(update={"urls": attach.urls[:1]})
-        vllm_cfg = engine_cfg.model_copy(
-            update={"model_path": str(policy.base), "initial_version": 0, "attach": attach}
-        )
-        (engine,) = (await start_vllm_engines(vllm_cfg, 1)).values()
+    chosen = engine_config or config.rollout.engine or HFEngineConfig()
+    engine_cfg = chosen.serving(str(policy.base), num_threads=num_threads or config.run.torch_threads, single=True)
+    (engine,) = (await ENGINES.get(engine_cfg.kind)(engine_cfg, 1)).values()
     if policy.weights is not None:
         try:
             await load_version(engine, policy.weights, policy.store)

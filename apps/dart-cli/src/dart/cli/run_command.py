@@ -35,13 +35,15 @@ def run_command(
     'error:' line, before anything is written.
     """
     from dart.cli.stack.config import load_run_config
-    from dart.cli.stack.run import run
+    from dart.cli.stack.run import check_for_dart_run, run
     from dart.protocol.config import dump_config
 
     logging.basicConfig(level=logging.WARNING)
     try:
         if print_config:
-            typer.echo(dump_config(load_run_config(config, overrides or [])), nl=False)
+            resolved = load_run_config(config, overrides or [])
+            check_for_dart_run(resolved, config)  # what dart run would refuse (its suites included) fails here too
+            typer.echo(dump_config(resolved), nl=False)
             return
         summary = run(config, overrides or [])
     except ConfigError as exc:

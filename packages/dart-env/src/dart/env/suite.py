@@ -1,5 +1,6 @@
-"""Task suites of the env backends: the suite file format (:mod:`dart.protocol.suite`), the suites shipped
-with the backends, and resolving a run config's ``suite`` string to its tasks.
+"""Suite files of the env backends: the suite file format (:mod:`dart.protocol.suite`), writing generated
+suites, and finding the suites a backend ships. The suite sources registered for run configs are in
+:mod:`dart.env.suite_sources`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from dart.protocol.errors import ConfigError
 from dart.protocol.suite import TaskSuite, dump_suite, load_suite
 
-__all__ = ["TaskSuite", "dump_suite", "load_suite", "resolve_suite", "shipped_suite_path", "suite_yaml"]
+__all__ = ["TaskSuite", "dump_suite", "load_suite", "shipped_suite_path", "suite_yaml"]
 
 
 def suite_yaml(suite: TaskSuite, backend: str, generator: str) -> str:
@@ -46,42 +46,3 @@ def shipped_suite_path(package: str, backend: str, names: Iterable[str], name: s
     if name not in known:
         raise KeyError(f"no built-in {backend} suite {name!r}; choose one of {known}")
     return Path(str(files(package).joinpath("suites", f"{name}.yaml")))
-
-
-def resolve_suite(spec: str) -> TaskSuite:
-    """The suite a run config's ``suite`` names.
-
-    Args:
-        spec: ``builtin:<name>`` for a shipped sim suite, ``builtin:miniwob/<name>`` for a shipped
-            MiniWoB++ suite, ``builtin:osworld/local`` for the shipped OSWorld-format local-desktop tasks,
-            ``osworld:<dir>`` for the tasks of an OSWorld task directory that this host's local desktop
-            runs, or a suite file path.
-
-    Raises:
-        ConfigError: No such shipped suite, or an OSWorld directory that cannot be read (field ``suite``).
-        SuiteError: The suite file is missing or invalid.
-    """
-    if spec.startswith("builtin:"):
-        name = spec.removeprefix("builtin:")
-        try:
-            if name.startswith("miniwob/"):
-                from dart.env.miniwob.catalog import load_builtin_suite as load_miniwob_suite
-
-                return load_miniwob_suite(name.removeprefix("miniwob/"))
-            if name == "osworld/local":
-                from dart.env.osworld.suites import load_local_suite
-
-                return TaskSuite(name="osworld-local", tasks=tuple(load_local_suite()))
-            from dart.env.sim import load_builtin_suite as load_sim_suite
-
-            return load_sim_suite(name)
-        except KeyError as exc:
-            raise ConfigError("run config", "suite", str(exc.args[0])) from None
-    if spec.startswith("osworld:"):
-        from dart.env.osworld import OSWorldTaskError, load_osworld_suite
-
-        try:
-            return load_osworld_suite(spec.removeprefix("osworld:"), runnable_only=True)
-        except OSWorldTaskError as exc:
-            raise ConfigError("run config", "suite", str(exc)) from None
-    return load_suite(spec)

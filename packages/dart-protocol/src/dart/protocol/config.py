@@ -252,6 +252,36 @@ def _loc_parts(loc: tuple[int | str, ...]) -> list[str]:
     return [str(p) for p in loc]
 
 
+def _union_models(annotation: Any) -> list[type[BaseModel]]:
+    """The model classes among the members of a (possibly annotated, possibly optional) union."""
+    found: list[type[BaseModel]] = []
+    for arg in get_args(annotation) or (annotation,):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            found.append(arg)
+        elif get_args(arg):
+            found.extend(_union_models(arg))
+    return found
+
+
+def _field_loc(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """``loc`` without the union tags pydantic inserts (``rollout.engine.plugin.kind`` -> ``rollout.engine.kind``),
+    so an error names the key as written in the file."""
+    out: list[int | str] = []
+    choices: list[type[BaseModel]] = [model]
+    for index, part in enumerate(loc):
+        holder = next((m for m in choices if part in m.model_fields), None) if isinstance(part, str) else None
+        if holder is not None and isinstance(part, str):
+            out.append(part)
+            choices = _union_models(holder.model_fields[part].annotation)
+        elif len(choices) > 1 and isinstance(part, str) and index + 1 < len(loc):  # a union's tag: not a key
+            after = loc[index + 1] if index + 1 < len(loc) else None
+            choices = [m for m in choices if after in m.model_fields] or choices
+        else:
+            out.append(part)
+            choices = []
+    return tuple(out)
+
+
 def _describe(model: type[BaseModel], err: Mapping[str, Any]) -> str:
     loc: tuple[int | str, ...] = tuple(err.get("loc", ()))
     parts = _loc_parts(loc)
@@ -353,11 +383,11 @@ def load_config(
     except ValidationError as exc:
         problems: list[tuple[str, str, str]] = []
         for err in exc.errors(include_url=False):
-            loc = tuple(err["loc"])
+            loc = _field_loc(model_type, tuple(err["loc"]))
             key = tuple(_loc_parts(loc))
             # Blame the most specific override that covers the failing field, else the file.
             where = next((origins[key[:n]] for n in range(len(key), 0, -1) if key[:n] in origins), source)
-            problems.append((where, _dotted(loc), _describe(model_type, err)))
+            problems.append((where, _dotted(loc), _describe(model_type, {**err, "loc": loc})))
         raise ConfigValidationError(problems) from None
 
 

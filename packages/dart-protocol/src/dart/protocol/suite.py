@@ -9,19 +9,26 @@ The env service runs their tasks, the data manager curates them, ``dart eval`` e
       - task_id: sim/click-button/0
         instruction: Click the OK button
         params: {family: click-button, difficulty: easy, seed: 0}
+
+A run config's ``suite`` is a suite file path or ``<source>:<name>``, resolved by :func:`resolve_suite`
+through :data:`SUITE_SOURCES` (entry-point group ``dart.suites``): dart-env registers ``builtin`` (the suites
+its backends ship) and ``osworld`` (an OSWorld task directory); another package may add its own source.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dart.protocol.errors import SuiteError
+from dart.protocol.errors import ConfigError, SuiteError
 from dart.protocol.messages import TaskSpec
+from dart.protocol.registry import Registry
 
 
 class TaskSuite(BaseModel):
@@ -89,3 +96,39 @@ def load_suite(path: str | Path) -> TaskSuite:
 def dump_suite(suite: TaskSuite) -> dict[str, Any]:
     """The suite as plain data (for writing YAML/JSON)."""
     return {"name": suite.name, "tasks": [t.model_dump(mode="json") for t in suite.tasks]}
+
+
+SuiteSource = Callable[[str], "TaskSuite"]
+"""Resolves the name after ``<source>:`` to a suite; raises :class:`~dart.protocol.errors.ConfigError`
+(field ``suite``) for a name it does not have."""
+
+
+def _is_source(obj: object) -> None:
+    if not callable(obj):
+        raise TypeError(f"a suite source must be callable (name) -> TaskSuite, got {obj!r}")
+
+
+SUITE_SOURCES: Registry[SuiteSource] = Registry("suites", what="suite source", config_field="suite", check=_is_source)
+"""Suite sources by the prefix of ``suite`` (``builtin``, ``osworld`` with dart-env installed)."""
+
+_SOURCE_SPEC = re.compile(r"^([a-z][a-z0-9_-]*):(.*)$")
+
+
+def resolve_suite(spec: str) -> TaskSuite:
+    """The suite a run config's ``suite`` names: ``<source>:<name>`` through :data:`SUITE_SOURCES`, or a
+    suite file path.
+
+    Raises:
+        ConfigError: A source nobody registered (the message lists those that are), or a name its source
+            does not have (field ``suite``).
+        SuiteError: The suite file is missing or invalid.
+    """
+    match = _SOURCE_SPEC.match(spec)
+    if match is None or Path(spec).exists():
+        return load_suite(spec)
+    source, name = match.groups()
+    if source not in SUITE_SOURCES.names():
+        known = ", ".join(f"{s}:" for s in SUITE_SOURCES.names()) or "none"
+        hint = " (the built-in suites ship with dart-env: install it here)" if source in ("builtin", "osworld") else ""
+        raise ConfigError("run config", "suite", f"no suite source {source!r} is registered{hint}; registered: {known}")
+    return SUITE_SOURCES.get(source)(name)

@@ -7,7 +7,7 @@ messages (see :class:`dart.rollout.service.runner.TrajectoryRunner`).
 from __future__ import annotations
 
 from dart.protocol.errors import DartError
-from dart.rollout.engine.base import EngineError
+from dart.rollout.engine.interface import EngineError
 
 
 class RolloutError(DartError):

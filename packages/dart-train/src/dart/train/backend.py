@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 
 from dart.protocol.messages import TrainingBatch, TrainingSample
+from dart.protocol.models import family_of
 from dart.train.batching import ImageSource, ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.errors import CheckpointError
@@ -100,8 +101,9 @@ class TorchBackend(TrainerBackend):
 
         Raises:
             FileNotFoundError: ``model_path`` holds no ``config.json``.
+            ConfigError: The checkpoint belongs to no registered model family.
         """
-        from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+        from transformers import AutoProcessor
 
         path = Path(config.model_path)
         if not (path / "config.json").is_file():
@@ -112,8 +114,8 @@ class TorchBackend(TrainerBackend):
         torch.manual_seed(config.seed)
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         # Loaded in float32 so the masters start from the checkpoint's exact values; __init__ casts the model.
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-        model.to(config.device)  # type: ignore[arg-type]  # transformers stubs mistype .to
+        model = family_of(path).model_cls().from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model.to(config.device)
         # Train mode only matters for dropout; Qwen2.5-VL has none, so log-probs match eval mode exactly.
         model.train()
         return cls(config, model, processor, image_source)

@@ -7,11 +7,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from dart.protocol.config import ConfigModel
+from dart.protocol.registry import Registry
 from dart.protocol.retry import RetryPolicy
 from dart.train.loss import LossConfig
+
+
+def _is_backend_class(obj: object) -> None:
+    # Duck-typed: the TrainerBackend interface module imports this one.
+    if not (isinstance(obj, type) and callable(getattr(obj, "load", None))):
+        raise TypeError(f"a trainer backend must be a TrainerBackend subclass (with load), got {obj!r}")
+
+
+TRAINER_BACKENDS: Registry[Any] = Registry(
+    "trainer_backends", what="trainer backend", config_field="train.backend.kind", check=_is_backend_class
+)
+"""Trainer backends (:class:`~dart.train.interface.TrainerBackend` subclasses) by ``train.backend.kind``:
+``torch``, ``fsdp``, ``megatron`` ship with dart-train; :mod:`dart.train.interface` re-exports it."""
 
 
 class TorchBackendSettings(ConfigModel):
@@ -127,9 +141,49 @@ class MegatronBackendSettings(NodeSettings):
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
 
+class PluginBackendSettings(NodeSettings):
+    """A trainer backend another package registers (entry-point group ``dart.trainer_backends``).
+
+    Its own settings travel as ``options``, which the backend validates when it loads; ``nproc`` and
+    ``nnodes`` say how many ranks ``dart-train serve`` launches.
+    """
+
+    kind: str = Field(min_length=1)
+    """The name the backend is registered under."""
+    nproc: int = Field(default=1, ge=1)
+    """Ranks (processes) per machine."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """The backend's own settings."""
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        if kind not in TRAINER_BACKENDS.names():
+            raise ValueError(f"unknown trainer backend {kind!r}; registered: {', '.join(TRAINER_BACKENDS.names())}")
+        return kind
+
+    @property
+    def world_size(self) -> int:
+        """Processes the backend runs as, on all machines together."""
+        return self.nproc * self.nnodes
+
+
+_BUILT_IN_BACKENDS = ("torch", "fsdp", "megatron")
+
+
+def _backend_tag(value: Any) -> str:
+    kind = value.get("kind", "torch") if isinstance(value, dict) else getattr(value, "kind", "torch")
+    return str(kind) if kind in _BUILT_IN_BACKENDS else "plugin"
+
+
 BackendSettings = Annotated[
-    TorchBackendSettings | FsdpBackendSettings | MegatronBackendSettings, Field(discriminator="kind")
+    Annotated[TorchBackendSettings, Tag("torch")]
+    | Annotated[FsdpBackendSettings, Tag("fsdp")]
+    | Annotated[MegatronBackendSettings, Tag("megatron")]
+    | Annotated[PluginBackendSettings, Tag("plugin")],
+    Discriminator(_backend_tag),
 ]
+"""``train.backend``: a built-in backend's settings, or a registered backend's (:class:`PluginBackendSettings`)."""
 
 
 class RetentionConfig(ConfigModel):

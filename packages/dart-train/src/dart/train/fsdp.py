@@ -59,7 +59,9 @@ class FsdpBackend(TorchBackend):
                 low-precision weights).
         """
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+        from transformers import AutoProcessor
+
+        from dart.protocol.models import family_of
 
         settings = config.backend
         if not isinstance(settings, FsdpBackendSettings):
@@ -93,10 +95,8 @@ class FsdpBackend(TorchBackend):
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            path, local_files_only=True, dtype=_dtype(config.dtype)
-        )
-        model.to(device)  # type: ignore[arg-type]  # transformers stubs mistype .to
+        model = family_of(path).model_cls().from_pretrained(path, local_files_only=True, dtype=_dtype(config.dtype))
+        model.to(device)
         model.train()
         kwargs: dict[str, Any] = {}
         if settings.mixed_precision == "bf16":

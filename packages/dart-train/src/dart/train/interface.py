@@ -4,30 +4,27 @@ A backend owns the model, its optimizer and its process group; it knows nothing 
 the bus. The shared RL update (:mod:`dart.train.update`) and the trainer service use only this
 interface, so ``train.backend: torch | fsdp | megatron`` swaps the machinery without touching either.
 
-Adding a backend is one entry in :data:`BACKENDS` (``kind -> "module:Class"``); the class provides
+Backends are found by ``train.backend.kind`` in :data:`TRAINER_BACKENDS` (entry-point group
+``dart.trainer_backends``, see :mod:`dart.protocol.registry`): dart-train registers ``torch``, ``fsdp`` and
+``megatron``; another package adds one by declaring an entry point to a :class:`TrainerBackend` subclass,
+whose settings come as ``train.backend: {kind: <name>, nproc, nnodes, options: {...}}``. The class provides
 ``load(config, *, image_source=None)``.
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dart.protocol.errors import ConfigError
 from dart.train.batching import ImageSource, ModelInputs
+from dart.train.config import TRAINER_BACKENDS as TRAINER_BACKENDS
 from dart.train.config import TrainerConfig
 from dart.train.errors import TrainerError
-
-BACKENDS: dict[str, str] = {
-    "torch": "dart.train.backend:TorchBackend",
-    "fsdp": "dart.train.fsdp:FsdpBackend",
-    "megatron": "dart.train.megatron:MegatronBackend",
-}
-"""Backend kind -> ``module:Class``; imported lazily so optional dependencies load only when chosen."""
 
 
 class TrainerBackend(abc.ABC):
@@ -48,6 +45,16 @@ class TrainerBackend(abc.ABC):
     rank: int
     world_size: int
     is_main: bool
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, config: TrainerConfig, *, image_source: ImageSource | None = None) -> TrainerBackend:
+        """Build the backend from the trainer config (collective: every rank of the backend calls it).
+
+        Args:
+            config: The trainer config; ``config.backend`` holds this backend's layout and settings.
+            image_source: Where the screenshots of training samples are read (kept for the RL update).
+        """
 
     @abc.abstractmethod
     def forward_logprobs(
@@ -106,11 +113,11 @@ def load_backend(config: TrainerConfig, *, image_source: ImageSource | None = No
     """Load the backend ``config.backend.kind`` names (call on every rank of a multi-process backend).
 
     Raises:
-        TrainerError: The backend's module cannot be imported (a missing optional dependency).
+        TrainerError: The backend's module cannot be imported (a missing optional dependency), or no
+            backend has that name.
     """
-    module_name, _, cls_name = BACKENDS[config.backend.kind].partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TrainerError(f"train.backend {config.backend.kind!r} cannot be loaded: {exc}") from exc
-    return getattr(module, cls_name).load(config, image_source=image_source)
+        backend = TRAINER_BACKENDS.get(config.backend.kind)
+    except ConfigError as exc:
+        raise TrainerError(str(exc)) from exc
+    return backend.load(config, image_source=image_source)

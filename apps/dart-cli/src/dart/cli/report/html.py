@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from dart.cli.report import plots
+import dart.cli.report.plots as plots
 from dart.cli.report.load import RunData
 from dart.protocol.telemetry import utilization
 

@@ -244,13 +244,13 @@ def store_config(config: RunConfig) -> StoreConfig:
 
 
 def load_tasks(config: RunConfig) -> list[TaskSpec]:
-    """The suite's tasks (see :func:`dart.env.suite.resolve_suite` for the forms of ``suite``).
+    """The suite's tasks (see :func:`dart.protocol.suite.resolve_suite` for the forms of ``suite``).
 
     Raises:
         ConfigError: A ``builtin:`` suite that does not exist, a suite file that is missing or invalid, or
             tasks for another backend than ``env.backend`` (the env service could not run them).
     """
-    from dart.env.suite import resolve_suite
+    from dart.protocol.suite import resolve_suite
 
     try:
         suite = resolve_suite(config.suite)

@@ -164,19 +164,9 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
     run_dir = config.run.run_dir
     assert run_dir is not None
     threads = config.run.torch_threads
-    engine = config.rollout.engine or HFEngineConfig(model_path=str(policy))
-    if isinstance(engine, HFEngineConfig):
-        engine = engine.model_copy(update={"model_path": str(policy), "num_threads": engine.num_threads or threads})
-    elif engine.launch is not None:
-        # Launched vLLM servers serve the run's policy and log next to the services.
-        python = Path(engine.launch.python)
-        launch = engine.launch.model_copy(
-            update={
-                "python": str(python.absolute()) if python.parent != Path() else str(python),
-                "log_dir": engine.launch.log_dir or str(run_dir / "logs"),
-            }
-        )
-        engine = engine.model_copy(update={"model_path": str(policy), "launch": launch})
+    chosen = config.rollout.engine or HFEngineConfig()
+    # The run's policy, the run's thread budget for in-process engines, server logs next to the services'.
+    engine = chosen.serving(str(policy), num_threads=threads, log_dir=str(run_dir / "logs"))
     train = config.train.model_copy(
         update={
             "model_path": str(policy),

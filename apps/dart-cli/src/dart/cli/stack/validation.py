@@ -53,7 +53,7 @@ from dart.protocol.waiting import wait_event
 from dart.rollout.eval import EvalReport
 
 if TYPE_CHECKING:
-    from dart.rollout.engine.base import InferenceEngine
+    from dart.rollout.engine.interface import InferenceEngine
 
 log = logging.getLogger(__name__)
 HELDOUT_FILE = "heldout.jsonl"

@@ -2,7 +2,7 @@
 
 The paper starts RL from a capable base model (UI-TARS-1.5-7B). A random tiny model has no such
 start, so before RL the policy imitates an oracle: any backend whose
-:meth:`~dart.env.backend.EnvBackend.oracle_action` knows the next correct action (the sim, the
+:meth:`~dart.env.interface.EnvBackend.oracle_action` knows the next correct action (the sim, the
 MiniWoB++ tasks with scripted solvers) records demonstrations with the exact prompt builder and
 tokenization the rollout engines use, then the trainer's SFT step minimizes their response NLL.
 The result is saved as a checkpoint that engines and trainer load as policy version 0.
@@ -45,7 +45,7 @@ async def record_demos(
         ConfigError: The backend's oracle produced no demonstration for any task (it has none:
             disable ``warm_start``, or use tasks with an oracle).
     """
-    from dart.env.service.config import backend_factory
+    from dart.env.interface import ENV_BACKENDS
     from dart.env.sim import LatencyConfig
     from dart.rollout.action_grammar import format_output
     from dart.rollout.model.prompt import HistoryStep, action_space, build_prompt, encode_prompt, to_pil
@@ -55,7 +55,7 @@ async def record_demos(
     quiet = env_config.model_copy(
         update={"sim": env_config.sim.model_copy(update={"latency": LatencyConfig(scale=0.0)})}
     )
-    env = backend_factory(env_config.backend)(quiet, 0)
+    env = ENV_BACKENDS.get(env_config.backend)(quiet, 0)
     sizing = prompt.image_sizing()
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     demos: list[SftSample] = []

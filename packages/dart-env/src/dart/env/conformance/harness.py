@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dart.env.backend import EnvBackend
 from dart.env.conformance.cases import CASES, PROBE_FILE
 from dart.env.conformance.model import BACKENDS, Case, CaseResult, NotApplicable, Plan, Status, Verdict
 from dart.env.conformance.xevents import ProbeLog
+from dart.env.interface import EnvBackend
 from dart.protocol.messages import Action
 
 # -- harnesses: one running backend each -----------------------------------------------------
@@ -60,10 +60,11 @@ class EnvHarness(Harness):
         return self.env
 
     async def start(self) -> None:
-        from dart.env.service.config import EnvServiceConfig, backend_factory
+        from dart.env.interface import ENV_BACKENDS
+        from dart.env.service.config import EnvServiceConfig
 
         # Default configs: the sim without simulated latency, the browser headless.
-        self.env = backend_factory(self.backend)(EnvServiceConfig(backend=self.backend, pool="conformance"), 0)
+        self.env = ENV_BACKENDS.get(self.backend)(EnvServiceConfig(backend=self.backend, pool="conformance"), 0)
         await self.env.start()
 
     async def run(self, case: Case, plan: Plan, *, act: bool = True) -> Verdict:

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from pydantic import Field
 
-from dart.env.backend import BackendState, EnvBackend
 from dart.env.errors import TaskParamsError
+from dart.env.interface import BackendState, EnvBackend
 from dart.env.miniwob.browser import SCROLL_PX, TASK_HEIGHT, TASK_WIDTH, Browser, find_binary, key_name
 from dart.env.miniwob.dom import DomSnapshot
 from dart.env.miniwob.errors import BrowserError
@@ -85,9 +85,9 @@ _ENV_ID = re.compile(r"^(?:miniwob/)?(?P<name>[a-z0-9][a-z0-9-]*?)(?:-v\d+)?(?:/
 
 
 class MiniWoBEnv(EnvBackend):
-    """A MiniWoB++ task page in headless Chromium, implementing :class:`~dart.env.backend.EnvBackend`.
+    """A MiniWoB++ task page in headless Chromium, implementing :class:`~dart.env.interface.EnvBackend`.
 
-    Lifecycle: that of :class:`~dart.env.backend.EnvBackend`. :meth:`start` launches one browser,
+    Lifecycle: that of :class:`~dart.env.interface.EnvBackend`. :meth:`start` launches one browser,
     reused for every episode; a reset to another task loads its page. The episode ends (``step``
     returns ``done=True``) when MiniWoB++ ends it (the task was answered, right or wrong, or its
     clock ran out) or on ``finished``/``fail``.

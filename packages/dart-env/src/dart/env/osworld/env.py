@@ -16,9 +16,9 @@ from typing import Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
-from dart.env.backend import BackendState, EnvBackend
 from dart.env.desktop import DesktopConfig
 from dart.env.errors import TaskParamsError
+from dart.env.interface import BackendState, EnvBackend
 from dart.env.osworld.actions import pyautogui_command, to_dart_json, to_pyautogui
 from dart.env.osworld.client import VMServerClient
 from dart.env.osworld.errors import OSWorldVMError, ProviderError, SetupStepError, UnsupportedStepError
@@ -82,9 +82,9 @@ class OSWorldConfig(ConfigModel):
 
 
 class OSWorldEnv(EnvBackend):
-    """OSWorld tasks on a VM server, implementing :class:`~dart.env.backend.EnvBackend`.
+    """OSWorld tasks on a VM server, implementing :class:`~dart.env.interface.EnvBackend`.
 
-    Lifecycle: that of :class:`~dart.env.backend.EnvBackend`. :meth:`start` starts the provider
+    Lifecycle: that of :class:`~dart.env.interface.EnvBackend`. :meth:`start` starts the provider
     (a local desktop, a docker VM) once; each :meth:`reset` reverts it, runs the task's setup steps
     and takes the first screenshot. The episode ends on ``finished``/``fail``; :meth:`evaluate`
     runs the task's evaluator (postconfig, getters, metrics) and may be called repeatedly.

@@ -1,26 +1,18 @@
 """The env service: pools of env backend instances served over NATS request/reply.
 
-Modules: :mod:`.config` (:class:`EnvServiceConfig` and the backend registry), :mod:`.lease`
+Modules: :mod:`.config` (:class:`EnvServiceConfig`), :mod:`.lease`
 (leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters),
 :mod:`.service` (:class:`EnvService`).
 """
 
 from __future__ import annotations
 
-from dart.env.service.config import (
-    BackendFactory,
-    EnvServiceConfig,
-    backend_factory,
-    register_backend,
-    registered_backends,
-    unregister_backend,
-)
+from dart.env.service.config import EnvServiceConfig
 from dart.env.service.instance import InstanceStats, SlotState
 from dart.env.service.lease import EndReason, Lease
 from dart.env.service.service import EnvService, SpareStats
 
 __all__ = [
-    "BackendFactory",
     "EndReason",
     "EnvService",
     "EnvServiceConfig",
@@ -28,8 +20,4 @@ __all__ = [
     "Lease",
     "SlotState",
     "SpareStats",
-    "backend_factory",
-    "register_backend",
-    "registered_backends",
-    "unregister_backend",
 ]

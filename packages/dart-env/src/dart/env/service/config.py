@@ -1,17 +1,15 @@
-"""Configuration of the env service and the registry of env backends it can host."""
+"""Configuration of the env service (the backends it can host are in :data:`dart.env.interface.ENV_BACKENDS`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from dart.env.backend import EnvBackend
 from dart.env.miniwob import MiniWoBConfig
 from dart.env.osworld.env import OSWorldConfig
-from dart.env.sim import SimConfig, SimEnv
+from dart.env.sim import SimConfig
 from dart.protocol.config import ConfigModel
-from dart.protocol.errors import ConfigError
 from dart.protocol.subjects import Subjects
 
 
@@ -36,7 +34,8 @@ class EnvServiceConfig(ConfigModel):
     pool: str = "sim"
     """Pool name: the lease subject is ``subjects.env_lease(pool)``."""
     backend: str = "sim"
-    """Backend name, a key of the backend registry (:func:`register_backend`)."""
+    """Backend name, a key of :data:`dart.env.interface.ENV_BACKENDS` (``sim``, ``miniwob``, ``osworld``, or
+    one another package registers)."""
     instances: int = Field(default=4, ge=1, le=4096)
     """Number of env instances this process hosts."""
     instance_prefix: str | None = None
@@ -78,6 +77,9 @@ class EnvServiceConfig(ConfigModel):
     """Settings of the ``miniwob`` backend (Chromium paths, scale, episode time limit)."""
     osworld: OSWorldConfig = Field(default_factory=OSWorldConfig)
     """Settings of the ``osworld`` backend (provider, desktop, path mapping, network, timeouts)."""
+    plugin: dict[str, Any] = Field(default_factory=dict)
+    """Settings of a backend another package registers (its factory validates them); unused by the
+    backends dart-env ships."""
 
     @field_validator("pool", "instance_prefix")
     @classmethod
@@ -87,6 +89,15 @@ class EnvServiceConfig(ConfigModel):
             Subjects().env_lease(value)
         return value
 
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, backend: str) -> str:
+        from dart.env.interface import ENV_BACKENDS  # the interface module refers to this one
+
+        if backend not in ENV_BACKENDS.names():
+            raise ValueError(f"unknown env backend {backend!r}; registered: {', '.join(ENV_BACKENDS.names())}")
+        return backend
+
     @model_validator(mode="after")
     def _check_ids(self) -> EnvServiceConfig:
         Subjects().env_instance(self.instance_id(self.instances - 1), "step")
@@ -95,74 +106,3 @@ class EnvServiceConfig(ConfigModel):
     def instance_id(self, index: int) -> str:
         """The id of instance slot ``index``."""
         return f"{self.instance_prefix or self.pool}-{index}"
-
-
-BackendFactory = Callable[[EnvServiceConfig, int], EnvBackend]
-"""Creates one backend instance: ``factory(config, stream)``. ``stream`` differs between instances
-(and between an instance and its replacements), for backends with per-instance randomness."""
-
-_REGISTRY: dict[str, BackendFactory] = {}
-
-
-def register_backend(name: str, factory: BackendFactory, *, replace: bool = False) -> None:
-    """Make a backend available to :class:`EnvServiceConfig` under ``name``.
-
-    Args:
-        name: The value of ``EnvServiceConfig.backend`` that selects it.
-        factory: Creates an instance, unstarted (the service starts it).
-        replace: Allow overriding an existing registration (tests).
-
-    Raises:
-        ValueError: ``name`` is registered already and ``replace`` is False.
-    """
-    if name in _REGISTRY and not replace:
-        raise ValueError(f"env backend {name!r} is registered already; pass replace=True to override it")
-    _REGISTRY[name] = factory
-
-
-def unregister_backend(name: str) -> None:
-    """Remove a registration (no-op when absent)."""
-    _REGISTRY.pop(name, None)
-
-
-def registered_backends() -> list[str]:
-    """Names of the registered backends, sorted."""
-    return sorted(_REGISTRY)
-
-
-def backend_factory(name: str) -> BackendFactory:
-    """The factory registered under ``name``.
-
-    Raises:
-        ConfigError: No backend has that name (the message lists those that exist).
-    """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(registered_backends())
-        raise ConfigError("config", "backend", f"unknown env backend {name!r}; registered: {known}") from None
-
-
-def _sim_factory(config: EnvServiceConfig, stream: int) -> EnvBackend:
-    return SimEnv(config.sim, stream=stream)
-
-
-register_backend("sim", _sim_factory)
-
-
-def _miniwob_factory(config: EnvServiceConfig, stream: int) -> EnvBackend:
-    from dart.env.miniwob import MiniWoBEnv
-
-    return MiniWoBEnv(config.miniwob, stream=stream)
-
-
-register_backend("miniwob", _miniwob_factory)
-
-
-def _osworld_factory(config: EnvServiceConfig, stream: int) -> EnvBackend:
-    from dart.env.osworld.env import OSWorldEnv
-
-    return OSWorldEnv(config.osworld, stream=stream)
-
-
-register_backend("osworld", _osworld_factory)

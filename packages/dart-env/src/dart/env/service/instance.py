@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from dart.env.backend import EnvBackend
+from dart.env.interface import EnvBackend
 from dart.env.service.lease import Lease
 from dart.protocol.messages import StepReply
 from dart.protocol.telemetry import BusyTracker

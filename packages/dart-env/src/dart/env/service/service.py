@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
 
-from dart.env.backend import EnvBackend
 from dart.env.errors import EpisodeStateError, InstanceIdTakenError, LayoutError, TaskParamsError
-from dart.env.service.config import EnvServiceConfig, backend_factory
+from dart.env.interface import ENV_BACKENDS, EnvBackend
+from dart.env.service.config import EnvServiceConfig
 from dart.env.service.instance import InstanceSlot, InstanceStats, SlotState
 from dart.env.service.lease import EndReason, Lease, LeaseBook
 from dart.env.service.screenshots import ScreenshotOffload
@@ -119,7 +119,7 @@ class EnvService:
         """Sends large screenshots by reference; its counters say how many."""
         self._bus = bus
         self._telemetry = telemetry
-        self._factory = backend_factory(config.backend)
+        self._factory = ENV_BACKENDS.get(config.backend)
         self._slots: dict[str, InstanceSlot] = {}
         self._leases = LeaseBook()
         self._services: list[Service] = []

@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 from pydantic import Field, ValidationError
 
-from dart.env.backend import BackendState, EnvBackend
 from dart.env.errors import TaskParamsError
+from dart.env.interface import BackendState, EnvBackend
 from dart.env.sim.families import SimTask, SimTaskParams, build_task, evaluate
 from dart.env.sim.interaction import apply_action
 from dart.env.sim.latency import LatencyConfig, LatencyModel, Operation
@@ -41,9 +41,9 @@ class LatencySample(NamedTuple):
 
 
 class SimEnv(EnvBackend):
-    """A simulated GUI (see :mod:`dart.env.sim`) implementing :class:`~dart.env.backend.EnvBackend`.
+    """A simulated GUI (see :mod:`dart.env.sim`) implementing :class:`~dart.env.interface.EnvBackend`.
 
-    Lifecycle: that of :class:`~dart.env.backend.EnvBackend`. The episode also ends (``step``
+    Lifecycle: that of :class:`~dart.env.interface.EnvBackend`. The episode also ends (``step``
     returns ``done=True``) as soon as a button is pressed, since every sim task ends with one.
 
     Deterministic: the same task, seed and action sequence give byte-identical screenshots and

@@ -7,12 +7,13 @@ Example:
     >>> store.get("trajectories/t-1/step-0.png") == png            # doctest: +SKIP
     True
 
-See :mod:`dart.protocol.store.base` for the contract, :mod:`~dart.protocol.store.local` and
+See :mod:`dart.protocol.store.interface` for the contract, :mod:`~dart.protocol.store.local` and
 :mod:`~dart.protocol.store.s3` for how each backend records digests, and
 :mod:`~dart.protocol.store.config` for configuration and opening stores from URIs.
 """
 
-from dart.protocol.store.base import (
+from dart.protocol.store.config import StoreConfig, get_by_uri, open_store, resolve_uri
+from dart.protocol.store.interface import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PART_SIZE,
     ArtifactInfo,
@@ -20,7 +21,6 @@ from dart.protocol.store.base import (
     ArtifactStream,
     BinaryReader,
 )
-from dart.protocol.store.config import StoreConfig, get_by_uri, open_store, resolve_uri
 from dart.protocol.store.local import LocalStore
 from dart.protocol.store.s3 import S3Store
 from dart.protocol.store.uri import (

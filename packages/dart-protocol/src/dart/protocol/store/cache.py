@@ -14,8 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from dart.protocol.errors import IntegrityError
-from dart.protocol.store.base import ArtifactStore
 from dart.protocol.store.config import StoreConfig, resolve_uri
+from dart.protocol.store.interface import ArtifactStore
 
 StoreOpener = Callable[[str], tuple[ArtifactStore, str]]
 """Opens the store that holds an artifact URI: ``uri -> (store, key)``, as :func:`resolve_uri` does."""

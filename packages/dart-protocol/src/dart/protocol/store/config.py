@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 
 from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
-from dart.protocol.store.base import ArtifactStore, MiB
+from dart.protocol.store.interface import ArtifactStore, MiB
 from dart.protocol.store.local import LocalStore
 from dart.protocol.store.s3 import S3Store
 from dart.protocol.store.uri import parse_store_uri, parse_uri

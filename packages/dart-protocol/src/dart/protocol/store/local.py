@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dart.protocol.errors import ArtifactNotFoundError, IntegrityError, StoreError
-from dart.protocol.store.base import (
+from dart.protocol.store.interface import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PART_SIZE,
     ArtifactInfo,

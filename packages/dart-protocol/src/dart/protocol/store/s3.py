@@ -40,7 +40,7 @@ from dart.protocol.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from dart.protocol.store.base import (
+from dart.protocol.store.interface import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PART_SIZE,
     SHA256_METADATA_KEY,

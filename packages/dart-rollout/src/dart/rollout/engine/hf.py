@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import SamplingParams
 from dart.protocol.weights import shard_files
-from dart.rollout.engine.base import (
+from dart.rollout.engine.interface import (
     EngineClosedError,
+    EngineConfigBase,
     EngineState,
     GenerationRequest,
     GenerationResult,
@@ -77,14 +78,10 @@ _INERT_GENERATION_FIELDS = frozenset(
 _TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
-class HFEngineConfig(BaseModel):
+class HFEngineConfig(EngineConfigBase):
     """Configuration of an :class:`HFEngine`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     kind: Literal["hf"] = "hf"
-    model_path: str | None = None
-    """Local checkpoint directory (never a hub id); ``dart run`` fills it in with the run's policy."""
     device: str = "cpu"
     """Torch device, ``cpu`` or ``cuda[:n]``."""
     dtype: str = "float32"
@@ -95,8 +92,13 @@ class HFEngineConfig(BaseModel):
     """How long the first request of a batch waits for others to join, seconds."""
     num_threads: int | None = Field(default=None, ge=1)
     """Torch intra-op CPU threads; None keeps torch's default (one per core)."""
-    initial_version: int = Field(default=0, ge=0)
-    """Policy version of the checkpoint at ``model_path``."""
+
+    def serving(
+        self, model_path: str, *, num_threads: int | None = None, log_dir: str | None = None, single: bool = False
+    ) -> HFEngineConfig:
+        """This config serving ``model_path`` as version 0, with ``num_threads`` unless it sets its own."""
+        update = {"model_path": model_path, "initial_version": 0, "num_threads": self.num_threads or num_threads}
+        return self.model_copy(update=update)
 
 
 @dataclass
@@ -193,7 +195,7 @@ class _RowSampler:
 
 
 class HFEngine(InferenceEngine):
-    """Transformers inference engine with request batching; see :mod:`dart.rollout.engine.base` for the lifecycle.
+    """Transformers inference engine with request batching; see :mod:`dart.rollout.engine.interface` for the lifecycle.
 
     Usage::
 
@@ -441,3 +443,20 @@ def _with_timings(result: GenerationResult, timings: GenerationTimings) -> Gener
     from dataclasses import replace
 
     return replace(result, timings=timings)
+
+
+async def start_hf_engines(config: HFEngineConfig, count: int) -> dict[str, HFEngine]:
+    """``count`` hf engines by id (``engine-<i>``), each loading ``config.model_path``; the ``hf`` entry of
+    :data:`~dart.rollout.engine.interface.ENGINES`.
+
+    Raises:
+        ConfigError: No ``model_path``.
+    """
+    results = await asyncio.gather(*(HFEngine.start(config) for _ in range(count)), return_exceptions=True)
+    engines = [r for r in results if isinstance(r, HFEngine)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for engine in engines:
+            await engine.close()
+        raise errors[0]
+    return {f"engine-{i}": e for i, e in enumerate(engines)}

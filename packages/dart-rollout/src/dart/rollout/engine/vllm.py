@@ -41,7 +41,8 @@ import httpx
 from dart.protocol.messages import SamplingParams
 from dart.protocol.retry import retry_async
 from dart.protocol.telemetry import current_telemetry
-from dart.rollout.engine.base import (
+from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
+from dart.rollout.engine.interface import (
     EngineClosedError,
     EngineError,
     EngineState,
@@ -51,7 +52,6 @@ from dart.rollout.engine.base import (
     InferenceEngine,
     WeightUpdateError,
 )
-from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
 from dart.rollout.engine.vllm_wire import chat_messages, reference_header, stage_weights, weights_header

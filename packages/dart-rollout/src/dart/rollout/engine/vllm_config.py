@@ -13,11 +13,13 @@ or, with one server per GPU node started by the deployment::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dart.protocol.retry import RetryPolicy
+from dart.rollout.engine.interface import EngineConfigBase
 
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
 """Where ``scripts/install-vllm-cpu.sh`` puts the vLLM environment (relative to the working directory)."""
@@ -72,14 +74,13 @@ class VLLMAttachConfig(BaseModel):
     prints the whole command)."""
 
 
-class VLLMEngineConfig(BaseModel):
-    """Configuration of a :class:`~dart.rollout.engine.vllm.VLLMEngine`: exactly one of ``launch`` / ``attach``."""
+class VLLMEngineConfig(EngineConfigBase):
+    """Configuration of a :class:`~dart.rollout.engine.vllm.VLLMEngine`: exactly one of ``launch`` / ``attach``.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    ``model_path`` is the checkpoint the launched servers load (``dart run`` fills it in); unused with ``attach``.
+    """
 
     kind: Literal["vllm"] = "vllm"
-    model_path: str | None = None
-    """Checkpoint directory the launched servers load (``dart run`` fills it in); unused with ``attach``."""
     launch: VLLMLaunchConfig | None = None
     attach: VLLMAttachConfig | None = None
     dtype: str = "float32"
@@ -99,8 +100,6 @@ class VLLMEngineConfig(BaseModel):
     )
     """Backoff of each pause / reset / resume call of a weight update (a failed reload is not retried
     here: the weight sync retries the whole update)."""
-    initial_version: int = Field(default=0, ge=0)
-    """Policy version of the checkpoint the servers start with."""
 
     @model_validator(mode="after")
     def _one_source(self) -> VLLMEngineConfig:
@@ -109,3 +108,32 @@ class VLLMEngineConfig(BaseModel):
         if self.launch is None and self.attach is None:
             object.__setattr__(self, "launch", VLLMLaunchConfig())  # `kind: vllm` alone launches with defaults
         return self
+
+    def serving(
+        self, model_path: str, *, num_threads: int | None = None, log_dir: str | None = None, single: bool = False
+    ) -> VLLMEngineConfig:
+        """This config serving ``model_path`` as version 0: launched servers run the interpreter by absolute
+        path and log to ``log_dir`` unless configured; ``single`` keeps the first ``attach`` URL only."""
+        update: dict[str, object] = {"model_path": model_path, "initial_version": 0}
+        if self.launch is not None:
+            python = Path(self.launch.python)
+            launch_update: dict[str, object] = {"log_dir": self.launch.log_dir or log_dir}
+            if python.parent != Path():  # a bare name is looked up on PATH; a relative path is made absolute
+                launch_update["python"] = str(python.absolute())
+            update["launch"] = self.launch.model_copy(update=launch_update)
+        if self.attach is not None and single:
+            update["attach"] = self.attach.model_copy(update={"urls": self.attach.urls[:1]})
+        return self.model_copy(update=update)
+
+    def engine_count(self, num_engines: int) -> int:
+        """``num_engines`` launched servers, or one engine per ``attach`` URL (``num_engines`` 1 or their count).
+
+        Raises:
+            ValueError: ``attach`` lists a number of URLs other than ``num_engines`` (and it is not 1).
+        """
+        if self.attach is None:
+            return num_engines
+        urls = len(self.attach.urls)
+        if num_engines not in (1, urls):
+            raise ValueError(f"num_engines is {num_engines} but vllm attach lists {urls} server URLs")
+        return urls

@@ -1,4 +1,4 @@
-"""Load a Qwen2.5-VL policy and its processor from a local directory, never from a hub."""
+"""Load a policy and its processor from a local directory, never from a hub, with its model family's class."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def load_policy(path: str | Path, *, dtype: Any = None, device: str = "cpu") -> 
 
     Raises:
         FileNotFoundError: ``path`` is not a directory holding ``config.json``.
+        ConfigError: The checkpoint's ``model_type`` belongs to no registered model family.
     """
     with _LOAD_LOCK:
         return _load(Path(path), dtype, device)
@@ -29,15 +30,16 @@ def load_policy(path: str | Path, *, dtype: Any = None, device: str = "cpu") -> 
 
 def _load(local: Path, dtype: Any, device: str) -> tuple[Any, Any]:
     import torch
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoProcessor
+
+    from dart.protocol.models import family_of
 
     if not (local / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {local}: expected {local / 'config.json'}; write one first")
+    family = family_of(local)
     # A local path never needs the hub; make sure nothing tries to reach it.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     processor = AutoProcessor.from_pretrained(local, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        local, local_files_only=True, dtype=dtype or torch.float32
-    )
-    model.to(device).eval()  # type: ignore[arg-type]  # transformers stubs mistype .to
+    model = family.model_cls().from_pretrained(local, local_files_only=True, dtype=dtype or torch.float32)
+    model.to(device).eval()
     return model, processor

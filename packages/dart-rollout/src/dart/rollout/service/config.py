@@ -21,21 +21,25 @@ from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
 from dart.protocol.topology import STREAMS
 from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.interface import PluginEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.model.screen import Coordinates, ImageSizing, ResizeRule
 
 
 def _engine_kind(value: Any) -> str:
     # ``kind`` may be left out: configs written before there was a choice mean the hf engine.
-    if isinstance(value, dict):
-        return str(value.get("kind", "hf"))
-    return str(getattr(value, "kind", "hf"))
+    kind = value.get("kind", "hf") if isinstance(value, dict) else getattr(value, "kind", "hf")
+    return str(kind) if kind in ("hf", "vllm") else "plugin"
 
 
 EngineConfig = Annotated[
-    Annotated[HFEngineConfig, Tag("hf")] | Annotated[VLLMEngineConfig, Tag("vllm")], Discriminator(_engine_kind)
+    Annotated[HFEngineConfig, Tag("hf")]
+    | Annotated[VLLMEngineConfig, Tag("vllm")]
+    | Annotated[PluginEngineConfig, Tag("plugin")],
+    Discriminator(_engine_kind),
 ]
-"""``rollout.engine``: ``kind: hf`` (transformers, in process; the default) or ``kind: vllm`` (vLLM servers)."""
+"""``rollout.engine``: ``kind: hf`` (transformers, in process; the default), ``kind: vllm`` (vLLM servers), or
+an engine another package registers (:class:`~dart.rollout.engine.interface.PluginEngineConfig`)."""
 
 
 class PromptConfig(ConfigModel):
@@ -218,10 +222,7 @@ class RolloutConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
-    def _attach_count(self) -> RolloutConfig:
-        engine = self.engine
-        if isinstance(engine, VLLMEngineConfig) and engine.attach is not None:
-            urls = len(engine.attach.urls)
-            if self.num_engines not in (1, urls):
-                raise ValueError(f"num_engines is {self.num_engines} but vllm attach lists {urls} server URLs")
+    def _engine_count_fits(self) -> RolloutConfig:
+        if self.engine is not None:
+            self.engine.engine_count(self.num_engines)
         return self

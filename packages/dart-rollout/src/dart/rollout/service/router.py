@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 from dart.protocol.telemetry import BusySection, BusyTracker, Telemetry
-from dart.rollout.engine.base import EngineState, InferenceEngine
+from dart.rollout.engine.interface import EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineError
 
 

@@ -41,7 +41,7 @@ from dart.protocol.messages import Fail, Finished, Observation, StepRecord, Step
 from dart.protocol.messages.trajectory import TrajectoryStatus
 from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
-from dart.rollout.engine.base import EngineError, GenerationRequest, GenerationResult
+from dart.rollout.engine.interface import EngineError, GenerationRequest, GenerationResult
 from dart.rollout.errors import EnvFailed, ImageFetchError, NoEngineError
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, action_space, build_prompt
 from dart.rollout.model.screen import coordinate_scale

@@ -1,6 +1,6 @@
 """A deterministic engine that answers with scripted text: for tests and system benchmarks.
 
-It is a real :class:`~dart.rollout.engine.base.InferenceEngine` (same lifecycle, load and
+It is a real :class:`~dart.rollout.engine.interface.InferenceEngine` (same lifecycle, load and
 versioning as the ``hf`` engine), only its "model" is a list of outputs. Tests use it to drive a
 runner's status logic with oracle-like answers (``finished``, ``wait``, unparseable text) and to
 make weight updates slow enough to observe; everything else in such tests is real (bus, env service).
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dart.protocol.messages import SamplingParams
-from dart.rollout.engine.base import (
+from dart.rollout.engine.interface import (
     EngineClosedError,
     EngineError,
     EngineState,

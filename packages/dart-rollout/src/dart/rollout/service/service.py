@@ -29,10 +29,7 @@ from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, Trajector
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
-from dart.rollout.engine.base import EngineError, InferenceEngine
-from dart.rollout.engine.hf import HFEngine
-from dart.rollout.engine.vllm import start_vllm_engines
-from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.rollout.engine.interface import ENGINES, EngineError, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import RolloutConfig, resolve_runner
 from dart.rollout.service.images import ImageCache
@@ -196,14 +193,10 @@ class RolloutService:
 
     async def _start_engines(self) -> dict[str, InferenceEngine]:
         config = self.config.engine
-        if isinstance(config, VLLMEngineConfig):
-            vllm_engines = await start_vllm_engines(config, self.config.num_engines)
-            self._owned = list(vllm_engines.values())
-            return dict(vllm_engines)
         assert config is not None
-        started = await asyncio.gather(*(HFEngine.start(config) for _ in range(self.config.num_engines)))
-        self._owned = list(started)
-        return {f"engine-{i}": e for i, e in enumerate(started)}
+        started = dict(await ENGINES.get(config.kind)(config, self.config.num_engines))
+        self._owned = list(started.values())
+        return started
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """Stop gracefully: no new work, finish or abort running trajectories, publish them.

@@ -39,7 +39,7 @@ from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.protocol.waiting import wait_event
-from dart.rollout.engine.base import EngineError, EngineState, InferenceEngine
+from dart.rollout.engine.interface import EngineError, EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.fetch import fetch_weights

@@ -34,13 +34,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dart.protocol.models import family_of
 from dart.train.batching import ModelInputs
 from dart.train.config import MegatronBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, ParallelismError, TrainerError
+from dart.train.interface import TrainerBackend
 from dart.train.loss import behaviour_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
 from dart.train.precision import MasterWeights, needs_master_weights
+
+MEGATRON_FAMILIES = ("qwen2.5-vl",)
+"""Model families whose language model this backend converts to megatron-core (:mod:`.convert`)."""
 
 _META = "megatron_meta.json"
 _FORMAT = "dart-megatron-1"
@@ -58,7 +63,7 @@ def _ensure_process_group(device: torch.device) -> None:
     dist.init_process_group(backend, store=store, rank=0, world_size=1)
 
 
-class MegatronBackend:
+class MegatronBackend(TrainerBackend):
     """A Qwen2.5-VL policy whose language model is a tensor-parallel megatron-core GPTModel, with AdamW.
 
     Lifecycle: :meth:`create` (collective: every rank) -> per update, :meth:`forward_logprobs` and
@@ -134,7 +139,8 @@ class MegatronBackend:
 
         Raises:
             ParallelismError: The layout does not fit the world size or the model.
-            TrainerError: ``config.backend`` is not the megatron backend's.
+            TrainerError: ``config.backend`` is not the megatron backend's, or the checkpoint is of a model
+                family it does not convert.
             FileNotFoundError: ``model_path`` holds no ``config.json``.
         """
         from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
@@ -143,8 +149,12 @@ class MegatronBackend:
         if not isinstance(layout, MegatronBackendSettings):
             raise TrainerError(f"MegatronBackend needs train.backend.kind megatron, got {layout.kind}")
         path = Path(config.model_path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no checkpoint at {path}: expected {path / 'config.json'}")
+        family = family_of(path)
+        if family.name not in MEGATRON_FAMILIES:
+            raise TrainerError(
+                f"train.backend megatron converts {', '.join(MEGATRON_FAMILIES)} checkpoints only; {path} is "
+                f"{family.name}: use train.backend torch or fsdp"
+            )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         # Megatron warns at every forward without it (it orders async TP all-reduces on GPUs).
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")

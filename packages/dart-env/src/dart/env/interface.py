@@ -1,19 +1,25 @@
-"""The interface every env backend implements (sim, MiniWoB++, desktop, OSWorld).
+"""The interface every env backend implements (sim, MiniWoB++, desktop, OSWorld), and their registry.
 
 The env service hosts backend instances in pools and calls them from its asyncio loop; a backend
-must never block that loop (slow work goes to a thread or a subprocess).
+must never block that loop (slow work goes to a thread or a subprocess). Backends are found by name in
+:data:`ENV_BACKENDS` (entry-point group ``dart.env_backends``; see :mod:`dart.protocol.registry`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from enum import StrEnum
 from types import TracebackType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from dart.env.errors import EpisodeStateError
 from dart.protocol.messages import Action, Observation, TaskSpec
 from dart.protocol.messages.observation import MetadataValue
+from dart.protocol.registry import Registry
+
+if TYPE_CHECKING:
+    from dart.env.service.config import EnvServiceConfig
 
 
 class BackendState(StrEnum):
@@ -151,3 +157,21 @@ class EnvBackend(ABC):
         """Raise :class:`EpisodeStateError` unless the backend is in one of ``allowed``."""
         if self._state not in allowed:
             raise EpisodeStateError(operation, self._state.value, _HINTS.get(self._state, ""))
+
+
+BackendFactory = Callable[["EnvServiceConfig", int], EnvBackend]
+"""Creates one backend instance, unstarted (the service starts it): ``factory(config, stream)``. ``stream``
+differs between instances (and between an instance and its replacements), for backends with per-instance
+randomness. The factory reads its settings from ``config`` (its own section, or ``config.plugin`` for a
+backend from another package)."""
+
+
+def _is_factory(obj: object) -> None:
+    if not callable(obj):
+        raise TypeError(f"an env backend factory must be callable (config, stream) -> EnvBackend, got {obj!r}")
+
+
+ENV_BACKENDS: Registry[BackendFactory] = Registry(
+    "env_backends", what="env backend", config_field="env.backend", check=_is_factory
+)
+"""Env backends by name (``env.backend``): ``sim``, ``miniwob``, ``osworld`` ship with dart-env."""

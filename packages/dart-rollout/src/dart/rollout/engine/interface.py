@@ -1,4 +1,9 @@
-"""The inference engine interface every backend (``hf``, ``vllm``) implements.
+"""The inference engine interface every backend (``hf``, ``vllm``) implements, its config base and registry.
+
+Engines are found by ``rollout.engine.kind`` in :data:`ENGINES` (entry-point group ``dart.engines``, see
+:mod:`dart.protocol.registry`): each name maps to a function that starts that many engines from a config.
+dart-rollout registers ``hf`` and ``vllm``; another package adds one with an entry point, and its settings
+come as ``rollout.engine: {kind: <name>, model_path, options: {...}}`` (:class:`PluginEngineConfig`).
 
 Lifecycle of an engine::
 
@@ -18,10 +23,15 @@ concurrently; the router reads :attr:`InferenceEngine.load`.
 from __future__ import annotations
 
 import abc
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dart.protocol.messages import Sampling, SamplingParams
+from dart.protocol.registry import Registry
 from dart.rollout.model.prompt import ChatPrompt
 
 
@@ -179,3 +189,70 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop serving: fail queued requests, wait for the running batch, release the model."""
+
+
+class EngineConfigBase(BaseModel):
+    """What every engine config has: the registered kind, the checkpoint it serves and that checkpoint's version.
+
+    Subclasses add their own settings and may refine :meth:`serving` and :meth:`engine_count`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    """The engine's name in :data:`ENGINES`."""
+    model_path: str | None = None
+    """Local checkpoint directory the engines start from (``dart run`` fills it in with the run's policy)."""
+    initial_version: int = Field(default=0, ge=0)
+    """Policy version of that checkpoint."""
+
+    def serving(
+        self, model_path: str, *, num_threads: int | None = None, log_dir: str | None = None, single: bool = False
+    ) -> Self:
+        """This config set to serve ``model_path`` as version 0.
+
+        Args:
+            model_path: The checkpoint to serve.
+            num_threads: CPU threads an in-process engine uses when its config leaves them open.
+            log_dir: Where engines that run as server processes write their logs, when not configured.
+            single: Narrow the config to one engine (an evaluation's), e.g. the first of several server URLs.
+        """
+        return self.model_copy(update={"model_path": model_path, "initial_version": 0})
+
+    def engine_count(self, num_engines: int) -> int:
+        """How many engines starting this config with ``rollout.num_engines`` gives.
+
+        Raises:
+            ValueError: ``num_engines`` does not fit this config.
+        """
+        return num_engines
+
+
+class PluginEngineConfig(EngineConfigBase):
+    """An engine another package registers: its own settings travel as ``options``, validated when it starts."""
+
+    options: dict[str, Any] = Field(default_factory=dict)
+    """The engine's own settings."""
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        if kind not in ENGINES.names():
+            raise ValueError(f"unknown inference engine {kind!r}; registered: {', '.join(ENGINES.names())}")
+        return kind
+
+
+EngineStarter = Callable[[Any, int], Awaitable[Mapping[str, InferenceEngine]]]
+"""Starts engines from their config: ``await starter(config, count)`` -> engines by id (``engine-<i>``). On
+failure it closes what it started and raises."""
+
+
+def _is_starter(obj: object) -> None:
+    if not callable(obj):
+        raise TypeError(f"an engine starter must be callable (config, count) -> engines by id, got {obj!r}")
+
+
+ENGINES: Registry[EngineStarter] = Registry(
+    "engines", what="inference engine", config_field="rollout.engine.kind", check=_is_starter
+)
+"""Inference engines by ``rollout.engine.kind``: ``hf`` and ``vllm`` ship with dart-rollout."""
