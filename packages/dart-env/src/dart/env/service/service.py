@@ -34,6 +34,7 @@ from dart.protocol.messages import (
     StepReply,
     StepRequest,
 )
+from dart.protocol.retry import Backoff, pause
 from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import BusyTracker, Telemetry
 
@@ -469,7 +470,8 @@ class EnvService:
             self._spare_wakeup.set()
             return
         await self._close_backend(crashed)
-        backoff = self.config.restart_backoff_s
+        # No cap: the slot retires after max_consecutive_failures anyway.
+        delays = Backoff(self.config.restart_backoff_s).delays()
         while slot.consecutive_failures < self.config.max_consecutive_failures:
             slot.generation += 1
             # A new stream per generation, so a replacement does not replay its predecessor's randomness.
@@ -484,8 +486,7 @@ class EnvService:
                 slot.consecutive_failures += 1
                 log.warning("restarting instance %s failed: %r", slot.instance_id, exc)
                 await self._close_backend(backend)
-                await asyncio.sleep(backoff)
-                backoff *= 2
+                await pause(next(delays))
                 continue
             self._replaced(slot, backend, started, spare=False)
             return
@@ -499,7 +500,8 @@ class EnvService:
 
     async def _keep_spares(self) -> None:
         """Keep ``warm_spares`` backends started (one start at a time, backing off on failures)."""
-        backoff = self.config.restart_backoff_s
+        backoff = Backoff(self.config.restart_backoff_s, max_s=60.0)
+        delays = backoff.delays()
         while not self._stopping:
             if len(self._spares) >= self.config.warm_spares:
                 self._spare_wakeup.clear()
@@ -516,10 +518,9 @@ class EnvService:
                 self._spare_start_failures += 1
                 log.warning("starting a warm spare for pool %s failed: %r", self.config.pool, exc)
                 await self._close_backend(backend)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 60.0)
+                await pause(next(delays))
                 continue
-            backoff = self.config.restart_backoff_s
+            delays = backoff.delays()  # a spare that started resets the delay
             if self._stopping:
                 await self._close_backend(backend)
                 return
