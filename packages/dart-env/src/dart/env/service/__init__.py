@@ -1,8 +1,8 @@
 """The env service: pools of env backend instances served over NATS request/reply.
 
 Modules: :mod:`.config` (:class:`EnvServiceConfig` and the backend registry), :mod:`.lease`
-(leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters),
-:mod:`.service` (:class:`EnvService`).
+(leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters), :mod:`.spares`
+(warm spares that replace crashed instances), :mod:`.service` (:class:`EnvService`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dart.env.service.config import (
 )
 from dart.env.service.instance import InstanceStats, SlotState
 from dart.env.service.lease import EndReason, Lease
-from dart.env.service.service import EnvService, SpareStats
+from dart.env.service.service import EnvService
+from dart.env.service.spares import SpareStats
 
 __all__ = [
     "BackendFactory",
