@@ -1,8 +1,9 @@
 """The env service: pools of env backend instances served over NATS request/reply.
 
 Modules: :mod:`.config` (:class:`EnvServiceConfig` and the backend registry), :mod:`.lease`
-(leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters), :mod:`.spares`
-(warm spares that replace crashed instances), :mod:`.service` (:class:`EnvService`).
+(leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters),
+:mod:`.lease_book` (lease checks on instance calls), :mod:`.spares` (warm spares that replace
+crashed instances), :mod:`.service` (:class:`EnvService`).
 """
 
 from __future__ import annotations

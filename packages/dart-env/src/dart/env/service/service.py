@@ -14,7 +14,8 @@ from dart.env.backend import EnvBackend
 from dart.env.errors import EpisodeStateError, InstanceIdTakenError, LayoutError, TaskParamsError
 from dart.env.service.config import EnvServiceConfig, backend_factory
 from dart.env.service.instance import InstanceSlot, InstanceStats, SlotState
-from dart.env.service.lease import EndReason, Lease, LeaseBook
+from dart.env.service.lease import EndReason, Lease
+from dart.env.service.lease_book import LeaseBook
 from dart.env.service.screenshots import ScreenshotOffload
 from dart.env.service.spares import SparePool, SpareStats
 from dart.protocol.bus import Bus, Service

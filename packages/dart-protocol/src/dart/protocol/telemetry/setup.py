@@ -47,7 +47,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from pydantic import Field, field_validator
 
 from dart.protocol.config import ConfigModel
-from dart.protocol.telemetry.busy import BusyTracker, Clock
+from dart.protocol.telemetry.busy import BusyInterval, BusyTracker, Clock
 from dart.protocol.telemetry.event_metrics import RESOURCE_LABELS, EventGauges
 from dart.protocol.telemetry.jsonl import (
     RUN_ID_ATTRIBUTE,
@@ -267,9 +267,25 @@ class Telemetry:
         """A :class:`BusyTracker` reporting to this service."""
         return BusyTracker(resource_kind, resource_id, self, clock=clock)
 
-    def _track(self, tracker: BusyTracker) -> None:
+    def track_busy(self, tracker: BusyTracker) -> None:
+        """Keep ``tracker`` to checkpoint it at flush and shutdown (called by :class:`BusyTracker`)."""
         # Weak: a tracker dropped by its owner must not be kept alive by telemetry.
         self._trackers.add(tracker)
+
+    def record_busy(self, tracker: BusyTracker, interval: BusyInterval | None, busy_delta: int) -> None:
+        """Write a tracker's finished interval and busy-gauge change (called by :class:`BusyTracker`).
+
+        Dropped after :meth:`shutdown`.
+        """
+        if self._closed:
+            return
+        busy_time, busy_now = self._busy_instruments()
+        attrs = {"resource.kind": tracker.resource_kind, "resource.id": tracker.resource_id}
+        if interval is not None:
+            self.write_record("busy", interval.to_record())
+            busy_time.add(interval.duration_s, {**attrs, "activity": interval.activity})
+        if busy_delta:
+            busy_now.add(busy_delta, attrs)
 
     def _busy_instruments(self) -> tuple[metrics.Counter, metrics.UpDownCounter]:
         if self._busy is None:
