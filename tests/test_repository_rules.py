@@ -165,3 +165,18 @@ def test_no_import_cycles_among_dart_modules() -> None:
     # together (neither can be read, typed or moved without the other), and none is needed.
     cycles = _cycles(_import_graph())
     assert cycles == [], "import cycles among dart modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+MAX_FUNCTION_LINES = 80
+"""Longest function (docstring included) in the packages' and apps' sources: a longer one reads better split."""
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    long = []
+    for path in sorted([*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("apps/*/src/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines; split them into named steps:\n" + "\n".join(long)
