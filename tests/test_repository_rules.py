@@ -1,13 +1,15 @@
-"""Repository rules checked on every test run: formatting, lint, strict typing, and hygiene.
+"""Repository rules checked on every test run: formatting, lint, strict typing, structure, and hygiene.
 
 These run the real tools over the real tree, so `uv run pytest` is the whole check.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,99 @@ def test_no_machine_paths_secrets_or_ips_in_tracked_files() -> None:
 def test_no_namespace_init_files() -> None:
     stray = [str(p.relative_to(ROOT)) for p in ROOT.glob("*/*/src/dart/__init__.py")]
     assert stray == [], "dart is a namespace package: no dart/__init__.py"
+
+
+def _dart_modules() -> dict[str, tuple[Path, bool]]:
+    """Every ``dart.*`` module of the workspace: dotted name -> (its file, whether it is a package)."""
+    modules = {}
+    for path in [*ROOT.glob("packages/*/src/dart/**/*.py"), *ROOT.glob("apps/*/src/dart/**/*.py")]:
+        src = next(parent for parent in path.parents if parent.name == "src")
+        parts = path.relative_to(src).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return modules
+
+
+def _module_level_imports(tree: ast.Module, package: str) -> Iterator[str]:
+    """What a module imports when it is imported, ``if TYPE_CHECKING:`` blocks included (functions not)."""
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            levels = package.split(".")
+            base = levels[: len(levels) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            yield module
+            yield from (f"{module}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+        elif isinstance(node, ast.If | ast.With):
+            stack.extend([*node.body, *getattr(node, "orelse", [])])
+        elif isinstance(node, ast.Try):
+            stack.extend([*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)])
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """dart module -> the dart modules that importing it imports directly."""
+    modules = _dart_modules()
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in modules.items():
+        package = name if is_package else name.rpartition(".")[0]
+        imported = {m for m in _module_level_imports(ast.parse(path.read_text()), package) if m in modules}
+        # Importing a.b.c runs a/__init__ and a/b/__init__ first; a module's own packages are already running.
+        for module in list(imported):
+            parent = module.rpartition(".")[0]
+            while parent:
+                if parent in modules and not name.startswith(parent + "."):
+                    imported.add(parent)
+                parent = parent.rpartition(".")[0]
+        graph[name] = imported - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """A cycle for every back edge a depth-first walk of ``graph`` meets (none: the graph is acyclic)."""
+    done: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in done:
+            continue
+        path, pending = [root], [iter(sorted(graph[root]))]
+        while pending:
+            nxt = next(pending[-1], None)
+            if nxt is None:
+                done.add(path.pop())
+                pending.pop()
+            elif nxt in path:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in done:
+                path.append(nxt)
+                pending.append(iter(sorted(graph[nxt])))
+    return cycles
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_cycles_among_dart_modules() -> None:
+    # Annotation-only imports under `if TYPE_CHECKING:` count too: such a cycle still ties two modules
+    # together (neither can be read, typed or moved without the other), and none is needed.
+    cycles = _cycles(_import_graph())
+    assert cycles == [], "import cycles among dart modules:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+MAX_FUNCTION_LINES = 80
+"""Longest function (docstring included) in the packages' and apps' sources: a longer one reads better split."""
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    long = []
+    for path in sorted([*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("apps/*/src/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines; split them into named steps:\n" + "\n".join(long)

@@ -307,7 +307,7 @@ async def test_a_warm_spare_replaces_a_crashed_instance_without_a_start(
                 break
             await asyncio.sleep(0.05)
         assert service.spare_stats().ready == 1
-        spare = service._spares[0]
+        spare = service._spares.ready[0]
         starts_before = SlowStartCrashOnWait.starts
         client = Client(bus, service.config.pool)
         lease = await client.lease()

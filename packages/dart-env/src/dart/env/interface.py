@@ -11,15 +11,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from enum import StrEnum
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
 from dart.env.errors import EpisodeStateError
 from dart.protocol.messages import Action, Observation, TaskSpec
 from dart.protocol.messages.observation import MetadataValue
 from dart.protocol.registry import Registry
-
-if TYPE_CHECKING:
-    from dart.env.service.config import EnvServiceConfig
 
 
 class BackendState(StrEnum):
@@ -159,8 +156,10 @@ class EnvBackend(ABC):
             raise EpisodeStateError(operation, self._state.value, _HINTS.get(self._state, ""))
 
 
-BackendFactory = Callable[["EnvServiceConfig", int], EnvBackend]
-"""Creates one backend instance, unstarted (the service starts it): ``factory(config, stream)``. ``stream``
+BackendFactory = Callable[[Any, int], EnvBackend]
+"""Creates one backend instance, unstarted (the service starts it): ``factory(config, stream)`` with ``config``
+the env service's :class:`~dart.env.service.config.EnvServiceConfig` (typed loosely here: that module refers
+to this one). ``stream``
 differs between instances (and between an instance and its replacements), for backends with per-instance
 randomness. The factory reads its settings from ``config`` (its own section, or ``config.plugin`` for a
 backend from another package)."""

@@ -67,6 +67,38 @@ def step(index: int = 0, version: int = 3) -> m.StepRecord:
 
 def all_messages() -> list[m.Message]:
     """One valid instance of every top-level message kind."""
+    return [*_env_messages(), *_pipeline_messages(), *_model_messages()]
+
+
+def _env_messages() -> list[m.Message]:
+    """The env service's requests and replies (and the error reply every service may send)."""
+    return [
+        m.ErrorReply(code=m.ErrorCode.NOT_FOUND, message="no such lease", details={"lease_id": "x"}),
+        m.LeaseRequest(holder="runner-1", ttl_s=30.0, task_id="sim/click/1"),
+        m.LeaseReply(
+            lease_id="l1",
+            instance_id="sim-0",
+            backend="sim",
+            expires_at=100.0,
+            heartbeat_interval_s=5.0,
+            screen_width=640,
+            screen_height=480,
+        ),
+        m.HeartbeatRequest(lease_id="l1"),
+        m.HeartbeatReply(expires_at=130.0),
+        m.ResetRequest(lease_id="l1", task=TASK, seed=7),
+        m.ResetReply(observation=OBS, instruction="Click OK", env_latency_s=0.01),
+        *[m.StepRequest(lease_id="l1", action=a, step_index=i) for i, a in enumerate(ACTIONS)],
+        m.StepReply(observation=OBS_REF, done=False, env_latency_s=0.2, info={"k": 1.5}),
+        m.EvaluateRequest(lease_id="l1"),
+        m.EvaluateReply(reward=1.0, success=True, env_latency_s=0.0),
+        m.ReleaseRequest(lease_id="l1", reason="done"),
+        m.ReleaseReply(released=True),
+    ]
+
+
+def _pipeline_messages() -> list[m.Message]:
+    """What flows from work to training: a work item, its trajectory, a batch of its samples."""
     work = m.WorkItem(
         work_id="w1", task=TASK, group_id="g1", rollout_index=1, group_size=4, max_steps=10, created_at=1.5e9
     )
@@ -99,38 +131,15 @@ def all_messages() -> list[m.Message]:
         rollout_logprobs=[-0.5],
         images=[m.ImageRef(uri="file:///tmp/a.png", sha256=SHA, width=4, height=4)],
     )
+    batch = m.TrainingBatch(
+        batch_id="b1", samples=[sample], group_ids=["g1"], min_policy_version=3, max_policy_version=3, created_at=1.0
+    )
+    return [work, traj, batch]
+
+
+def _model_messages() -> list[m.Message]:
+    """A published model version, and an evaluation of it requested and answered."""
     return [
-        m.ErrorReply(code=m.ErrorCode.NOT_FOUND, message="no such lease", details={"lease_id": "x"}),
-        m.LeaseRequest(holder="runner-1", ttl_s=30.0, task_id="sim/click/1"),
-        m.LeaseReply(
-            lease_id="l1",
-            instance_id="sim-0",
-            backend="sim",
-            expires_at=100.0,
-            heartbeat_interval_s=5.0,
-            screen_width=640,
-            screen_height=480,
-        ),
-        m.HeartbeatRequest(lease_id="l1"),
-        m.HeartbeatReply(expires_at=130.0),
-        m.ResetRequest(lease_id="l1", task=TASK, seed=7),
-        m.ResetReply(observation=OBS, instruction="Click OK", env_latency_s=0.01),
-        *[m.StepRequest(lease_id="l1", action=a, step_index=i) for i, a in enumerate(ACTIONS)],
-        m.StepReply(observation=OBS_REF, done=False, env_latency_s=0.2, info={"k": 1.5}),
-        m.EvaluateRequest(lease_id="l1"),
-        m.EvaluateReply(reward=1.0, success=True, env_latency_s=0.0),
-        m.ReleaseRequest(lease_id="l1", reason="done"),
-        m.ReleaseReply(released=True),
-        work,
-        traj,
-        m.TrainingBatch(
-            batch_id="b1",
-            samples=[sample],
-            group_ids=["g1"],
-            min_policy_version=3,
-            max_policy_version=3,
-            created_at=1.0,
-        ),
         m.ModelVersion(version=5, uri="s3://w/v5.safetensors", sha256=SHA, created_at=2.0, size_bytes=10),
         m.EvalRequest(
             label="heldout-v5",

@@ -36,6 +36,7 @@ import torch
 from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import ModelVersion
+from dart.protocol.retry import Backoff, retry
 from dart.protocol.store import ArtifactStore
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.protocol.weights import INDEX_NAME, MANIFEST_NAME, WEIGHTS_NAME, WeightManifest, WeightShard, shard_name
@@ -179,23 +180,22 @@ class WeightPublisher:
             JetStreamError: The broker did not take the announcement within ``announce_retry_s``.
             PermissionDeniedError: This connection may not publish the model (never retried).
         """
-        deadline = time.monotonic() + self.announce_retry_s
-        pause = 0.5
-        while True:
-            try:
-                if self.bus is not None:
-                    subject = self.bus.subjects.stream_subject("model")
-                    await self.bus.js_publish(subject, model, msg_id=f"model-v{model.version}")
-                if self.state is not None:
-                    await self.state.put(LATEST_MODEL_KEY, model)
-                break
-            except JetStreamError as exc:
-                if time.monotonic() + pause > deadline:
-                    raise
-                log.warning("announcing version %d failed (%s); retrying in %.1fs", model.version, exc, pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 5.0)
+        await retry(
+            lambda: self._announce_once(model),
+            backoff=Backoff(0.5, max_s=5.0),
+            timeout_s=self.announce_retry_s,
+            retryable=lambda exc: isinstance(exc, JetStreamError),
+            what=f"announcing version {model.version}",
+            logger=log,
+        )
         self.last = model
+
+    async def _announce_once(self, model: ModelVersion) -> None:
+        if self.bus is not None:
+            subject = self.bus.subjects.stream_subject("model")
+            await self.bus.js_publish(subject, model, msg_id=f"model-v{model.version}")
+        if self.state is not None:
+            await self.state.put(LATEST_MODEL_KEY, model)
 
     async def publish(
         self, weights: dict[str, torch.Tensor], version: int, *, trainer_step: int, base_model: str

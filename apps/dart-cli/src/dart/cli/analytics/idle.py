@@ -84,6 +84,19 @@ def _sum_busy(groups: list[list[Span]], start_ns: int, end_ns: int) -> int:
     return sum(busy_ns(spans, start_ns, end_ns) for spans in groups)
 
 
+@dataclass(frozen=True)
+class _Window:
+    """Busy intervals seen through one window ``[start_ns, end_ns)``."""
+
+    items: list[BusyInterval]
+    start_ns: int
+    end_ns: int
+
+    def busy(self, kind: str, activities: frozenset[str] | None = None) -> int:
+        """Nanoseconds resources of ``kind`` were busy (with one of ``activities``) in the window, summed."""
+        return _sum_busy(_per_resource(self.items, kind, activities), self.start_ns, self.end_ns)
+
+
 def idle_breakdown(
     intervals: Iterable[BusyInterval],
     events: Iterable[Mapping[str, Any]],
@@ -111,78 +124,87 @@ def idle_breakdown(
         raise ValueError(f"empty window [{start_ns}, {end_ns})")
     if any(n < 0 for n in counts.values()):
         raise ValueError(f"resource counts must not be negative: {dict(counts)}")
-    items = list(intervals)
+    window = _Window(list(intervals), start_ns, end_ns)
     wall = end_ns - start_ns
-    seconds: dict[str, dict[str, float]] = {}
     # More resources in the records than configured (a wrong count) must not push a share past 1.
     seen: dict[str, set[str]] = {}
-    for i in items:
+    for i in window.items:
         seen.setdefault(i.resource_kind, set()).add(i.resource_id)
     counts = {k: max(n, len(seen.get(k, ()))) if n else 0 for k, n in counts.items()}
-
-    def cap(kind: str) -> int:
-        return counts.get(kind, 0) * wall
-
+    seconds: dict[str, dict[str, int]] = {}
     if counts.get("env"):
-        busy = _sum_busy(_per_resource(items, "env", None), start_ns, end_ns)
-        leased = _sum_busy(_per_resource(items, "runner", RUNNER_LEASED), start_ns, end_ns)
-        pick = _sum_busy(_per_resource(items, "runner", frozenset({RUNNER_PICK})), start_ns, end_ns)
-        gen = _sum_busy(_per_resource(items, "runner", frozenset({RUNNER_GENERATE})), start_ns, end_ns)
-        leased = min(max(leased, busy), cap("env"))  # an env is busy only under a lease
-        leased_idle = leased - busy
-        weights = min(pick, leased_idle)
-        action = min(gen, leased_idle - weights)
-        seconds["env"] = {
-            "busy": busy,
-            "waiting_for_action": action,
-            "waiting_for_weights": weights,
-            "leased_overhead": leased_idle - weights - action,
-            "no_lease": cap("env") - leased,
-        }
+        seconds["env"] = _env_seconds(window, counts["env"] * wall)
     if counts.get("engine"):
-        gen = _sum_busy(_per_resource(items, "engine", None), start_ns, end_ns)
-        updates: dict[str, list[Span]] = {}
-        for ev in events:
-            if ev.get("name") != "engine.update.end":
-                continue
-            attrs = ev.get("attributes", {})
-            end = int(ev["ts_unix_ns"])
-            begin = int(float(attrs.get("started_at", end / 1e9)) * 1e9)
-            updates.setdefault(str(attrs.get("engine_id")), []).append((begin, end))
-        updating = min(_sum_busy(list(updates.values()), start_ns, end_ns), max(0, cap("engine") - gen))
-        seconds["engine"] = {
-            "generating": gen,
-            "updating_weights": updating,
-            "waiting_for_requests": cap("engine") - gen - updating,
-        }
+        seconds["engine"] = _engine_seconds(window, events, counts["engine"] * wall)
     if counts.get("trainer"):
-        train = _sum_busy(_per_resource(items, "trainer", frozenset({"train_step"})), start_ns, end_ns)
-        other = _sum_busy(_per_resource(items, "trainer", None), start_ns, end_ns) - train
-        seconds["trainer"] = {
-            "training": train,
-            "publishing": other,
-            "waiting_for_batches": max(0, cap("trainer") - train - other),
-        }
+        seconds["trainer"] = _trainer_seconds(window, counts["trainer"] * wall)
     if counts.get("runner"):
-        in_lease = _sum_busy(_per_resource(items, "runner", RUNNER_LEASED), start_ns, end_ns)
-        # A runner's tracker never overlaps itself; the union keeps the split exact even if it did.
-        lease_wait = _sum_busy(_per_resource(items, "runner", None), start_ns, end_ns) - in_lease
-        seconds["runner"] = {
-            "in_lease": in_lease,
-            "lease_wait": lease_wait,
-            "waiting_for_work": max(0, cap("runner") - in_lease - lease_wait),
-        }
+        seconds["runner"] = _runner_seconds(window, counts["runner"] * wall)
+    seconds["pipeline"] = _pipeline_seconds(events, start_ns, end_ns)
+    seconds_s = {k: {c: v / 1e9 for c, v in cats.items()} for k, cats in seconds.items()}
+    caps = {**{k: counts.get(k, 0) * wall for k in seconds}, "pipeline": wall}
+    fractions = {k: {c: v / caps[k] for c, v in cats.items()} for k, cats in seconds.items()}
+    return IdleBreakdown(wall / 1e9, dict(counts), seconds_s, fractions)
+
+
+def _env_seconds(window: _Window, cap: int) -> dict[str, int]:
+    """Env instances' ``cap`` resource-ns split: busy, leased and idle (by what the runner waited for), no lease."""
+    busy = window.busy("env")
+    leased = window.busy("runner", RUNNER_LEASED)
+    pick = window.busy("runner", frozenset({RUNNER_PICK}))
+    gen = window.busy("runner", frozenset({RUNNER_GENERATE}))
+    leased = min(max(leased, busy), cap)  # an env is busy only under a lease
+    leased_idle = leased - busy
+    weights = min(pick, leased_idle)
+    action = min(gen, leased_idle - weights)
+    return {
+        "busy": busy,
+        "waiting_for_action": action,
+        "waiting_for_weights": weights,
+        "leased_overhead": leased_idle - weights - action,
+        "no_lease": cap - leased,
+    }
+
+
+def _engine_seconds(window: _Window, events: Iterable[Mapping[str, Any]], cap: int) -> dict[str, int]:
+    """Engines' ``cap`` resource-ns split: generating, updating weights (``engine.update.end`` events), waiting."""
+    gen = window.busy("engine")
+    updates: dict[str, list[Span]] = {}
+    for ev in events:
+        if ev.get("name") != "engine.update.end":
+            continue
+        attrs = ev.get("attributes", {})
+        end = int(ev["ts_unix_ns"])
+        begin = int(float(attrs.get("started_at", end / 1e9)) * 1e9)
+        updates.setdefault(str(attrs.get("engine_id")), []).append((begin, end))
+    updating = min(_sum_busy(list(updates.values()), window.start_ns, window.end_ns), max(0, cap - gen))
+    return {"generating": gen, "updating_weights": updating, "waiting_for_requests": cap - gen - updating}
+
+
+def _trainer_seconds(window: _Window, cap: int) -> dict[str, int]:
+    """The trainer's ``cap`` resource-ns split: training, publishing (anything else it did), waiting."""
+    train = window.busy("trainer", frozenset({"train_step"}))
+    other = window.busy("trainer") - train
+    return {"training": train, "publishing": other, "waiting_for_batches": max(0, cap - train - other)}
+
+
+def _runner_seconds(window: _Window, cap: int) -> dict[str, int]:
+    """Runners' ``cap`` resource-ns split: in a lease, waiting for one, waiting for work."""
+    in_lease = window.busy("runner", RUNNER_LEASED)
+    # A runner's tracker never overlaps itself; the union keeps the split exact even if it did.
+    lease_wait = window.busy("runner") - in_lease
+    return {"in_lease": in_lease, "lease_wait": lease_wait, "waiting_for_work": max(0, cap - in_lease - lease_wait)}
+
+
+def _pipeline_seconds(events: Iterable[Mapping[str, Any]], start_ns: int, end_ns: int) -> dict[str, int]:
+    """The window's ns split: the coupled baseline's barrier waits (``data.round`` events' ``sync_s``), the rest."""
     barrier: list[Span] = []
     for ev in events:
         if ev.get("name") == "data.round":
             ts = int(ev["ts_unix_ns"])
             barrier.append((ts - int(float(ev.get("attributes", {}).get("sync_s", 0.0)) * 1e9), ts))
     waited = busy_ns(barrier, start_ns, end_ns)
-    seconds["pipeline"] = {"barrier_waiting_for_weights": waited, "running": wall - waited}
-    seconds_s = {k: {c: v / 1e9 for c, v in cats.items()} for k, cats in seconds.items()}
-    caps = {**{k: counts.get(k, 0) * wall for k in seconds}, "pipeline": wall}
-    fractions = {k: {c: v / caps[k] for c, v in cats.items()} for k, cats in seconds.items()}
-    return IdleBreakdown(wall / 1e9, dict(counts), seconds_s, fractions)
+    return {"barrier_waiting_for_weights": waited, "running": end_ns - start_ns - waited}
 
 
 def idle_breakdown_from_dir(

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -31,14 +31,17 @@ from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
-from dart.cli.stack.validation import heldout_summary
-from dart.protocol.bus import Bus
+from dart.cli.stack.validation import HeldOutValidator, heldout_summary
+from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
 from dart.protocol.store import StoreConfig
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
+
+if TYPE_CHECKING:
+    from dart.embedded.s3 import EmbeddedS3
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -306,62 +309,12 @@ async def monitor(
         # vLLM servers take minutes to start: the RL window opens when the rollout service is ready.
         failed = await _wait_rollout_ready(config, supervisor)
         if config.validation.enabled and failed is None:
-            from dart.cli.stack.validation import HeldOutValidator
-
-            # The validator hosts an env pool and drives it: with NATS users, as the env and eval roles.
-            for role in ("env", "eval"):
-                role_bus = config.bus if not credentials else as_role(config.bus, role, credentials[role])
-                scoped = role_bus.model_copy(update={"run": config.run.name, "name": f"dart-run-{role}"})
-                validation_buses.append(await Bus.connect(scoped))
-            validator = HeldOutValidator(config, validation_buses[0], validation_buses[1], state, console)
-            await validator.start()
+            validator = await _start_validator(config, state, credentials, validation_buses)
         start_ns = time.time_ns()
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
-        began = time.monotonic()
-        deadline = began + (config.run.rl_duration_s if failed is None else 0.0)
-        limit = config.run.max_rl_duration_s or 4 * config.run.rl_duration_s
-        hard_deadline = began + (limit if failed is None else 0.0)
-        version = produced = 0
-        with Live(console=console, refresh_per_second=2, transient=False) as live:
-            while (now_s := time.monotonic()) < deadline or (
-                version < config.run.min_versions and now_s < hard_deadline
-            ):
-                await asyncio.sleep(1.0)
-                # Off the loop: restarting the embedded nats-server waits for it to be healthy.
-                gave_up = await asyncio.to_thread(supervisor.check)
-                if gave_up is not None:
-                    failed = f"{gave_up} (see {run_dir / 'logs'})"
-                    break
-                progress.poll()
-                try:
-                    produced = (await bus.stream_state("traj")).messages
-                    latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
-                    version = latest.version if latest else 0
-                except Exception as exc:  # the broker is down or restarting: show the last figures
-                    log.warning("progress from NATS unavailable: %s", exc)
-                now = time.time_ns()
-                live.update(_table(progress, (now - start_ns) / 1e9, produced, version, now))
+        failed = await _watch_rl_phase(config, supervisor, bus, state, progress, failed)
         end_ns = time.time_ns()
-        heldout = None
-        if validator is not None and validator.on_run_engines:
-            # The final evaluation runs on the rollout service's engines, so before that service stops;
-            # the trainer stops first, so the version it evaluates is the run's last.
-            await asyncio.to_thread(stop_process, procs["train"], config.run.stop_timeout_s)
-            latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
-            heldout = await validator.finish(latest.version if latest else 0)
-        # Stop producing first, then let dart-data ingest everything that was published.
-        # Off the loop: the held-out validator's env pool and runners live on it and must not freeze.
-        await asyncio.to_thread(stop_process, procs["rollout"], config.run.stop_timeout_s)
-        drain_deadline = time.monotonic() + config.run.stop_timeout_s
-        while time.monotonic() < drain_deadline:
-            consumer = await bus.consumer_state("traj", durable_name(bus, "traj"))
-            if consumer.num_pending == 0 and consumer.num_ack_pending == 0:
-                break
-            await asyncio.sleep(0.5)
-        codes = {
-            name: await asyncio.to_thread(stop_process, procs[name], config.run.stop_timeout_s)
-            for name in ("data", "train", "env")
-        }
+        heldout, codes = await _stop_services(config, procs, bus, state, validator)
         traj_stream = await bus.stream_state("traj")
         produced = traj_stream.messages
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
@@ -387,6 +340,94 @@ async def monitor(
         for extra in validation_buses:
             await extra.close()
         await bus.close()
+
+
+async def _start_validator(
+    config: RunConfig, state: KeyValueStore, credentials: Mapping[Role, Path] | None, buses: list[Bus]
+) -> HeldOutValidator:
+    """Start the held-out validator on buses of its own (appended to ``buses``, which the caller closes)."""
+    # The validator hosts an env pool and drives it: with NATS users, as the env and eval roles.
+    for role in ("env", "eval"):
+        role_bus = config.bus if not credentials else as_role(config.bus, role, credentials[role])
+        scoped = role_bus.model_copy(update={"run": config.run.name, "name": f"dart-run-{role}"})
+        buses.append(await Bus.connect(scoped))
+    validator = HeldOutValidator(config, buses[0], buses[1], state, console)
+    await validator.start()
+    return validator
+
+
+async def _watch_rl_phase(
+    config: RunConfig,
+    supervisor: ServiceSupervisor,
+    bus: Bus,
+    state: KeyValueStore,
+    progress: RunProgress,
+    failed: str | None,
+) -> str | None:
+    """Show progress until the RL phase is over (at once when it ``failed`` already); why it failed, if it did.
+
+    The phase lasts ``run.rl_duration_s``, longer (up to ``run.max_rl_duration_s``) while fewer than
+    ``run.min_versions`` versions are published; a service that dies past its restarts ends it.
+    """
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    began = time.monotonic()
+    deadline = began + (config.run.rl_duration_s if failed is None else 0.0)
+    limit = config.run.max_rl_duration_s or 4 * config.run.rl_duration_s
+    hard_deadline = began + (limit if failed is None else 0.0)
+    version = produced = 0
+    with Live(console=console, refresh_per_second=2, transient=False) as live:
+        while (now_s := time.monotonic()) < deadline or (version < config.run.min_versions and now_s < hard_deadline):
+            await asyncio.sleep(1.0)
+            # Off the loop: restarting the embedded nats-server waits for it to be healthy.
+            gave_up = await asyncio.to_thread(supervisor.check)
+            if gave_up is not None:
+                return f"{gave_up} (see {run_dir / 'logs'})"
+            progress.poll()
+            try:
+                produced = (await bus.stream_state("traj")).messages
+                latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+                version = latest.version if latest else 0
+            except Exception as exc:  # the broker is down or restarting: show the last figures
+                log.warning("progress from NATS unavailable: %s", exc)
+            now = time.time_ns()
+            live.update(_table(progress, (now - progress.window_start_ns) / 1e9, produced, version, now))
+    return failed
+
+
+async def _stop_services(
+    config: RunConfig,
+    procs: dict[str, subprocess.Popen[bytes]],
+    bus: Bus,
+    state: KeyValueStore,
+    validator: HeldOutValidator | None,
+) -> tuple[list[dict[str, Any]] | None, dict[str, int]]:
+    """Stop the services in order: the held-out result when it ran on the run's engines, and exit codes.
+
+    The rollout service stops first, then dart-data ingests everything published, then data, train
+    and env stop.
+    """
+    heldout = None
+    if validator is not None and validator.on_run_engines:
+        # The final evaluation runs on the rollout service's engines, so before that service stops;
+        # the trainer stops first, so the version it evaluates is the run's last.
+        await asyncio.to_thread(stop_process, procs["train"], config.run.stop_timeout_s)
+        latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        heldout = await validator.finish(latest.version if latest else 0)
+    # Stop producing first, then let dart-data ingest everything that was published.
+    # Off the loop: the held-out validator's env pool and runners live on it and must not freeze.
+    await asyncio.to_thread(stop_process, procs["rollout"], config.run.stop_timeout_s)
+    drain_deadline = time.monotonic() + config.run.stop_timeout_s
+    while time.monotonic() < drain_deadline:
+        consumer = await bus.consumer_state("traj", durable_name(bus, "traj"))
+        if consumer.num_pending == 0 and consumer.num_ack_pending == 0:
+            break
+        await asyncio.sleep(0.5)
+    codes = {
+        name: await asyncio.to_thread(stop_process, procs[name], config.run.stop_timeout_s)
+        for name in ("data", "train", "env")
+    }
+    return heldout, codes
 
 
 EMBEDDED_S3_URI = "s3://dart/artifacts"
@@ -448,13 +489,7 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             nats.start()
             console.log(f"embedded nats-server at {nats.url}" + (" (one user per service)" if users else ""))
         if s3 is not None:
-            s3.start()
-            # Keys travel to the services in their environment, never in config.yaml.
-            os.environ[S3_ACCESS_ENV], os.environ[S3_SECRET_ENV] = s3.access_key, s3.secret_key
-            config = config.model_copy(
-                update={"store": StoreConfig(uri=EMBEDDED_S3_URI, endpoint=s3.url, region=s3.region)}
-            )
-            console.log(f"embedded S3 at {s3.url}: artifacts in {EMBEDDED_S3_URI}")
+            config = _use_embedded_s3(s3, config)
         policy, info = prepare_policy(config)
         config = finalize(config, policy, nats.url if nats else None)
         config_file = run_dir / "config.yaml"
@@ -480,7 +515,25 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             s3.stop()
         if nats is not None:
             nats.stop()
-    summary = build_summary(
+    summary = _summary(run_dir, figures, info, storage, started)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _use_embedded_s3(s3: EmbeddedS3, config: RunConfig) -> RunConfig:
+    """Start the embedded S3 server; ``config`` with the run's store on it."""
+    s3.start()
+    # Keys travel to the services in their environment, never in config.yaml.
+    os.environ[S3_ACCESS_ENV], os.environ[S3_SECRET_ENV] = s3.access_key, s3.secret_key
+    console.log(f"embedded S3 at {s3.url}: artifacts in {EMBEDDED_S3_URI}")
+    return config.model_copy(update={"store": StoreConfig(uri=EMBEDDED_S3_URI, endpoint=s3.url, region=s3.region)})
+
+
+def _summary(
+    run_dir: Path, figures: dict[str, Any], info: dict[str, Any], storage: dict[str, Any], started: float
+) -> dict[str, Any]:
+    """The run's summary from :func:`monitor`'s figures, the policy ``info`` and the store's usage."""
+    return build_summary(
         run_dir,
         produced=figures["produced"],
         versions=figures["versions"],
@@ -501,5 +554,3 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             "total_seconds": round(time.monotonic() - started, 1),
         },
     )
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from dart.protocol.retry import Backoff
+
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
@@ -104,7 +106,7 @@ class ServiceSupervisor:
         self._respawn = respawn
         self._servers = servers or {}
         self._max = max_restarts
-        self._backoff = backoff_s
+        self._backoff = Backoff(backoff_s, max_s=MAX_BACKOFF_S)
         self._notify = notify
         self._clock = clock
         self._started = clock()
@@ -130,7 +132,7 @@ class ServiceSupervisor:
             if deaths > self._max:
                 self._given_up.add(name)
                 return f"{name} exited with code {code} and was restarted {self._max} time(s) already: giving up"
-            wait = min(MAX_BACKOFF_S, self._backoff * 2 ** (deaths - 1))
+            wait = self._backoff.delay_s(deaths)
             self._notify(f"{name} exited with code {code}; restarting it in {wait:.1f}s")
             self._due[name] = now + wait
         for name, due in list(self._due.items()):

@@ -1,7 +1,8 @@
 """A local X desktop (Xvfb + window manager + real apps) that speaks OSWorld's VM-server HTTP protocol.
 
 - :mod:`dart.env.desktop.desktop`: :class:`XDesktop`, one desktop's lifecycle (start, revert, close).
-- :mod:`dart.env.desktop.server`: the VM server process (OSWorld routes plus ``/dart/``).
+- :mod:`dart.env.desktop.server`: the VM server process (OSWorld routes plus ``/dart/``): the routes
+  in :mod:`dart.env.desktop.routes`, its HTTP layer in :mod:`dart.env.desktop.httpd`.
 - :mod:`dart.env.desktop.xinput`: persistent XTest input and mss screenshots.
 - :mod:`dart.env.desktop.display`: Xvfb and the window manager.
 - :mod:`dart.env.desktop.windows`: top-level windows and the X11 window-tree XML.

@@ -2,7 +2,8 @@
 
 Modules: :mod:`.config` (:class:`EnvServiceConfig`), :mod:`.lease`
 (leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters),
-:mod:`.service` (:class:`EnvService`).
+:mod:`.lease_book` (lease checks on instance calls), :mod:`.spares` (warm spares that replace
+crashed instances), :mod:`.service` (:class:`EnvService`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dart.env.service.config import EnvServiceConfig
 from dart.env.service.instance import InstanceStats, SlotState
 from dart.env.service.lease import EndReason, Lease
-from dart.env.service.service import EnvService, SpareStats
+from dart.env.service.service import EnvService
+from dart.env.service.spares import SpareStats
 
 __all__ = [
     "EndReason",

@@ -7,7 +7,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
 
@@ -15,8 +14,10 @@ from dart.env.errors import EpisodeStateError, InstanceIdTakenError, LayoutError
 from dart.env.interface import ENV_BACKENDS, EnvBackend
 from dart.env.service.config import EnvServiceConfig
 from dart.env.service.instance import InstanceSlot, InstanceStats, SlotState
-from dart.env.service.lease import EndReason, Lease, LeaseBook
+from dart.env.service.lease import EndReason, Lease
+from dart.env.service.lease_book import LeaseBook
 from dart.env.service.screenshots import ScreenshotOffload
+from dart.env.service.spares import SparePool, SpareStats
 from dart.protocol.bus import Bus, Service
 from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError, ServiceError
 from dart.protocol.messages import (
@@ -34,6 +35,7 @@ from dart.protocol.messages import (
     StepReply,
     StepRequest,
 )
+from dart.protocol.retry import Backoff, pause
 from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import BusyTracker, Telemetry
 
@@ -44,25 +46,6 @@ T = TypeVar("T")
 _CLOSE_TIMEOUT_S = 10.0
 """How long closing a crashed or stopping backend may take before it is abandoned, seconds."""
 _PROBE_TIMEOUT_S = 1.0
-_SPARE_STREAM_BASE = 1 << 30
-"""Spares draw their randomness streams from here up, apart from the slots' own streams."""
-
-
-@dataclass(frozen=True)
-class SpareStats:
-    """The warm-spare pool's counters.
-
-    Attributes:
-        target: How many spares the service keeps (``warm_spares``).
-        ready: Spares started and waiting now.
-        used: Crashed instances replaced by a spare.
-        start_failures: Spares that failed to start.
-    """
-
-    target: int
-    ready: int
-    used: int
-    start_failures: int
 
 
 class EnvService:
@@ -80,7 +63,9 @@ class EnvService:
     holder that stops heartbeating loses the lease to the reaper (or to the next call) and
     further calls get ``expired``. If the backend raises or exceeds ``op_timeout_s`` during
     reset/step/evaluate, the call is answered ``env_failed``, the lease ends (later calls on it
-    get ``env_failed`` too) and the instance is replaced in the background under the same id.
+    get ``env_failed`` too) and the instance is replaced in the background under the same id: by a
+    warm spare at once when one is ready (:class:`~dart.env.service.spares.SparePool`), else by a new
+    backend, restarted with backoff until ``max_consecutive_failures`` retires the slot.
 
     Error codes: ``invalid_request`` (schema, or a task the backend rejects), ``not_found`` (an
     unknown or released lease), ``conflict`` (the instance is leased by someone else, the call
@@ -127,12 +112,8 @@ class EnvService:
         self._reaper: asyncio.Task[None] | None = None
         self._stopping = False
         self._started = False
-        self._spares: list[EnvBackend] = []
+        self._spares = SparePool(config, self._factory, start=self._start_backend, close=self._close_backend)
         self._closing: set[asyncio.Task[None]] = set()
-        self._spares_used = 0
-        self._spare_start_failures = 0
-        self._spare_streams = 0
-        self._spare_wakeup = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -170,8 +151,7 @@ class EnvService:
             await self.stop()
             raise
         self._reaper = asyncio.create_task(self._reap_forever(), name=f"env reaper {self.config.pool}")
-        if self.config.warm_spares:
-            self._background(self._keep_spares(), f"spares {self.config.pool}")
+        self._spares.start()
         log.info("env pool %s serving %d %s instances", self.config.pool, len(self._slots), self.config.backend)
 
     async def stop(self) -> None:
@@ -185,7 +165,7 @@ class EnvService:
         background = [*self._tasks, *([self._reaper] if self._reaper is not None else [])]
         for task in background:
             task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await asyncio.gather(*background, self._spares.stop(), return_exceptions=True)
         # Crashed backends being closed are waited for, not cancelled: a half-closed browser or
         # desktop would outlive the service.
         await asyncio.gather(*self._closing, return_exceptions=True)
@@ -193,10 +173,8 @@ class EnvService:
             if slot.lease is not None:
                 self._leases.end(slot, EndReason.STOPPED)
             slot.state = SlotState.STOPPED
-        spares, self._spares = self._spares, []
         await asyncio.gather(
-            *(self._close_backend(slot.backend) for slot in self._slots.values()),
-            *(self._close_backend(spare) for spare in spares),
+            *(self._close_backend(slot.backend) for slot in self._slots.values()), self._spares.close()
         )
         self._emit_stats()
         log.info("env pool %s stopped", self.config.pool)
@@ -230,7 +208,7 @@ class EnvService:
 
     def spare_stats(self) -> SpareStats:
         """The warm-spare pool's counters."""
-        return SpareStats(self.config.warm_spares, len(self._spares), self._spares_used, self._spare_start_failures)
+        return self._spares.stats()
 
     def _emit_stats(self) -> None:
         """Write every instance's counters to telemetry (``env.instance_stats`` events)."""
@@ -458,18 +436,18 @@ class EnvService:
 
     async def _replace(self, slot: InstanceSlot, crashed: EnvBackend) -> None:
         started = time.monotonic()
-        if slot.consecutive_failures < self.config.max_consecutive_failures and self._spares:
+        spare = self._spares.take() if slot.consecutive_failures < self.config.max_consecutive_failures else None
+        if spare is not None:
             # A warm spare takes the slot at once; the crashed backend is closed meanwhile.
             closing = asyncio.create_task(self._close_backend(crashed), name=f"close crashed {slot.instance_id}")
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
             slot.generation += 1
-            self._spares_used += 1
-            self._replaced(slot, self._spares.pop(0), started, spare=True)
-            self._spare_wakeup.set()
+            self._replaced(slot, spare, started, spare=True)
             return
         await self._close_backend(crashed)
-        backoff = self.config.restart_backoff_s
+        # No cap: the slot retires after max_consecutive_failures anyway.
+        delays = Backoff(self.config.restart_backoff_s).delays()
         while slot.consecutive_failures < self.config.max_consecutive_failures:
             slot.generation += 1
             # A new stream per generation, so a replacement does not replay its predecessor's randomness.
@@ -484,8 +462,7 @@ class EnvService:
                 slot.consecutive_failures += 1
                 log.warning("restarting instance %s failed: %r", slot.instance_id, exc)
                 await self._close_backend(backend)
-                await asyncio.sleep(backoff)
-                backoff *= 2
+                await pause(next(delays))
                 continue
             self._replaced(slot, backend, started, spare=False)
             return
@@ -496,34 +473,6 @@ class EnvService:
             slot.consecutive_failures,
             self.config.backend,
         )
-
-    async def _keep_spares(self) -> None:
-        """Keep ``warm_spares`` backends started (one start at a time, backing off on failures)."""
-        backoff = self.config.restart_backoff_s
-        while not self._stopping:
-            if len(self._spares) >= self.config.warm_spares:
-                self._spare_wakeup.clear()
-                await self._spare_wakeup.wait()
-                continue
-            backend = self._factory(self.config, _SPARE_STREAM_BASE + self._spare_streams)
-            self._spare_streams += 1
-            try:
-                await self._start_backend(backend)
-            except asyncio.CancelledError:
-                await self._close_backend(backend)
-                raise
-            except Exception as exc:
-                self._spare_start_failures += 1
-                log.warning("starting a warm spare for pool %s failed: %r", self.config.pool, exc)
-                await self._close_backend(backend)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 60.0)
-                continue
-            backoff = self.config.restart_backoff_s
-            if self._stopping:
-                await self._close_backend(backend)
-                return
-            self._spares.append(backend)
 
     async def _start_backend(self, backend: EnvBackend) -> None:
         await asyncio.wait_for(backend.start(), self.config.op_timeout_s)

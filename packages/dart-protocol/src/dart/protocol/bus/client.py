@@ -19,17 +19,16 @@ from nats.aio.client import Client as NatsClient
 from opentelemetry.trace import SpanKind, TracerProvider
 from pydantic import BaseModel, TypeAdapter
 
-from dart.protocol.bus.auth import DenialWatch, auth_options, is_auth_violation
+from dart.protocol.bus.auth import DenialWatch
 from dart.protocol.bus.config import BusConfig
+from dart.protocol.bus.connection import open_connection
 from dart.protocol.bus.consumer import PullConsumer
 from dart.protocol.bus.service import Service
 from dart.protocol.bus.stats import BusStats
 from dart.protocol.bus.streams import JetStreamMethods
 from dart.protocol.bus.tracing import BusTracer
 from dart.protocol.errors import (
-    BusAuthError,
     BusConnectionError,
-    ConfigError,
     DartError,
     MessageValidationError,
     NoRespondersError,
@@ -105,90 +104,8 @@ class Bus(JetStreamMethods):
                 ``password_file`` or a TLS file cannot be read.
         """
         config = config or BusConfig()
-        servers = config.servers
-        nc = NatsClient()
-        stats = BusStats()
-        last_error: list[BaseException] = []
-        connected = asyncio.Event()
-        refused = asyncio.Event()
-        denials = DenialWatch(config.user)
-
-        async def on_error(exc: Exception) -> None:
-            last_error[:] = [exc]
-            if denials.report(str(exc)):
-                log.warning("NATS refused %s: %s", config.user or "this client", exc)
-            elif not connected.is_set() and is_auth_violation(exc):
-                refused.set()  # retrying the same credentials cannot succeed
-            elif connected.is_set():
-                log.warning("NATS error on %s: %s", servers, exc)
-
-        async def on_disconnected() -> None:
-            # On close() nats-py reports a disconnect too; only a lost connection is news.
-            if connected.is_set() and not nc.is_closed:
-                stats.disconnects += 1
-                log.warning("disconnected from NATS (%s); reconnecting", ", ".join(servers))
-
-        async def on_reconnected() -> None:
-            stats.reconnects += 1
-            log.info("reconnected to NATS at %s", nc.connected_url.geturl() if nc.connected_url else servers)
-
-        async def on_closed() -> None:
-            if connected.is_set():
-                log.info("NATS connection to %s closed", ", ".join(servers))
-
-        options: dict[str, Any] = {
-            "servers": servers,
-            "name": config.name,
-            "allow_reconnect": True,
-            "connect_timeout": config.connect_timeout_s,
-            "reconnect_time_wait": config.reconnect_wait_s,
-            "max_reconnect_attempts": config.max_reconnect_attempts,
-            "drain_timeout": config.drain_timeout_s,
-            "error_cb": on_error,
-            "disconnected_cb": on_disconnected,
-            "reconnected_cb": on_reconnected,
-            "closed_cb": on_closed,
-        }
-        options.update(auth_options(config))
-        connecting = asyncio.ensure_future(nc.connect(**options))
-        refusal = asyncio.ensure_future(refused.wait())
-        try:
-            # nats-py retries the first connection without bound when reconnects are enabled, so
-            # the overall deadline is ours; reconnect-after-loss semantics stay nats-py's.
-            done, _ = await asyncio.wait(
-                {connecting, refusal}, timeout=config.connect_timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
-            if connecting in done:
-                connecting.result()
-            elif refusal in done:
-                raise BusAuthError(
-                    servers, config.user, str(last_error[0]) if last_error else "authorization violation"
-                )
-            else:
-                raise TimeoutError
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            await _abandon(nc, connecting)
-            cause = last_error[0] if last_error else exc
-            if is_auth_violation(cause):
-                raise BusAuthError(servers, config.user, f"{type(cause).__name__}: {cause}") from exc
-            detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
-            raise BusConnectionError(servers, f"{detail} (gave up after {config.connect_timeout_s:g}s)") from exc
-        except BaseException:
-            await _abandon(nc, connecting)
-            raise
-        finally:
-            refusal.cancel()
-        if nc.max_payload < config.max_message_bytes:
-            await _abandon(nc)
-            raise ConfigError(
-                "bus",
-                "bus.max_message_bytes",
-                f"{config.max_message_bytes} exceeds the NATS server's max_payload of {nc.max_payload} bytes: "
-                "lower bus.max_message_bytes or raise max_payload in the server's config",
-            )
-        connected.set()
-        log.debug("connected to NATS at %s", nc.connected_url.geturl() if nc.connected_url else servers)
-        return cls(nc, config, stats, tracer_provider, denials)
+        nc, watch = await open_connection(config)
+        return cls(nc, config, watch.stats, tracer_provider, watch.denials)
 
     # --- properties ---------------------------------------------------------------------------
     @property
@@ -452,14 +369,3 @@ def _decode_reply(subject: str, data: bytes, reply_type: type[BaseModel] | TypeA
     except MessageValidationError:
         raise mismatch from None
     raise RemoteError(subject, error.code.value, error.message, error.details, error.retryable)
-
-
-async def _abandon(nc: NatsClient, connecting: asyncio.Future[Any] | None = None) -> None:
-    """Stop a client whose first connection failed, so no reconnect loop lingers."""
-    if connecting is not None and not connecting.done():
-        connecting.cancel()
-        await asyncio.gather(connecting, return_exceptions=True)
-    try:
-        await nc.close()
-    except Exception as exc:  # best effort: the connection never came up
-        log.debug("closing a failed NATS client: %s", exc)

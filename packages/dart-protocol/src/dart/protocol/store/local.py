@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dart.protocol.errors import ArtifactNotFoundError, IntegrityError, StoreError
+from dart.protocol.retry import Backoff
 from dart.protocol.store.interface import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PART_SIZE,
@@ -262,7 +263,7 @@ class LocalStore(ArtifactStore):
     def _open(self, path: Path) -> tuple[IO[bytes], os.stat_result, dict[str, Any]]:
         """Open the file of an artifact together with the sidecar written for that very file."""
         deadline = time.monotonic() + _RACE_WAIT_S
-        delay = 0.001
+        delays = Backoff(0.001, max_s=0.05).delays()
         while True:
             record, sidecar_mtime_ns = _read_sidecar(path)
             try:
@@ -282,8 +283,7 @@ class LocalStore(ArtifactStore):
             if not (changed or fresh):
                 return f, st, record
             f.close()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            time.sleep(next(delays))
 
     def list(self, prefix: str = "") -> Iterator[ArtifactInfo]:
         """Iterate over artifacts under ``prefix``, in key order (see :meth:`ArtifactStore.list`)."""

@@ -22,10 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from dart.protocol.telemetry.setup import Telemetry
+from typing import Any, Protocol
 
 Clock = Callable[[], int]
 """A clock returning Unix time in integer nanoseconds (``time.time_ns`` by default)."""
@@ -178,6 +175,20 @@ class BusySection:
         self.__exit__(exc_type, exc, tb)
 
 
+class BusySink(Protocol):
+    """Where a :class:`BusyTracker` reports; :class:`dart.protocol.telemetry.setup.Telemetry` is one.
+
+    A protocol rather than the class itself, so this module does not depend on the telemetry setup
+    (which depends on it).
+    """
+
+    def track_busy(self, tracker: BusyTracker) -> None:
+        """Keep ``tracker`` (weakly) to checkpoint it at flush and shutdown."""
+
+    def record_busy(self, tracker: BusyTracker, interval: BusyInterval | None, busy_delta: int) -> None:
+        """Record a finished ``interval`` of ``tracker`` and a change of its busy gauge (+1, -1 or 0)."""
+
+
 class BusyTracker:
     """Busy/idle accounting for one resource.
 
@@ -189,10 +200,11 @@ class BusyTracker:
 
     Lifecycle: ``idle`` -> ``busy`` when the first section opens -> ``idle`` when the last one
     closes. A segment is emitted when its activity changes, when the resource goes idle, and on
-    :meth:`checkpoint` (which the owning :class:`Telemetry` calls at shutdown, and which long
-    sections may call to make timelines current); emitting writes a ``busy`` JSONL record and
-    adds to the ``dart.resource.busy.time`` counter. ``dart.resource.busy`` (an up-down counter)
-    is 1 while the resource is busy.
+    :meth:`checkpoint` (which the owning telemetry calls at shutdown, and which long sections may
+    call to make timelines current); emitting hands the interval to the telemetry
+    (:meth:`BusySink.record_busy`), which writes a ``busy`` JSONL record and adds to the
+    ``dart.resource.busy.time`` counter. ``dart.resource.busy`` (an up-down counter) is 1 while the
+    resource is busy.
 
     Thread-safe; usable from asyncio code (nothing blocks beyond one small file append).
 
@@ -209,7 +221,7 @@ class BusyTracker:
         self,
         resource_kind: str,
         resource_id: str,
-        telemetry: Telemetry | None = None,
+        telemetry: BusySink | None = None,
         *,
         clock: Clock = time.time_ns,
         retain: int = 10_000,
@@ -228,7 +240,7 @@ class BusyTracker:
         self.created_ns = clock()
         """When the tracker was created (Unix ns): the start of :meth:`utilization`'s default window."""
         if telemetry is not None:
-            telemetry._track(self)
+            telemetry.track_busy(self)
 
     def busy(self, activity: str = "busy") -> BusySection:
         """A section during which the resource is busy with ``activity``.
@@ -306,16 +318,8 @@ class BusyTracker:
         return interval
 
     def _emit(self, interval: BusyInterval | None, busy_delta: int) -> None:
-        tel = self._telemetry
-        if tel is None or tel.closed:
-            return
-        busy_time, busy_now = tel._busy_instruments()
-        attrs = {"resource.kind": self.resource_kind, "resource.id": self.resource_id}
-        if interval is not None:
-            tel.write_record("busy", interval.to_record())
-            busy_time.add(interval.duration_s, {**attrs, "activity": interval.activity})
-        if busy_delta:
-            busy_now.add(busy_delta, attrs)
+        if self._telemetry is not None and (interval is not None or busy_delta):
+            self._telemetry.record_busy(self, interval, busy_delta)
 
     def intervals(self) -> list[BusyInterval]:
         """Finished intervals still retained in memory (oldest first)."""

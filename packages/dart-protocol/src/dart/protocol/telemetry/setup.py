@@ -47,12 +47,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from pydantic import Field, field_validator
 
 from dart.protocol.config import ConfigModel
-from dart.protocol.telemetry.busy import BusyTracker, Clock
+from dart.protocol.telemetry.busy import BusyInterval, BusyTracker, Clock
 from dart.protocol.telemetry.event_metrics import RESOURCE_LABELS, EventGauges
 from dart.protocol.telemetry.jsonl import (
     RUN_ID_ATTRIBUTE,
     JsonlMetricExporter,
     JsonlSpanExporter,
+    JsonlWriter,
     acquire_writer,
     identity,
     release_writer,
@@ -267,9 +268,25 @@ class Telemetry:
         """A :class:`BusyTracker` reporting to this service."""
         return BusyTracker(resource_kind, resource_id, self, clock=clock)
 
-    def _track(self, tracker: BusyTracker) -> None:
+    def track_busy(self, tracker: BusyTracker) -> None:
+        """Keep ``tracker`` to checkpoint it at flush and shutdown (called by :class:`BusyTracker`)."""
         # Weak: a tracker dropped by its owner must not be kept alive by telemetry.
         self._trackers.add(tracker)
+
+    def record_busy(self, tracker: BusyTracker, interval: BusyInterval | None, busy_delta: int) -> None:
+        """Write a tracker's finished interval and busy-gauge change (called by :class:`BusyTracker`).
+
+        Dropped after :meth:`shutdown`.
+        """
+        if self._closed:
+            return
+        busy_time, busy_now = self._busy_instruments()
+        attrs = {"resource.kind": tracker.resource_kind, "resource.id": tracker.resource_id}
+        if interval is not None:
+            self.write_record("busy", interval.to_record())
+            busy_time.add(interval.duration_s, {**attrs, "activity": interval.activity})
+        if busy_delta:
+            busy_now.add(busy_delta, attrs)
 
     def _busy_instruments(self) -> tuple[metrics.Counter, metrics.UpDownCounter]:
         if self._busy is None:
@@ -409,50 +426,9 @@ def setup_telemetry(
     jsonl_path = config.resolve_jsonl_path(service_name, run_id)
     writer = acquire_writer(jsonl_path)
     base_url, otlp_label, otlp_traces, otlp_metrics = _otlp_target(config)
-    # The SDK's self-observability metrics would otherwise go through the global meter provider,
-    # i.e. into every service's JSONL; they are not what a DART report is about.
-    quiet = NoOpMeterProvider()
     try:
-        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False, meter_provider=quiet)
-        flush_ms = config.span_flush_interval_s * 1000
-        tracer_provider.add_span_processor(
-            BatchSpanProcessor(JsonlSpanExporter(writer), schedule_delay_millis=flush_ms, meter_provider=quiet)
-        )
-        interval_ms = config.metric_export_interval_s * 1000
-        readers: list[MetricReader] = [
-            PeriodicExportingMetricReader(JsonlMetricExporter(writer), export_interval_millis=interval_ms)
-        ]
-        if otlp_traces:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            span_exporter = OTLPSpanExporter(
-                endpoint=f"{base_url}/v1/traces" if base_url else None,
-                timeout=config.otlp_timeout_s,
-                meter_provider=quiet,
-            )
-            tracer_provider.add_span_processor(
-                BatchSpanProcessor(span_exporter, schedule_delay_millis=flush_ms, meter_provider=quiet)
-            )
-        if otlp_metrics:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-            metric_exporter = OTLPMetricExporter(
-                endpoint=f"{base_url}/v1/metrics" if base_url else None,
-                timeout=config.otlp_timeout_s,
-                meter_provider=quiet,
-            )
-            readers.append(PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval_ms))
-        prometheus = None
-        if config.prometheus_port is not None:
-            from opentelemetry.exporter.prometheus import PrometheusMetricReader
-            from prometheus_client import CollectorRegistry, start_wsgi_server
-
-            # A registry per service: several services in one process must not mix their series.
-            registry = CollectorRegistry(auto_describe=True)
-            readers.append(
-                PrometheusMetricReader(resource_attribute_filter=RESOURCE_LABELS.__contains__, registry=registry)
-            )
-            prometheus = start_wsgi_server(config.prometheus_port, addr=config.prometheus_host, registry=registry)
+        tracer_provider = _tracer_provider(config, resource, writer, otlp=otlp_traces, base_url=base_url)
+        readers, prometheus = _metric_readers(config, writer, otlp=otlp_metrics, base_url=base_url)
         meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
         experiment_trackers = (
             open_trackers(
@@ -486,6 +462,65 @@ def setup_telemetry(
     _install_global_providers()
     telemetry.event("telemetry.start", version=version, pid=os.getpid(), otlp=otlp_label)
     return telemetry
+
+
+# The SDK's self-observability metrics would otherwise go through the global meter provider, i.e. into
+# every service's JSONL; they are not what a DART report is about.
+_QUIET = NoOpMeterProvider()
+
+
+def _tracer_provider(
+    config: TelemetryConfig, resource: Resource, writer: JsonlWriter, *, otlp: bool, base_url: str | None
+) -> TracerProvider:
+    """Spans to the JSONL sink, and with ``otlp`` over OTLP/HTTP (to ``base_url``, else where ``OTEL_*`` say)."""
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False, meter_provider=_QUIET)
+    flush_ms = config.span_flush_interval_s * 1000
+    tracer_provider.add_span_processor(
+        BatchSpanProcessor(JsonlSpanExporter(writer), schedule_delay_millis=flush_ms, meter_provider=_QUIET)
+    )
+    if otlp:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        span_exporter = OTLPSpanExporter(
+            endpoint=f"{base_url}/v1/traces" if base_url else None,
+            timeout=config.otlp_timeout_s,
+            meter_provider=_QUIET,
+        )
+        tracer_provider.add_span_processor(
+            BatchSpanProcessor(span_exporter, schedule_delay_millis=flush_ms, meter_provider=_QUIET)
+        )
+    return tracer_provider
+
+
+def _metric_readers(
+    config: TelemetryConfig, writer: JsonlWriter, *, otlp: bool, base_url: str | None
+) -> tuple[list[MetricReader], Any]:
+    """Metric readers (JSONL; OTLP/HTTP with ``otlp``; Prometheus when a port is set) and the Prometheus server."""
+    interval_ms = config.metric_export_interval_s * 1000
+    readers: list[MetricReader] = [
+        PeriodicExportingMetricReader(JsonlMetricExporter(writer), export_interval_millis=interval_ms)
+    ]
+    if otlp:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        metric_exporter = OTLPMetricExporter(
+            endpoint=f"{base_url}/v1/metrics" if base_url else None,
+            timeout=config.otlp_timeout_s,
+            meter_provider=_QUIET,
+        )
+        readers.append(PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval_ms))
+    prometheus = None
+    if config.prometheus_port is not None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, start_wsgi_server
+
+        # A registry per service: several services in one process must not mix their series.
+        registry = CollectorRegistry(auto_describe=True)
+        readers.append(
+            PrometheusMetricReader(resource_attribute_filter=RESOURCE_LABELS.__contains__, registry=registry)
+        )
+        prometheus = start_wsgi_server(config.prometheus_port, addr=config.prometheus_host, registry=registry)
+    return readers, prometheus
 
 
 @atexit.register

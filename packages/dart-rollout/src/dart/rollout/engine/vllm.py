@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from dart.protocol.messages import SamplingParams
-from dart.protocol.retry import retry_async
+from dart.protocol.retry import Backoff, pause, retry_async
 from dart.protocol.telemetry import current_telemetry
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.interface import (
@@ -438,7 +438,8 @@ class VLLMEngine(InferenceEngine):
         """Restart the launched server whenever it dies, with exponential backoff."""
         assert self.server is not None and self.config.launch is not None
         launch = self.config.launch
-        backoff = launch.restart_backoff_s
+        backoff = Backoff(launch.restart_backoff_s, max_s=launch.restart_backoff_max_s)
+        delays = backoff.delays()
         while self._state is not EngineState.CLOSED:
             await asyncio.sleep(0.2)
             if not self.server.exited or self._closed():
@@ -452,8 +453,9 @@ class VLLMEngine(InferenceEngine):
                 self.stats.restarts += 1
                 started = time.time()
                 _event("engine.restart.start", engine_id=self.engine_id, version=self._version, ts=started)
-                log.error("engine %s: vLLM server died; restarting in %.3gs", self.engine_id, backoff)
-                await asyncio.sleep(backoff)
+                delay = next(delays)
+                log.error("engine %s: vLLM server died; restarting in %.3gs", self.engine_id, delay)
+                await pause(delay)
                 try:
                     await self.server.start()
                     self.url = self.server.url
@@ -461,11 +463,10 @@ class VLLMEngine(InferenceEngine):
                         await self._reload(self._weights_dir)  # serve the version it served before
                 except EngineError as exc:
                     log.error("engine %s: restart failed: %s", self.engine_id, exc)
-                    backoff = min(backoff * 2, launch.restart_backoff_max_s)
                     await self.server.stop()
                     _event("engine.restart.end", engine_id=self.engine_id, ok=False, error=str(exc), ts=time.time())
                     continue
-                backoff = launch.restart_backoff_s
+                delays = backoff.delays()  # a restart that worked starts the next death at the first delay
                 self._state = EngineState.SERVING
                 self._serving.set()
                 _event(

@@ -290,9 +290,7 @@ def write_tiny_checkpoint(
     """
     import torch
     import transformers
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
     spec = spec or TinyModelSpec()
     out = Path(path)
@@ -303,6 +301,33 @@ def write_tiny_checkpoint(
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     vocab_size = len(tokenizer)
+    config = _model_config(spec, vocab_size, ids)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32).eval()  # type: ignore[arg-type]
+    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.save_pretrained(out)
+    _processor(spec, tokenizer).save_pretrained(out)
+
+    image_tokens = (spec.image_size // 14) ** 2 // 4
+    manifest = TinyManifest(
+        path=str(out),
+        architecture=type(model).__name__,
+        transformers_version=transformers.__version__,
+        seed=seed,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        vocab_size=vocab_size,
+        image_tokens=image_tokens,
+        spec=asdict(spec),
+        created_at=time.time(),
+    )
+    (out / MANIFEST_NAME).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+    return manifest
+
+
+def _model_config(spec: TinyModelSpec, vocab_size: int, ids: dict[str, int]) -> Any:
+    """The Qwen2.5-VL config of ``spec``'s sizes, with the special token ids of its tokenizer."""
+    from transformers import Qwen2_5_VLConfig
 
     head_dim = spec.hidden_size // spec.num_heads
     # mrope splits the rotary half-dimension into (temporal, height, width) sections; Qwen uses 1:1.5:1.5.
@@ -310,7 +335,7 @@ def write_tiny_checkpoint(
     t_sec = half // 4
     h_sec = (half - t_sec) // 2
     mrope_section = [t_sec, h_sec, half - t_sec - h_sec]
-    config = Qwen2_5_VLConfig(
+    return Qwen2_5_VLConfig(
         text_config={
             "vocab_size": vocab_size,
             "hidden_size": spec.hidden_size,
@@ -342,38 +367,24 @@ def write_tiny_checkpoint(
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32).eval()  # type: ignore[arg-type]
-    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    model.save_pretrained(out)
+
+
+def _processor(spec: TinyModelSpec, tokenizer: Any) -> Any:
+    """The processor: ``tokenizer`` with the chat template, and fixed-size image (and video) processors."""
+    from transformers import Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     pixels = spec.image_size * spec.image_size
     image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels)
     # The processor requires a video processor even though DART only sends screenshots.
     video_processor = Qwen2VLVideoProcessor(min_pixels=pixels, max_pixels=pixels)
-    processor = Qwen2_5_VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
+    return Qwen2_5_VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,
         chat_template=CHAT_TEMPLATE,
     )
-    processor.save_pretrained(out)
-
-    image_tokens = (spec.image_size // 14) ** 2 // 4
-    manifest = TinyManifest(
-        path=str(out),
-        architecture=type(model).__name__,
-        transformers_version=transformers.__version__,
-        seed=seed,
-        num_parameters=sum(p.numel() for p in model.parameters()),
-        vocab_size=vocab_size,
-        image_tokens=image_tokens,
-        spec=asdict(spec),
-        created_at=time.time(),
-    )
-    (out / MANIFEST_NAME).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
-    return manifest
 
 
 def main() -> None:

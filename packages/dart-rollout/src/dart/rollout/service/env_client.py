@@ -47,6 +47,7 @@ from dart.protocol.messages import (
     StepRequest,
     TaskSpec,
 )
+from dart.protocol.retry import Backoff, retry
 from dart.protocol.subjects import EnvOp
 from dart.rollout.errors import EnvFailed
 from dart.rollout.service.config import RunnerConfig
@@ -57,6 +58,13 @@ R = TypeVar("R", bound=BaseModel)
 
 # Codes that mean "this lease is over": the episode cannot go on on this instance.
 LOST_LEASE_CODES = frozenset({ErrorCode.ENV_FAILED, ErrorCode.EXPIRED, ErrorCode.NOT_FOUND})
+
+
+def _pool_busy(exc: BaseException) -> bool:
+    """Whether a lease request may succeed later: the pool is full, or restarting (nobody answers)."""
+    if isinstance(exc, RemoteError):
+        return exc.retryable or exc.code == ErrorCode.UNAVAILABLE
+    return isinstance(exc, RequestTimeoutError | NoRespondersError)
 
 
 class EnvClient:
@@ -101,31 +109,30 @@ class EnvClient:
         """Lease an instance, retrying with backoff while the pool is full.
 
         Raises:
-            EnvFailed: No instance within ``lease_timeout_s`` (code ``unavailable``), or nobody serves
-                the pool (``no_responders``).
+            EnvFailed: No instance within ``lease_timeout_s`` (code ``unavailable``): the pool stayed
+                full, or nobody served it.
             RemoteError: Any other refusal (e.g. an invalid request).
         """
         if self._lease is not None:
             raise RuntimeError(f"{self._holder} already holds lease {self._lease.lease_id}; release it first")
         subject = self._bus.subjects.env_lease(self._config.pool)
         request = LeaseRequest(holder=self._holder, ttl_s=self._config.lease_ttl_s, task_id=task_id)
-        deadline = time.monotonic() + self._config.lease_timeout_s
-        backoff = self._config.lease_backoff_s
-        while True:
-            try:
-                reply = await self._bus.request(subject, request, LeaseReply)
-                break
-            except RemoteError as exc:
-                if not exc.retryable and exc.code != ErrorCode.UNAVAILABLE:
-                    raise
-                detail = exc.message
-            except (RequestTimeoutError, NoRespondersError) as exc:
-                # A pool that is restarting looks like this too: keep trying until the deadline.
-                detail = str(exc)
-            if time.monotonic() + backoff > deadline:
-                raise EnvFailed(None, ErrorCode.UNAVAILABLE, f"no instance of pool {self._config.pool!r}: {detail}")
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._config.lease_backoff_max_s)
+        pool = self._config.pool
+        try:
+            reply = await retry(
+                lambda: self._bus.request(subject, request, LeaseReply),
+                backoff=Backoff(self._config.lease_backoff_s, max_s=self._config.lease_backoff_max_s),
+                timeout_s=self._config.lease_timeout_s,
+                retryable=_pool_busy,
+                what=f"leasing from pool {pool!r}",
+                logger=log,
+                log_level=logging.DEBUG,  # a full pool is routine: runners outnumber instances
+            )
+        except (RemoteError, RequestTimeoutError, NoRespondersError) as exc:
+            if not _pool_busy(exc):
+                raise
+            detail = exc.message if isinstance(exc, RemoteError) else str(exc)
+            raise EnvFailed(None, ErrorCode.UNAVAILABLE, f"no instance of pool {pool!r}: {detail}") from exc
         self._lease, self._lost, self._next_step = reply, None, 0
         self._lost_event = asyncio.Event()
         self._heartbeat = asyncio.create_task(self._heartbeat_forever(reply), name=f"heartbeat-{reply.lease_id}")

@@ -35,10 +35,10 @@ from pathlib import Path
 
 from dart.protocol.bus import KeyValueStore
 from dart.protocol.messages import ModelVersion
+from dart.protocol.retry import Backoff, pause
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
-from dart.protocol.waiting import wait_event
 from dart.rollout.engine.interface import EngineError, EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
@@ -261,7 +261,8 @@ class WeightSyncController:
                 self.announce(entry.value)
 
     async def _apply_forever(self) -> None:
-        backoff = self._config.retry_backoff_s
+        backoff = Backoff(self._config.retry_backoff_s, max_s=self._config.retry_backoff_max_s)
+        delays = backoff.delays()
         failed_version: int | None = None
         while True:
             await self._wakeup.wait()
@@ -272,7 +273,7 @@ class WeightSyncController:
             if version.version == failed_version:
                 self.retries += 1
             else:
-                backoff = self._config.retry_backoff_s
+                delays = backoff.delays()  # a new version starts at the first delay
             try:
                 failed = not all(u.ok for u in await self.apply(version))
             except WeightFetchError as exc:
@@ -283,7 +284,7 @@ class WeightSyncController:
                 continue
             failed_version = version.version
             # Try again after a backoff, or at once when a newer version is announced meanwhile.
-            log.warning("version %d did not reach every engine; retrying in %.3gs", version.version, backoff)
-            await wait_event(self._wakeup, backoff)
+            delay = next(delays)
+            log.warning("version %d did not reach every engine; retrying in %.3gs", version.version, delay)
+            await pause(delay, wake=self._wakeup)
             self._wakeup.set()
-            backoff = min(backoff * 2, self._config.retry_backoff_max_s)
