@@ -1,5 +1,6 @@
-"""End to end with the trainers that span processes: FSDP2 on 2 ranks (`examples/smoke-fsdp.yaml`) and
-megatron-core at tensor-parallel size 2 (`examples/smoke-megatron.yaml`). Each run trains, publishes full
+"""End to end with the trainers that span processes: FSDP2 on 2 ranks training a tiny Qwen3-VL
+(`examples/smoke-qwen3.yaml`, which is `smoke-fsdp.yaml` with `model.family: qwen3-vl`) and megatron-core at
+tensor-parallel size 2 on Qwen2.5-VL (`examples/smoke-megatron.yaml`). Each run trains, publishes full
 Hugging Face checkpoints the engines load unchanged, and the engines' log-probs on the new weights match
 the trainer's."""
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("example", ["smoke-fsdp.yaml", "smoke-megatron.yaml"])
+@pytest.mark.parametrize("example", ["smoke-qwen3.yaml", "smoke-megatron.yaml"])
 def test_two_rank_trainer_trains_publishes_and_engines_match(
     example: str, dart_run: Callable[..., tuple[dict[str, Any], Path]]
 ) -> None:

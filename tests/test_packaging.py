@@ -185,7 +185,8 @@ def test_a_data_host_without_dart_env_names_what_it_lacks(
     proc, log = _serve(installed("dart-data"), "data", {**config, "suite": "builtin:smoke"}, tmp_path)
     assert proc.wait(timeout=300) == 1, log.read_text()[-4000:]
     last = log.read_text().strip().splitlines()[-1]
-    assert last.startswith("error: dart serve data failed: ConfigError:") and "ships with dart-env" in last, last
+    assert last.startswith("error: dart serve data failed: ConfigError:"), last
+    assert "no suite source 'builtin' is registered (the built-in suites ship with dart-env" in last, last
 
 
 def test_a_key_outside_the_run_config_sections_is_refused(installed: Callable[[str], Path], tmp_path: Path) -> None:

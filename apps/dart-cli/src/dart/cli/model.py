@@ -27,7 +27,10 @@ SimSuitesOpt = Annotated[bool, typer.Option(help="Also train the tokenizer on th
 def init(
     path: PathArg,
     arch: Annotated[
-        str, typer.Option(help="Architecture: tiny, qwen2.5-vl-3b, qwen2.5-vl-7b or qwen2.5-vl-32b.")
+        str,
+        typer.Option(
+            help="Architecture: tiny (Qwen2.5-VL), tiny-qwen3-vl, qwen2.5-vl-3b, qwen2.5-vl-7b or qwen2.5-vl-32b."
+        ),
     ] = "tiny",
     dtype: Annotated[str, typer.Option(help="Weight dtype: bfloat16 or float32 (tiny: float32 only).")] = "",
     layers: Annotated[int | None, typer.Option(help="Decoder layers (default: the architecture's).")] = None,
@@ -36,7 +39,7 @@ def init(
     suite: SuiteOpt = None,
     sim_suites: SimSuitesOpt = True,
 ) -> None:
-    """Write a random Qwen2.5-VL checkpoint of a named architecture with a locally trained tokenizer.
+    """Write a random checkpoint of a named architecture with a locally trained tokenizer.
 
     The published architectures keep every width, the vocabulary (151,936) and the image processor
     settings when cut with --layers / --vision-blocks; special tokens sit at Qwen's ids.
@@ -52,10 +55,10 @@ def init(
     t0 = time.perf_counter()
     try:
         manifest: object
-        if arch == "tiny":
+        if arch in ("tiny", "tiny-qwen3-vl"):
             if dtype not in ("", "float32"):
                 raise ModelInitError(f"dtype={dtype}: the tiny checkpoint is written in float32 only")
-            spec = TinyModelSpec()
+            spec = TinyModelSpec(family="qwen3-vl" if arch == "tiny-qwen3-vl" else "qwen2.5-vl")
             spec = replace(spec, num_layers=layers or spec.num_layers, vision_depth=vision_blocks or spec.vision_depth)
             manifest = write_tiny_checkpoint(path, seed=seed, vocab_texts=texts, spec=spec)
         else:
@@ -70,7 +73,7 @@ def init(
         raise typer.Exit(2) from exc
     elapsed = time.perf_counter() - t0
     summary = {"path": str(path), "seed": seed, "seconds": round(elapsed, 2), **_manifest_dict(manifest)}
-    typer.echo(f"wrote {arch} Qwen2.5-VL checkpoint to {path} in {elapsed:.1f}s")
+    typer.echo(f"wrote {arch} checkpoint to {path} in {elapsed:.1f}s")
     typer.echo(json.dumps(summary, default=str))
 
 

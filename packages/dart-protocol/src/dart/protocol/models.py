@@ -5,7 +5,7 @@ its checkpoints and the transformers class that loads them. The rollout engines 
 load a checkpoint through :func:`family_of`, so a checkpoint of a family nobody registered is refused with
 one clear error instead of being loaded with the wrong class. Families are registered in
 :data:`MODEL_FAMILIES` (entry-point group ``dart.model_families``, see :mod:`dart.protocol.registry`);
-dart-protocol registers ``qwen2.5-vl``.
+dart-protocol registers ``qwen2.5-vl`` and ``qwen3-vl``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ QWEN2_5_VL = ModelFamily(
     name="qwen2.5-vl", model_types=("qwen2_5_vl",), model_class="Qwen2_5_VLForConditionalGeneration"
 )
 """Qwen2.5-VL (3B/7B/32B/72B-Instruct, UI-TARS-1.5-7B, the tiny test model)."""
+
+QWEN3_VL = ModelFamily(name="qwen3-vl", model_types=("qwen3_vl",), model_class="Qwen3VLForConditionalGeneration")
+"""Qwen3-VL, dense (2B/4B/8B/32B): deepstack vision features, interleaved 3-D rope, 16 px patches."""
 
 
 def _is_family(obj: object) -> None:

@@ -22,6 +22,7 @@ from dart.protocol.messages import Sampling, TaskSpec
 from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
+from dart.rollout.model.tiny import TinyFamily
 from dart.rollout.service.config import EngineConfig, RolloutConfig
 from dart.train.config import TrainerConfig
 
@@ -73,7 +74,10 @@ class ModelSection(ConfigModel):
     """Where the initial policy comes from."""
 
     path: Path | None = None
-    """An existing local Qwen2.5-VL checkpoint; None writes a tiny random one into the run directory."""
+    """An existing local checkpoint of a registered model family (its ``config.json`` says which); None writes
+    a tiny random one into the run directory."""
+    family: TinyFamily = "qwen2.5-vl"
+    """Model family of the tiny checkpoint when ``path`` is None: ``qwen2.5-vl`` or ``qwen3-vl``."""
     tiny_seed: int = 0
     """Seed of the tiny checkpoint when ``path`` is None."""
 

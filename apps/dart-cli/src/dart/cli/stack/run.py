@@ -104,14 +104,15 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
             console.log(f"warm start: reused {cache.root / key} (warm_start.cache_dir)")
             return out, {**cached, "warm_start_cached": True}
     if config.model.path is None:
-        from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, write_tiny_checkpoint
+        from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, TinyModelSpec, write_tiny_checkpoint
 
         base = run_dir / "model" / "base"
         t0 = time.monotonic()
         texts = list(DEFAULT_INSTRUCTIONS) + [t.instruction for t in tasks if t.instruction]
-        write_tiny_checkpoint(base, seed=config.model.tiny_seed, vocab_texts=texts)
+        spec = TinyModelSpec(family=config.model.family)
+        write_tiny_checkpoint(base, seed=config.model.tiny_seed, vocab_texts=texts, spec=spec)
         info["model_init_s"] = round(time.monotonic() - t0, 1)
-        console.log(f"wrote tiny Qwen2.5-VL checkpoint to {base}")
+        console.log(f"wrote tiny {config.model.family} checkpoint to {base}")
     else:
         base = config.model.path.resolve()
     if not enabled:

@@ -57,7 +57,7 @@ def _version(package: str) -> str:
 
 def _model_source(config: RunConfig) -> dict[str, Any]:
     if config.model.path is None:
-        return {"tiny_seed": config.model.tiny_seed}
+        return {"tiny_seed": config.model.tiny_seed, "family": config.model.family}
     root = config.model.path.resolve()
     files = sorted(p for p in root.rglob("*") if p.is_file())
     return {

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dart.protocol.messages import (
     Action,
@@ -40,7 +40,14 @@ from dart.rollout.model.prompt import ACTION_SPACE, SYSTEM_PROMPT
 MANIFEST_NAME = "dart_tiny_manifest.json"
 
 IMAGE_SIZE = 224
-"""Side of the square screenshot the tiny model sees, pixels (multiple of patch 14 x merge 2)."""
+"""Side of the square screenshot the tiny model sees, pixels (a multiple of 28 and of 32: Qwen2.5-VL's 14 px
+patches and Qwen3-VL's 16 px patches, merged 2 x 2, tile it exactly)."""
+
+TinyFamily = Literal["qwen2.5-vl", "qwen3-vl"]
+"""Model families the tiny writer builds (names of :data:`dart.protocol.models.MODEL_FAMILIES`)."""
+
+PATCH_SIZE: dict[str, int] = {"qwen2.5-vl": 14, "qwen3-vl": 16}
+"""Vision patch side per family, pixels."""
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -128,6 +135,7 @@ class TinyModelSpec:
         vision_intermediate_size: Vision MLP width.
         bpe_vocab_size: Target size of the BPE vocabulary, before the special tokens.
         image_size: Screenshots are resized to image_size x image_size before the vision tower.
+        family: Which model family to build (Qwen2.5-VL, or Qwen3-VL with its deepstack vision features).
     """
 
     hidden_size: int = 128
@@ -141,6 +149,12 @@ class TinyModelSpec:
     vision_intermediate_size: int = 128
     bpe_vocab_size: int = 2048
     image_size: int = IMAGE_SIZE
+    family: TinyFamily = "qwen2.5-vl"
+
+    @property
+    def image_tokens(self) -> int:
+        """Visual tokens one screenshot becomes in the prompt (patches merged 2 x 2)."""
+        return (self.image_size // PATCH_SIZE[self.family]) ** 2 // 4
 
 
 @dataclass(frozen=True)
@@ -276,7 +290,7 @@ def write_tiny_checkpoint(
     vocab_texts: Sequence[str] | None = None,
     spec: TinyModelSpec | None = None,
 ) -> TinyManifest:
-    """Write a random tiny Qwen2.5-VL checkpoint (config, safetensors, tokenizer, processor, manifest).
+    """Write a random tiny checkpoint of ``spec.family`` (config, safetensors, tokenizer, processor, manifest).
 
     Args:
         path: Directory to write (created; existing files are overwritten).
@@ -290,7 +304,8 @@ def write_tiny_checkpoint(
     """
     import torch
     import transformers
-    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from dart.protocol.models import MODEL_FAMILIES
 
     spec = spec or TinyModelSpec()
     out = Path(path)
@@ -301,15 +316,17 @@ def write_tiny_checkpoint(
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     vocab_size = len(tokenizer)
-    config = _model_config(spec, vocab_size, ids)
+    config = (
+        _qwen3_vl_config(spec, vocab_size, ids) if spec.family == "qwen3-vl" else _model_config(spec, vocab_size, ids)
+    )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32).eval()  # type: ignore[arg-type]
+    model = MODEL_FAMILIES.get(spec.family).model_cls()(config).to(torch.float32).eval()
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.save_pretrained(out)
     _processor(spec, tokenizer).save_pretrained(out)
 
-    image_tokens = (spec.image_size // 14) ** 2 // 4
+    image_tokens = spec.image_tokens
     manifest = TinyManifest(
         path=str(out),
         architecture=type(model).__name__,
@@ -369,15 +386,70 @@ def _model_config(spec: TinyModelSpec, vocab_size: int, ids: dict[str, int]) -> 
     )
 
 
+def _qwen3_vl_config(spec: TinyModelSpec, vocab_size: int, ids: dict[str, int]) -> Any:
+    """The Qwen3-VL config of ``spec``'s sizes: explicit head dim, interleaved mrope, one deepstack level."""
+    from transformers import Qwen3VLConfig
+
+    head_dim = spec.hidden_size // spec.num_heads
+    half = head_dim // 2
+    # Real Qwen3-VL: [24, 20, 20] of 64; the same 6:5:5 split of the tiny half-dimension.
+    t_sec = half - 2 * (half * 5 // 16)
+    mrope_section = [t_sec, (half - t_sec) // 2, (half - t_sec) // 2]
+    return Qwen3VLConfig(
+        text_config={
+            "vocab_size": vocab_size,
+            "hidden_size": spec.hidden_size,
+            "intermediate_size": spec.intermediate_size,
+            "num_hidden_layers": spec.num_layers,
+            "num_attention_heads": spec.num_heads,
+            "num_key_value_heads": spec.num_kv_heads,
+            "head_dim": head_dim,
+            "max_position_embeddings": 8192,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": mrope_section,
+                "mrope_interleaved": True,
+            },
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+        vision_config={
+            "depth": spec.vision_depth,
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": spec.vision_intermediate_size,
+            "num_heads": spec.vision_heads,
+            "out_hidden_size": spec.hidden_size,
+            "patch_size": PATCH_SIZE["qwen3-vl"],
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,  # a perfect square: an 8 x 8 grid, interpolated to the image's
+            "deepstack_visual_indexes": [0],  # the first block's features join the first text layer's output
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+
+
 def _processor(spec: TinyModelSpec, tokenizer: Any) -> Any:
     """The processor: ``tokenizer`` with the chat template, and fixed-size image (and video) processors."""
-    from transformers import Qwen2_5_VLProcessor
+    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     pixels = spec.image_size * spec.image_size
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels)
+    patch = PATCH_SIZE[spec.family]
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels, patch_size=patch)
     # The processor requires a video processor even though DART only sends screenshots.
+    if spec.family == "qwen3-vl":
+        size = {"shortest_edge": pixels, "longest_edge": pixels}
+        video = Qwen3VLVideoProcessor(size=size, patch_size=patch)
+        return Qwen3VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
+            image_processor=image_processor, tokenizer=tokenizer, video_processor=video, chat_template=CHAT_TEMPLATE
+        )
     video_processor = Qwen2VLVideoProcessor(min_pixels=pixels, max_pixels=pixels)
     return Qwen2_5_VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
         image_processor=image_processor,

@@ -1,0 +1,105 @@
+"""Qwen3-VL beside Qwen2.5-VL: a tiny random Qwen3-VL (deepstack vision, interleaved 3-D rope, 16 px patches)
+written with no download, served by the hf engine and trained by the torch backend, which recomputes the
+engine's log-probs on the same tokens and images; the megatron backend refuses it at start, naming why."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from dart.protocol.messages import ImageRef, Sampling, TrainingSample
+from dart.protocol.models import family_of
+from dart.protocol.store import LocalStore
+from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest
+from dart.rollout.model.prompt import HistoryStep, build_prompt
+from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
+from dart.train.backend import TorchBackend
+from dart.train.batching import StoreImageSource
+from dart.train.config import TrainerConfig
+from dart.train.errors import TrainerError
+
+pytestmark = pytest.mark.unit
+
+LOGPROB_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("qwen3") / "ckpt"
+    write_tiny_checkpoint(path, seed=3, spec=TinyModelSpec(family="qwen3-vl"))
+    return path
+
+
+def test_the_tiny_writer_builds_a_qwen3_vl_the_loaders_recognize(qwen3_checkpoint: Path) -> None:
+    manifest = json.loads((qwen3_checkpoint / "dart_tiny_manifest.json").read_text())
+    assert manifest["architecture"] == "Qwen3VLForConditionalGeneration"
+    assert manifest["image_tokens"] == 49  # 224 px / 16 px patches = 14 a side, merged 2 x 2
+    config = json.loads((qwen3_checkpoint / "config.json").read_text())
+    assert config["model_type"] == "qwen3_vl" and config["vision_config"]["deepstack_visual_indexes"] == [0]
+    assert config["text_config"]["rope_parameters"]["mrope_interleaved"] is True
+    assert family_of(qwen3_checkpoint).name == "qwen3-vl"
+
+
+async def _generate(checkpoint: Path, store: LocalStore, sampling: Sampling) -> tuple[TrainingSample, int]:
+    engine = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), batch_wait_s=0.0, num_threads=2))
+    try:
+        older, current = Image.new("RGB", (224, 224), (10, 20, 30)), Image.new("RGB", (300, 200), (200, 40, 40))
+        prompt = build_prompt("Click the OK button.", current, [HistoryStep("Action: wait()", older)], max_images=2)
+        result = await engine.generate(GenerationRequest(prompt, max_new_tokens=24, sampling=sampling, seed=11))
+        pad = engine.processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    finally:
+        await engine.close()
+    refs = []
+    for j, image in enumerate(prompt.images):
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        info = store.put(f"qwen3/{sampling.temperature}/{j}.png", buf.getvalue(), content_type="image/png")
+        assert info.sha256 is not None
+        refs.append(ImageRef(uri=info.uri, sha256=info.sha256, width=image.width, height=image.height))
+    sample = TrainingSample(
+        trajectory_id=f"qwen3-{sampling.temperature}",
+        step_index=0,
+        group_id="g",
+        task_id="task",
+        advantage=1.0,
+        reward=1.0,
+        policy_version=0,
+        prompt_token_ids=result.prompt_token_ids,
+        response_token_ids=result.response_token_ids,
+        rollout_logprobs=result.response_logprobs,
+        sampling=result.sampling,
+        images=refs,
+    )
+    return sample, result.prompt_token_ids.count(pad)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0, top_p=0.9), Sampling(temperature=0.0)])
+def test_the_torch_backend_recomputes_the_hf_engines_log_probs(
+    qwen3_checkpoint: Path, tmp_path: Path, sampling: Sampling
+) -> None:
+    store = LocalStore(tmp_path / "shots")
+    sample, image_pads = asyncio.run(_generate(qwen3_checkpoint, store, sampling))
+    assert image_pads == 2 * 49 and sample.response_token_ids
+    backend = TorchBackend.load(
+        TrainerConfig(model_path=str(qwen3_checkpoint), num_threads=2), image_source=StoreImageSource()
+    )
+    assert type(backend.model).__name__ == "Qwen3VLForConditionalGeneration"
+    recomputed = backend.compute_logprobs([sample])[0]
+    gap = float((recomputed - torch.tensor(sample.rollout_logprobs)).abs().max())
+    print(f"qwen3-vl: max |torch backend - hf engine| at T={sampling.temperature}: {gap:.2e}")
+    assert gap < LOGPROB_TOLERANCE
+
+
+def test_the_megatron_backend_refuses_qwen3_vl_naming_the_family(qwen3_checkpoint: Path) -> None:
+    from dart.train.megatron import MegatronBackend
+
+    config = TrainerConfig(model_path=str(qwen3_checkpoint), backend={"kind": "megatron"})
+    with pytest.raises(TrainerError, match="converts qwen2.5-vl checkpoints only; .* is qwen3-vl"):
+        MegatronBackend.create(config)
