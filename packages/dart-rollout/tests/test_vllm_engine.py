@@ -28,9 +28,10 @@ from dart.protocol.messages import Sampling, TrajectoryStatus, WorkItem
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
-from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
+from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
+from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.fetch import fetch_weights
 from dart.rollout.service.router import EngineRouter
@@ -296,3 +297,34 @@ time.sleep(900)
     for pid in left:  # do not leak them into the rest of the session
         os.kill(pid, signal.SIGKILL)
     assert not left, f"vLLM server processes {left} outlived the SIGKILLed rollout process"
+
+
+async def test_a_qwen3_vl_policy_is_served_and_updated_with_the_trainers_log_probs(
+    vllm_python: Path, tmp_path: Path
+) -> None:
+    """A tiny Qwen3-VL (deepstack vision features, interleaved 3-D rope, 16 px patches) served by a vLLM server
+    with the project's flags and chat template: prompt ids equal the processor's, log-probs equal the
+    transformers recomputation, before and after a weight update."""
+    path = tmp_path / "qwen3"
+    await asyncio.to_thread(write_tiny_checkpoint, path, seed=3, spec=TinyModelSpec(family="qwen3-vl"))
+    launch = VLLMLaunchConfig(python=str(vllm_python), kv_cache_gib=1, max_model_len=2048, log_dir=str(tmp_path))
+    engine = await VLLMEngine.launch("engine-qwen3", VLLMEngineConfig(model_path=str(path), launch=launch))
+    model, processor = await asyncio.to_thread(load_policy, str(path), dtype=torch.float32)
+    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
+    prompt = _prompt(1)
+    try:
+        for sampling in (Sampling(temperature=1.0, top_p=0.9), Sampling(temperature=0.0)):
+            result = await engine.generate(GenerationRequest(prompt, max_new_tokens=16, sampling=sampling, seed=7))
+            recomputed = await asyncio.to_thread(_recompute, model, processor, prompt, result)
+            gap = float((recomputed - torch.tensor(result.response_logprobs)).abs().max())
+            print(f"qwen3-vl: max |transformers - vLLM| at T={sampling.temperature}: {gap:.2e}")
+            assert gap < LOGPROB_TOLERANCE
+        _, perturbed = await asyncio.to_thread(_perturbed_weights, model, tmp_path / "v1.safetensors")
+        await engine.update_weights(tmp_path / "v1.safetensors", version=1)
+        result = await engine.generate(GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(), seed=3))
+        assert result.policy_version == 1
+        await asyncio.to_thread(model.load_state_dict, perturbed, strict=True)
+        recomputed = await asyncio.to_thread(_recompute, model, processor, prompt, result)
+        assert torch.allclose(recomputed, torch.tensor(result.response_logprobs), atol=LOGPROB_TOLERANCE, rtol=0)
+    finally:
+        await engine.close()
