@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, Sampling, TrainingSample
+from dart.protocol.messages import Sampling, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.rollout.model.tiny import write_tiny_checkpoint
+from dart.train.testing import sample_of, store_png
 
 
 @pytest.fixture(scope="session")
@@ -33,14 +33,6 @@ def shot_store(tmp_path_factory: pytest.TempPathFactory) -> LocalStore:
     return LocalStore(tmp_path_factory.mktemp("store"), fsync=False)
 
 
-def store_png(store: LocalStore, key: str, image: Image.Image) -> ImageRef:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    info = store.put(key, buf.getvalue(), content_type="image/png")
-    assert info.sha256 is not None
-    return ImageRef(uri=info.uri, sha256=info.sha256, width=image.width, height=image.height)
-
-
 async def _rollout(checkpoint: Path, store: LocalStore, n: int) -> list[TrainingSample]:
     engine = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), batch_wait_s=0.0, num_threads=2))
     samples = []
@@ -55,21 +47,9 @@ async def _rollout(checkpoint: Path, store: LocalStore, n: int) -> list[Training
             )
             # The images as fed (the prompt resized them), as a runner records them in StepRecord.prompt_images.
             refs = [store_png(store, f"shots/{i}/{j}.png", im) for j, im in enumerate(prompt.images)]
+            sample = sample_of(result, refs, f"t{i}")
             samples.append(
-                TrainingSample(
-                    trajectory_id=f"t{i}",
-                    step_index=0,
-                    group_id="g",
-                    task_id="task",
-                    advantage=1.0 if i % 2 == 0 else -1.0,
-                    reward=float(i % 2 == 0),
-                    policy_version=0,
-                    prompt_token_ids=result.prompt_token_ids,
-                    response_token_ids=result.response_token_ids,
-                    rollout_logprobs=result.response_logprobs,
-                    sampling=result.sampling,
-                    images=refs,
-                )
+                sample.model_copy(update={"advantage": 1.0 if i % 2 == 0 else -1.0, "reward": float(i % 2 == 0)})
             )
     finally:
         await engine.close()

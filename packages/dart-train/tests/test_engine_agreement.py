@@ -9,7 +9,6 @@ recorded :class:`~dart.protocol.messages.SamplingParams` describe, at any temper
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import shutil
@@ -19,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, Sampling, TrainingSample
+from dart.protocol.messages import Sampling, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
@@ -27,6 +26,7 @@ from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig
+from dart.train.testing import sample_of, store_png
 
 pytestmark = pytest.mark.unit
 
@@ -34,14 +34,6 @@ LOGPROB_TOLERANCE = 1e-5
 
 CHECKPOINT_SAMPLING = {"repetition_penalty": 1.3, "top_k": 5, "no_repeat_ngram_size": 2, "do_sample": True}
 """Sampling settings a checkpoint may ship (the first two as Qwen2.5-VL-Instruct's do)."""
-
-
-def store_png(store: LocalStore, key: str, image: Image.Image) -> ImageRef:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    info = store.put(key, buf.getvalue(), content_type="image/png")
-    assert info.sha256 is not None
-    return ImageRef(uri=info.uri, sha256=info.sha256, width=image.width, height=image.height)
 
 
 @pytest.fixture(scope="module")
@@ -67,20 +59,7 @@ async def _generate(checkpoint: Path, store: LocalStore, temperature: float) -> 
     finally:
         await engine.close()
     refs = [store_png(store, f"agreement/{temperature}/{j}.png", im) for j, im in enumerate(prompt.images)]
-    return TrainingSample(
-        trajectory_id=f"agreement-{temperature}",
-        step_index=0,
-        group_id="g",
-        task_id="task",
-        advantage=1.0,
-        reward=1.0,
-        policy_version=0,
-        prompt_token_ids=result.prompt_token_ids,
-        response_token_ids=result.response_token_ids,
-        rollout_logprobs=result.response_logprobs,
-        sampling=result.sampling,
-        images=refs,
-    )
+    return sample_of(result, refs, f"agreement-{temperature}")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])

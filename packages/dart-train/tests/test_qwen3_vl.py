@@ -5,7 +5,6 @@ engine's log-probs on the same tokens and images; the megatron backend refuses i
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, Sampling, TrainingSample
+from dart.protocol.messages import Sampling, TrainingSample
 from dart.protocol.models import family_of
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
@@ -24,6 +23,7 @@ from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.errors import TrainerError
+from dart.train.testing import sample_of, store_png
 
 pytestmark = pytest.mark.unit
 
@@ -56,27 +56,8 @@ async def _generate(checkpoint: Path, store: LocalStore, sampling: Sampling) -> 
         pad = engine.processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     finally:
         await engine.close()
-    refs = []
-    for j, image in enumerate(prompt.images):
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        info = store.put(f"qwen3/{sampling.temperature}/{j}.png", buf.getvalue(), content_type="image/png")
-        assert info.sha256 is not None
-        refs.append(ImageRef(uri=info.uri, sha256=info.sha256, width=image.width, height=image.height))
-    sample = TrainingSample(
-        trajectory_id=f"qwen3-{sampling.temperature}",
-        step_index=0,
-        group_id="g",
-        task_id="task",
-        advantage=1.0,
-        reward=1.0,
-        policy_version=0,
-        prompt_token_ids=result.prompt_token_ids,
-        response_token_ids=result.response_token_ids,
-        rollout_logprobs=result.response_logprobs,
-        sampling=result.sampling,
-        images=refs,
-    )
+    refs = [store_png(store, f"qwen3/{sampling.temperature}/{j}.png", im) for j, im in enumerate(prompt.images)]
+    sample = sample_of(result, refs, f"qwen3-{sampling.temperature}")
     return sample, result.prompt_token_ids.count(pad)
 
 

@@ -4,7 +4,6 @@ the same (tempered, nucleus) distribution, padding and micro-batching leave the 
 from __future__ import annotations
 
 import asyncio
-import io
 import math
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, Sampling, SamplingParams, TrainingSample
+from dart.protocol.messages import Sampling, SamplingParams, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
@@ -20,17 +19,10 @@ from dart.rollout.model.prompt import build_prompt
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig
+from dart.train.testing import sample_of, store_png
 from dart.train.update import select_high_entropy
 
 pytestmark = pytest.mark.unit
-
-
-def store_png(store: LocalStore, key: str, image: Image.Image) -> ImageRef:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    info = store.put(key, buf.getvalue(), content_type="image/png")
-    assert info.sha256 is not None
-    return ImageRef(uri=info.uri, sha256=info.sha256, width=image.width, height=image.height)
 
 
 def _backend(checkpoint: Path, **overrides: object) -> TorchBackend:
@@ -64,20 +56,7 @@ async def _tempered(checkpoint: Path, store: LocalStore) -> TrainingSample:
     assert result.sampling == SamplingParams(
         temperature=0.7, top_p=0.9, excluded_token_ids=result.sampling.excluded_token_ids
     )
-    return TrainingSample(
-        trajectory_id="tempered",
-        step_index=0,
-        group_id="g",
-        task_id="task",
-        advantage=1.0,
-        reward=1.0,
-        policy_version=0,
-        prompt_token_ids=result.prompt_token_ids,
-        response_token_ids=result.response_token_ids,
-        rollout_logprobs=result.response_logprobs,
-        sampling=result.sampling,
-        images=[store_png(store, "shots/tempered.png", image)],
-    )
+    return sample_of(result, [store_png(store, "shots/tempered.png", image)], "tempered")
 
 
 def test_importance_weight_compares_the_sampled_distribution(tiny_checkpoint: Path, shot_store: LocalStore) -> None:

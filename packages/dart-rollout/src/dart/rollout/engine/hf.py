@@ -37,6 +37,7 @@ from dart.rollout.engine.interface import (
     GenerationTimings,
     InferenceEngine,
     WeightUpdateError,
+    start_all,
 )
 from dart.rollout.model.loading import load_policy
 
@@ -452,11 +453,5 @@ async def start_hf_engines(config: HFEngineConfig, count: int) -> dict[str, HFEn
     Raises:
         ConfigError: No ``model_path``.
     """
-    results = await asyncio.gather(*(HFEngine.start(config) for _ in range(count)), return_exceptions=True)
-    engines = [r for r in results if isinstance(r, HFEngine)]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        for engine in engines:
-            await engine.close()
-        raise errors[0]
+    engines = await start_all([HFEngine.start(config) for _ in range(count)])
     return {f"engine-{i}": e for i, e in enumerate(engines)}

@@ -23,10 +23,11 @@ concurrently; the router reads :attr:`InferenceEngine.load`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -240,6 +241,21 @@ class PluginEngineConfig(EngineConfigBase):
         if kind not in ENGINES.names():
             raise ValueError(f"unknown inference engine {kind!r}; registered: {', '.join(ENGINES.names())}")
         return kind
+
+
+E = TypeVar("E", bound=InferenceEngine)
+
+
+async def start_all(starts: Sequence[Awaitable[E]]) -> list[E]:
+    """Start engines concurrently; if any start fails, close the ones that started and raise the first error."""
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    started = [r for r in results if not isinstance(r, BaseException)]
+    if errors:
+        for engine in started:
+            await engine.close()
+        raise errors[0]
+    return started
 
 
 EngineStarter = Callable[[Any, int], Awaitable[Mapping[str, InferenceEngine]]]

@@ -51,6 +51,7 @@ from dart.rollout.engine.interface import (
     GenerationTimings,
     InferenceEngine,
     WeightUpdateError,
+    start_all,
 )
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
@@ -507,18 +508,9 @@ async def start_vllm_engines(config: VLLMEngineConfig, count: int) -> dict[str, 
         EngineStartError: A launched server did not come up (the others are stopped).
     """
     if config.attach is not None:
-        urls = config.attach.urls
-        results = await asyncio.gather(
-            *(VLLMEngine.attach(f"engine-{i}", config, u) for i, u in enumerate(urls)), return_exceptions=True
+        engines = await start_all(
+            [VLLMEngine.attach(f"engine-{i}", config, u) for i, u in enumerate(config.attach.urls)]
         )
     else:
-        results = await asyncio.gather(
-            *(VLLMEngine.launch(f"engine-{i}", config, i) for i in range(count)), return_exceptions=True
-        )
-    engines = [r for r in results if isinstance(r, VLLMEngine)]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        for engine in engines:
-            await engine.close()
-        raise errors[0]
+        engines = await start_all([VLLMEngine.launch(f"engine-{i}", config, i) for i in range(count)])
     return {e.engine_id: e for e in engines}

@@ -1,0 +1,42 @@
+"""Helpers for tests that feed engine output to a trainer: a screenshot stored as the rollout stores it, and a
+training sample made of one generation result, as the data manager would batch it."""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+from PIL import Image
+
+from dart.protocol.messages import ImageRef, TrainingSample
+
+if TYPE_CHECKING:
+    from dart.protocol.store import ArtifactStore
+    from dart.rollout.engine.interface import GenerationResult
+
+
+def store_png(store: ArtifactStore, key: str, image: Image.Image) -> ImageRef:
+    """``image`` written to ``store`` under ``key`` as PNG, and the reference a step records for it."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    info = store.put(key, buf.getvalue(), content_type="image/png")
+    assert info.sha256 is not None
+    return ImageRef(uri=info.uri, sha256=info.sha256, width=image.width, height=image.height)
+
+
+def sample_of(result: GenerationResult, images: list[ImageRef], trajectory_id: str = "t") -> TrainingSample:
+    """A one-step training sample (advantage 1, version 0) of an engine's ``result`` on a prompt with ``images``."""
+    return TrainingSample(
+        trajectory_id=trajectory_id,
+        step_index=0,
+        group_id="g",
+        task_id="task",
+        advantage=1.0,
+        reward=1.0,
+        policy_version=0,
+        prompt_token_ids=result.prompt_token_ids,
+        response_token_ids=result.response_token_ids,
+        rollout_logprobs=result.response_logprobs,
+        sampling=result.sampling,
+        images=images,
+    )
