@@ -104,6 +104,19 @@ class Registry(Generic[T]):
                     out[name] = f"{ep.value} ({dist})"
             return dict(sorted(out.items()))
 
+    def check_name(self, name: str) -> str:
+        """``name`` if something is registered under it (for config validators; nothing is imported).
+
+        Raises:
+            ValueError: Nothing has that name; the message lists what exists.
+        """
+        if name not in self.names():
+            raise ValueError(self._unknown(name))
+        return name
+
+    def _unknown(self, name: str) -> str:
+        return f"unknown {self.what} {name!r}; registered: {', '.join(self.names()) or 'none'} (group {self.group})"
+
     def get(self, name: str) -> T:
         """The implementation registered under ``name``, its entry point loaded on first use.
 
@@ -118,10 +131,7 @@ class Registry(Generic[T]):
                 return self._loaded[name]
             point = self._points().get(name)
         if point is None:
-            known = ", ".join(self.names()) or "none"
-            raise ConfigError(
-                "config", self.config_field, f"unknown {self.what} {name!r}; registered: {known} (group {self.group})"
-            )
+            raise ConfigError("config", self.config_field, self._unknown(name))
         try:
             obj: T = point.load()
         except Exception as exc:  # an import error of any kind: say which plug-in and why

@@ -158,9 +158,7 @@ class PluginBackendSettings(NodeSettings):
     @field_validator("kind")
     @classmethod
     def _registered(cls, kind: str) -> str:
-        if kind not in TRAINER_BACKENDS.names():
-            raise ValueError(f"unknown trainer backend {kind!r}; registered: {', '.join(TRAINER_BACKENDS.names())}")
-        return kind
+        return TRAINER_BACKENDS.check_name(kind)
 
     @property
     def world_size(self) -> int:

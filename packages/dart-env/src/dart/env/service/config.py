@@ -94,9 +94,7 @@ class EnvServiceConfig(ConfigModel):
     def _registered(cls, backend: str) -> str:
         from dart.env.interface import ENV_BACKENDS  # the interface module refers to this one
 
-        if backend not in ENV_BACKENDS.names():
-            raise ValueError(f"unknown env backend {backend!r}; registered: {', '.join(ENV_BACKENDS.names())}")
-        return backend
+        return ENV_BACKENDS.check_name(backend)
 
     @model_validator(mode="after")
     def _check_ids(self) -> EnvServiceConfig:

@@ -238,9 +238,7 @@ class PluginEngineConfig(EngineConfigBase):
     @field_validator("kind")
     @classmethod
     def _registered(cls, kind: str) -> str:
-        if kind not in ENGINES.names():
-            raise ValueError(f"unknown inference engine {kind!r}; registered: {', '.join(ENGINES.names())}")
-        return kind
+        return ENGINES.check_name(kind)
 
 
 E = TypeVar("E", bound=InferenceEngine)
