@@ -148,7 +148,6 @@ async def start_engine(
     policy: Policy,
     *,
     engine_config: EngineConfig | None = None,
-    num_threads: int | None = None,
 ) -> InferenceEngine:
     """One engine serving ``policy``, of the kind ``engine_config`` says (default: the run's rollout engine).
 
@@ -161,7 +160,7 @@ async def start_engine(
     from dart.rollout.engine.interface import ENGINES
 
     chosen = engine_config or config.rollout.engine or HFEngineConfig()
-    engine_cfg = chosen.serving(str(policy.base), num_threads=num_threads or config.run.torch_threads, single=True)
+    engine_cfg = chosen.serving(str(policy.base), num_threads=config.run.torch_threads, single=True)
     (engine,) = (await ENGINES.get(engine_cfg.kind)(engine_cfg, 1)).values()
     if policy.weights is not None:
         try:
