@@ -1,6 +1,7 @@
 """A third-party package plugs into DART without editing it: an env backend, a suite source, an inference
-engine and a trainer backend, each declared as an entry point of an installed distribution, found by name
-from a run config, listed by ``dart doctor``, and used (the backend serves an episode, the engines generate).
+engine, a trainer backend, a model family and a prompt format, each declared as an entry point of an
+installed distribution, found by name from a run config, listed by ``dart doctor``, and used (the backend
+serves an episode, the engines generate, the prompt is the plug-in's, the family's writer module is found).
 """
 
 from __future__ import annotations
@@ -21,9 +22,33 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = """
 from dart.env.sim import SimConfig, SimEnv, sim_task
 from dart.protocol.errors import ConfigError
+from dart.protocol.models import ModelFamily
 from dart.protocol.suite import TaskSuite
+from dart.rollout.model.families.qwen2_5_vl import tiny_config, tiny_processor
+from dart.rollout.model.formats import DartFormat
 from dart.rollout.service.scripted import ScriptedEngine
 from dart.train.backend import TorchBackend
+
+ARCHITECTURES = {}
+
+
+class PlugFormat(DartFormat):
+    name = "plugfmt"
+
+    def system_prompt(self):
+        return "You are the plug-in's agent."
+
+
+FORMAT = PlugFormat()
+FAMILY = ModelFamily(
+    name="plugvl",
+    model_types=("plug_vl",),
+    model_class="Qwen2_5_VLForConditionalGeneration",
+    processor_class="Qwen2_5_VLProcessor",
+    patch_size=14,
+    merge_size=2,
+    writer="dartplug",
+)
 
 
 class PlugSim(SimEnv):
@@ -58,6 +83,10 @@ plug = dartplug:suites
 echo = dartplug:engines
 [dart.trainer_backends]
 plugtrain = dartplug:Trainer
+[dart.prompt_formats]
+plugfmt = dartplug:FORMAT
+[dart.model_families]
+plugvl = dartplug:FAMILY
 """
 
 
@@ -79,7 +108,10 @@ def test_a_third_party_package_plugs_in_every_kind(tmp_path: Path) -> None:
             """
             suite: plug:two
             env: {backend: plugsim, pool: plug, plugin: {width: 320}}
-            rollout: {engine: {kind: echo, options: {says: "Action: wait()"}}, num_engines: 2}
+            rollout:
+              engine: {kind: echo, options: {says: "Action: wait()"}}
+              num_engines: 2
+              runner: {prompt: {format: plugfmt, family: plugvl}}
             train: {backend: {kind: plugtrain, options: {}}}
             """
         )
@@ -90,7 +122,8 @@ def test_a_third_party_package_plugs_in_every_kind(tmp_path: Path) -> None:
         from dart.cli.stack.config import load_run_config, load_tasks
         from dart.env.interface import ENV_BACKENDS
         from dart.rollout.engine.interface import ENGINES, GenerationRequest
-        from dart.rollout.model.prompt import ChatPrompt
+        from dart.rollout.model.families import writer_of
+        from dart.rollout.model.prompt import ChatPrompt, build_prompt
         from dart.train.interface import TRAINER_BACKENDS
 
         config = load_run_config({str(config)!r})
@@ -108,7 +141,11 @@ def test_a_third_party_package_plugs_in_every_kind(tmp_path: Path) -> None:
 
         observation, engines, result = asyncio.run(main())
         trainer = TRAINER_BACKENDS.get(config.train.backend.kind)
+        prompt = config.rollout.runner.prompt
+        chat = build_prompt("Click OK.", None, prompt_format=prompt.prompt_format(), chat=prompt.model_family().chat)
         print(json.dumps({{
+            "system": chat.text.splitlines()[1],
+            "writer": writer_of(prompt.model_family()).__name__,
             "tasks": [t.task_id for t in tasks],
             "width": observation.screenshot.width,
             "engines": sorted(engines),
@@ -123,6 +160,8 @@ def test_a_third_party_package_plugs_in_every_kind(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr[-3000:]
     out = json.loads(ran.stdout.strip().splitlines()[-1])
     assert out == {
+        "system": "You are the plug-in's agent.<|im_end|>",
+        "writer": "dartplug",
         "tasks": ["sim/click-button/easy/1", "sim/click-button/easy/2"],
         "width": 320,
         "engines": ["engine-0", "engine-1"],
@@ -144,6 +183,8 @@ def test_a_third_party_package_plugs_in_every_kind(tmp_path: Path) -> None:
         ("dart.suites", "plug = dartplug:suites (dartplug)"),
         ("dart.engines", "echo = dartplug:engines (dartplug)"),
         ("dart.trainer_backends", "plugtrain = dartplug:Trainer (dartplug)"),
+        ("dart.prompt_formats", "plugfmt = dartplug:FORMAT (dartplug)"),
+        ("dart.model_families", "plugvl = dartplug:FAMILY (dartplug)"),
     ]:
         assert name in checks[group]["detail"], checks[group]
     assert "sim = dart.env.backends:sim (dart-env)" in checks["dart.env_backends"]["detail"]

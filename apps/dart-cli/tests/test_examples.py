@@ -35,16 +35,19 @@ def test_the_real_checkpoint_profile(tmp_path: Path, monkeypatch: pytest.MonkeyP
         config.model_copy(update={"warm_start": config.warm_start.model_copy(update={"enabled": True})})
     )
     assert config.validation.enabled and config.validation.engine is None
-    assert (config.rollout.runner.prompt.image_size, config.rollout.runner.prompt.coordinates) == ("model", "pixels")
+    prompt = config.rollout.runner.prompt
+    assert (prompt.image_size, prompt.format, prompt.space()) == ("model", "ui-tars-1.5", "pixels")
     # The engine config needs nothing dart run fills in; finalize gives it the policy and the pixel bounds.
     policy = tmp_path / "ckpt"
     policy.mkdir()
     (policy / "preprocessor_config.json").write_text(
         json.dumps({"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2})
     )
+    (policy / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
     run = config.model_copy(update={"run": config.run.model_copy(update={"run_dir": tmp_path / "run"})})
     final = finalize(run, policy, "nats://127.0.0.1:4222")
     assert final.rollout.engine is not None and final.rollout.engine.model_path == str(policy)
     runner = final.rollout.runner
     assert (runner.prompt.min_pixels, runner.prompt.max_pixels, runner.prompt.patch_factor) == (3136, 200704, 28)
+    assert runner.prompt.family == "qwen2.5-vl"  # from the checkpoint's config.json: its chat frames the prompt
     assert final.train.model_path == str(policy) and final.train.device == "cpu"

@@ -1,6 +1,7 @@
-"""Coordinate round trips, per model family and coordinate space: a click the policy writes for a screen pixel
-lands on that pixel (within the coordinate space's own resolution) of a 1920x1080 and a 1280x720 screen, after
-the image sizing the family's processor applies.
+"""Coordinate round trips, per model family, prompt format and coordinate space: a click the policy writes for
+a screen pixel lands on that pixel (within the coordinate space's own resolution) of a 1920x1080 and a 1280x720
+screen, after the image sizing the family's processor applies; and the answer as later prompts show it back
+(UI-TARS-1.5 wraps its points in box tokens) still means the same pixel.
 
 The family's sizing is checked against transformers itself: the runner resizes a screenshot to
 :class:`ResizeRule`'s size before the processor sees it, which must be the size the family's published image
@@ -18,18 +19,35 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from dart.protocol.messages import Click
+from dart.protocol.models import MODEL_FAMILIES
 from dart.rollout.action_grammar import parse_action
+from dart.rollout.model.formats import PROMPT_FORMATS
 from dart.rollout.model.screen import ResizeRule, coordinate_scale
 
 pytestmark = pytest.mark.unit
 
 SCREENS = [(1920, 1080), (1280, 720)]
 
-FAMILIES = {
+PIXEL_BOUNDS = {
     # Published image processor settings: Qwen2.5-VL-*-Instruct and Qwen3-VL-*-Instruct.
-    "qwen2.5-vl": {"min_pixels": 3136, "max_pixels": 12_845_056, "patch_size": 14, "merge_size": 2},
-    "qwen3-vl": {"min_pixels": 65_536, "max_pixels": 16_777_216, "patch_size": 16, "merge_size": 2},
+    "qwen2.5-vl": (3136, 12_845_056),
+    "qwen3-vl": (65_536, 16_777_216),
 }
+"""Every registered family's published bounds (the patch grid is the family's own)."""
+
+FAMILIES = {
+    name: {"min_pixels": low, "max_pixels": high} | vars(MODEL_FAMILIES.get(name))
+    for name, (low, high) in PIXEL_BOUNDS.items()
+}
+
+FORMAT_SPACES = [(f, c) for f in PROMPT_FORMATS.names() for c in PROMPT_FORMATS.get(f).coordinate_spaces]
+"""Each registered prompt format with each coordinate space it can tell the model to use."""
+
+
+def test_every_registered_family_and_format_is_covered() -> None:
+    assert set(PIXEL_BOUNDS) == set(MODEL_FAMILIES.names())
+    assert {f for f, _ in FORMAT_SPACES} == {"dart", "ui-tars-1.5"}
+    assert ("ui-tars-1.5", "pixels") in FORMAT_SPACES and ("ui-tars-1.5", "grid") not in FORMAT_SPACES
 
 
 def _rule(family: str) -> ResizeRule:
@@ -61,22 +79,26 @@ def _landed(x: float, y: float, screen: tuple[int, int]) -> tuple[int, int]:
 @settings(max_examples=300, deadline=None)
 @given(
     family=st.sampled_from(sorted(FAMILIES)),
-    coordinates=st.sampled_from(["grid", "pixels"]),
+    format_space=st.sampled_from(FORMAT_SPACES),
     screen=st.sampled_from(SCREENS),
     fx=st.floats(0.0, 1.0, exclude_max=True),
     fy=st.floats(0.0, 1.0, exclude_max=True),
 )
 def test_a_click_lands_on_the_intended_pixel(
-    family: str, coordinates: str, screen: tuple[int, int], fx: float, fy: float
+    family: str, format_space: tuple[str, str], screen: tuple[int, int], fx: float, fy: float
 ) -> None:
+    prompt_format, coordinates = PROMPT_FORMATS.get(format_space[0]), format_space[1]
     width, height = screen
     px, py = math.floor(fx * width), math.floor(fy * height)  # the pixel the policy means
     shown = _rule(family).size(width, height)
     sx, sy = coordinate_scale(coordinates, shown)  # type: ignore[arg-type]
     # The policy writes that pixel in its coordinate space, as an integer (as models do).
     u, v = round(px * sx / width), round(py * sy / height)
-    parsed = parse_action(f"Thought: there.\nAction: click(start_box='({u},{v})')", (sx, sy))
+    answer = f"Thought: there.\nAction: click(start_box='({u},{v})')"
+    parsed = parse_action(answer, (sx, sy))
     assert isinstance(parsed.action, Click), parsed.error
+    # Later prompts show the answer back in the format's way; it still means the same point.
+    assert parse_action(prompt_format.shown_answer(answer), (sx, sy)).action == parsed.action
     lx, ly = _landed(parsed.action.x, parsed.action.y, screen)
     # Off by at most half a coordinate unit (in screen pixels) and the env's rounding: exactly the pixel when
     # the coordinate space is at least as fine as the screen (the shown image's pixels, mostly), within one

@@ -203,3 +203,40 @@ async def test_a_real_resolution_prompt_keeps_the_aspect_and_pixel_coordinates_l
     assert isinstance(record, InlineImage) and (record.width, record.height) == (w, h)
     assert first.action == Click(x=(w // 2) / w, y=(h // 4) / h)
     assert "pixels of the current screenshot" in prompts[0] and "0..1000" not in prompts[0]
+
+
+async def test_a_policy_answering_in_the_ui_tars_format_clicks_what_it_means(
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem]
+) -> None:
+    """UI-TARS-1.5's prompt, answers in pixels of the 448x448 image the policy was shown of a 1280x720 screen:
+    a click on the empty top-left corner, then the oracle's click, which the runner maps back to the screen so
+    the task succeeds; the second prompt shows the first answer with its point in box tokens, as UI-TARS-1.5
+    was trained to see its history."""
+    from dart.env.sim import SimEnv
+    from dart.rollout.action_grammar import format_output
+
+    screen = SimConfig(latency=LatencyConfig(scale=0.0), width=1280, height=720)
+    pool = await env_pool(sim=screen)
+    item = work_item(max_steps=3)
+    oracle = SimEnv(screen)
+    await oracle.reset(item.task)
+    step = oracle.oracle_action()
+    assert step is not None and isinstance(step[1], Click)
+    await oracle.close()
+    prompts: list[str] = []
+
+    def answer(request: GenerationRequest) -> str:
+        prompts.append(request.prompt.text)
+        if len(prompts) == 1:
+            return "Thought: the corner first.\nAction: click(start_box='(1,1)')"
+        shown = request.prompt.images[-1].size
+        assert shown == (448, 448)
+        return format_output(step[0], step[1], (float(shown[0]), float(shown[1])))
+
+    prompt = PromptConfig(format="ui-tars-1.5", image_size=448, max_images=2)
+    trajectory = await runner_for(bus, pool, ScriptedEngine([], answer=answer), prompt=prompt).run(item)
+    assert trajectory.status == TrajectoryStatus.OK and trajectory.success, trajectory.steps[0].response_text
+    assert prompts[0].startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    assert "## User Instruction\n" in prompts[0] and "fail(" not in prompts[0]
+    assert len(trajectory.steps) == 2 and trajectory.steps[0].action == Click(x=1 / 448, y=1 / 448)
+    assert "click(start_box='<|box_start|>(1,1)<|box_end|>')" in prompts[1]  # the first answer, shown back

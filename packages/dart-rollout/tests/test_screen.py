@@ -12,7 +12,8 @@ from dart.protocol.errors import ConfigError
 from dart.protocol.messages import Click, Drag
 from dart.rollout.action_grammar import format_action, parse_action
 from dart.rollout.model.architectures import get_architecture
-from dart.rollout.model.prompt import ACTION_SPACE, action_space, build_prompt
+from dart.rollout.model.formats import DART, DART_ACTION_SPACE
+from dart.rollout.model.prompt import build_prompt
 from dart.rollout.model.screen import ResizeRule, coordinate_scale, fit
 from dart.rollout.service.config import PromptConfig, RunnerConfig, resolve_runner
 
@@ -85,9 +86,11 @@ def test_the_rule_is_read_from_either_processor_file(tmp_path: Path) -> None:
 
 def test_resolve_runner_fills_the_checkpoint_bounds_and_pixels_need_a_known_image(tmp_path: Path) -> None:
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 3136, "max_pixels": 12845056}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
     runner = resolve_runner(RunnerConfig(prompt=PromptConfig(image_size="model", max_pixels=401_408)), tmp_path)
     prompt = runner.prompt
     assert (prompt.min_pixels, prompt.max_pixels, prompt.patch_factor) == (3136, 401_408, 28)
+    assert prompt.family == "qwen2.5-vl"  # the checkpoint's, which frames the chat
     assert prompt.image_sizing() == ResizeRule(3136, 401_408, 28)
     with pytest.raises(ConfigError, match="min_pixels and max_pixels"):
         PromptConfig(image_size="model").image_sizing()
@@ -119,8 +122,8 @@ def test_pixel_coordinates_map_back_through_the_resize() -> None:
 
 
 def test_the_prompt_tells_the_model_which_coordinates_it_writes() -> None:
-    assert action_space("grid") == ACTION_SPACE
-    pixels = action_space("pixels")
+    assert DART.task_prompt("Click OK.", "grid").startswith(DART_ACTION_SPACE)
+    pixels = DART.task_prompt("Click OK.", "pixels")
     assert "0..1000" not in pixels and "pixels of the current screenshot" in pixels
     prompt = build_prompt("Click OK.", Image.new("RGB", (1920, 1080)), image_size=ResizeRule(3136, 12845056))
     assert prompt.images[0].size == (1932, 1092)

@@ -1,6 +1,8 @@
 """Qwen3-VL beside Qwen2.5-VL: a tiny random Qwen3-VL (deepstack vision, interleaved 3-D rope, 16 px patches)
 written with no download, served by the hf engine and trained by the torch backend, which recomputes the
-engine's log-probs on the same tokens and images; the megatron backend refuses it at start, naming why."""
+engine's log-probs on the same tokens and images; the same for a published size (Qwen3-VL-2B's widths, cut to
+one layer) prompted with UI-TARS-1.5's format on a 1280x720 screen sized by its processor's rule; the megatron
+backend refuses it at start, naming why."""
 
 from __future__ import annotations
 
@@ -17,7 +19,11 @@ from dart.protocol.models import family_of
 from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
+from dart.rollout.model.architectures import get_architecture
+from dart.rollout.model.formats import UI_TARS_15
 from dart.rollout.model.prompt import HistoryStep, build_prompt
+from dart.rollout.model.random_init import write_checkpoint
+from dart.rollout.model.screen import ResizeRule
 from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
@@ -59,6 +65,39 @@ async def _generate(checkpoint: Path, store: LocalStore, sampling: Sampling) -> 
     refs = [store_png(store, f"qwen3/{sampling.temperature}/{j}.png", im) for j, im in enumerate(prompt.images)]
     sample = sample_of(result, refs, f"qwen3-{sampling.temperature}")
     return sample, result.prompt_token_ids.count(pad)
+
+
+def test_a_published_qwen3_vl_size_is_written_served_and_recomputed(tmp_path: Path) -> None:
+    """Qwen3-VL-2B's published widths, vocabulary and image processor (cut to 1 layer and 1 vision block):
+    written with no download, sized by its own rule, prompted in UI-TARS-1.5's format, served by the hf
+    engine and recomputed by the torch backend."""
+    path = tmp_path / "qwen3-vl-2b"
+    manifest = write_checkpoint(path, get_architecture("qwen3-vl-2b").cut(layers=1, vision_blocks=1), seed=5)
+    assert manifest.model_class == "Qwen3VLForConditionalGeneration" and family_of(path).name == "qwen3-vl"
+    rule = ResizeRule.of_checkpoint(path, max_pixels=409_600)  # the published bounds, fewer tokens
+    assert (rule.min_pixels, rule.factor) == (65_536, 32)
+    store = LocalStore(tmp_path / "shots")
+
+    async def generate() -> tuple[TrainingSample, int]:
+        engine = await HFEngine.start(HFEngineConfig(model_path=str(path), batch_wait_s=0.0, num_threads=2))
+        try:
+            screen = Image.new("RGB", (1280, 720), (30, 90, 160))
+            prompt = build_prompt("Open the File menu.", screen, image_size=rule, prompt_format=UI_TARS_15)
+            sampling = Sampling(temperature=1.0)
+            result = await engine.generate(GenerationRequest(prompt, max_new_tokens=6, sampling=sampling, seed=3))
+            pad = engine.processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        finally:
+            await engine.close()
+        refs = [store_png(store, f"real/{j}.png", image) for j, image in enumerate(prompt.images)]
+        return sample_of(result, refs, "qwen3-vl-2b"), result.prompt_token_ids.count(pad)
+
+    sample, image_pads = asyncio.run(generate())
+    assert image_pads == rule.visual_tokens(1280, 720) == (832 // 32) * (480 // 32)
+    backend = TorchBackend.load(TrainerConfig(model_path=str(path), num_threads=2), image_source=StoreImageSource())
+    recomputed = backend.compute_logprobs([sample])[0]
+    gap = float((recomputed - torch.tensor(sample.rollout_logprobs)).abs().max())
+    print(f"qwen3-vl-2b (1 layer): max |torch backend - hf engine|: {gap:.2e}")
+    assert gap < LOGPROB_TOLERANCE
 
 
 @pytest.mark.parametrize("sampling", [Sampling(temperature=1.0, top_p=0.9), Sampling(temperature=0.0)])

@@ -29,7 +29,8 @@ def init(
     arch: Annotated[
         str,
         typer.Option(
-            help="Architecture: tiny (Qwen2.5-VL), tiny-qwen3-vl, qwen2.5-vl-3b, qwen2.5-vl-7b or qwen2.5-vl-32b."
+            help="Architecture: tiny (Qwen2.5-VL), tiny-FAMILY for any registered model family (tiny-qwen3-vl), or "
+            "a published size: qwen2.5-vl-3b/7b/32b, qwen3-vl-2b/4b/8b/32b."
         ),
     ] = "tiny",
     dtype: Annotated[str, typer.Option(help="Weight dtype: bfloat16 or float32 (tiny: float32 only).")] = "",
@@ -55,10 +56,10 @@ def init(
     t0 = time.perf_counter()
     try:
         manifest: object
-        if arch in ("tiny", "tiny-qwen3-vl"):
+        if arch == "tiny" or arch.startswith("tiny-"):
             if dtype not in ("", "float32"):
                 raise ModelInitError(f"dtype={dtype}: the tiny checkpoint is written in float32 only")
-            spec = TinyModelSpec(family="qwen3-vl" if arch == "tiny-qwen3-vl" else "qwen2.5-vl")
+            spec = TinyModelSpec(family=_tiny_family(arch))
             spec = replace(spec, num_layers=layers or spec.num_layers, vision_depth=vision_blocks or spec.vision_depth)
             manifest = write_tiny_checkpoint(path, seed=seed, vocab_texts=texts, spec=spec)
         else:
@@ -75,6 +76,22 @@ def init(
     summary = {"path": str(path), "seed": seed, "seconds": round(elapsed, 2), **_manifest_dict(manifest)}
     typer.echo(f"wrote {arch} checkpoint to {path} in {elapsed:.1f}s")
     typer.echo(json.dumps(summary, default=str))
+
+
+def _tiny_family(arch: str) -> str:
+    """The family of ``tiny`` (Qwen2.5-VL) or ``tiny-FAMILY``.
+
+    Raises:
+        ModelInitError: No family of that name is registered.
+    """
+    from dart.protocol.models import MODEL_FAMILIES
+    from dart.rollout.errors import ModelInitError
+
+    family = arch.removeprefix("tiny-") if arch != "tiny" else "qwen2.5-vl"
+    try:
+        return MODEL_FAMILIES.check_name(family)
+    except ValueError as exc:
+        raise ModelInitError(f"--arch {arch}: {exc}") from None
 
 
 @model_app.command("init-tiny")

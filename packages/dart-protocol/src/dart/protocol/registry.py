@@ -1,12 +1,12 @@
 """One registry for everything that plugs in: env backends, inference engines, trainer backends, model
-families and task-suite sources are all found the same way.
+families, prompt formats and task-suite sources are all found the same way.
 
 Each pluggable kind has one :class:`Registry`, kept by the package that defines the kind's interface
 (``dart.env.interface.ENV_BACKENDS``, ``dart.rollout.engine.interface.ENGINES``,
 ``dart.train.interface.TRAINER_BACKENDS``, ``dart.protocol.models.MODEL_FAMILIES``,
-``dart.protocol.suite.SUITE_SOURCES``). Implementations come in through Python entry points of the group
-``dart.<kind>``: DART's own packages declare theirs in their ``pyproject.toml`` exactly as a third-party
-package would, so adding a backend never means editing DART::
+``dart.rollout.model.formats.PROMPT_FORMATS``, ``dart.protocol.suite.SUITE_SOURCES``). Implementations come
+in through Python entry points of the group ``dart.<kind>``: DART's own packages declare theirs in their
+``pyproject.toml`` exactly as a third-party package would, so adding a backend never means editing DART::
 
     # a third-party package's pyproject.toml
     [project.entry-points."dart.env_backends"]
@@ -161,6 +161,7 @@ def all_registries() -> list[Registry[object]]:
         ("dart.env.interface", "ENV_BACKENDS"),
         ("dart.rollout.engine.interface", "ENGINES"),
         ("dart.protocol.models", "MODEL_FAMILIES"),
+        ("dart.rollout.model.formats", "PROMPT_FORMATS"),
         ("dart.train.interface", "TRAINER_BACKENDS"),
         ("dart.protocol.suite", "SUITE_SOURCES"),
     ):

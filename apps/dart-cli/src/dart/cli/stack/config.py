@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dart.data.config import DataConfig
 from dart.env.service.config import EnvServiceConfig
@@ -19,10 +19,10 @@ from dart.protocol.bus import BusConfig
 from dart.protocol.config import ConfigModel, command_line_overrides, load_config
 from dart.protocol.errors import ConfigError, SuiteError
 from dart.protocol.messages import Sampling, TaskSpec
+from dart.protocol.models import MODEL_FAMILIES
 from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
-from dart.rollout.model.tiny import TinyFamily
 from dart.rollout.service.config import EngineConfig, RolloutConfig
 from dart.train.config import TrainerConfig
 
@@ -76,10 +76,15 @@ class ModelSection(ConfigModel):
     path: Path | None = None
     """An existing local checkpoint of a registered model family (its ``config.json`` says which); None writes
     a tiny random one into the run directory."""
-    family: TinyFamily = "qwen2.5-vl"
-    """Model family of the tiny checkpoint when ``path`` is None: ``qwen2.5-vl`` or ``qwen3-vl``."""
+    family: str = "qwen2.5-vl"
+    """Registered model family of the tiny checkpoint when ``path`` is None (``qwen2.5-vl``, ``qwen3-vl``)."""
     tiny_seed: int = 0
     """Seed of the tiny checkpoint when ``path`` is None."""
+
+    @field_validator("family")
+    @classmethod
+    def _registered_family(cls, family: str) -> str:
+        return MODEL_FAMILIES.check_name(family)
 
 
 class WarmStartSection(ConfigModel):

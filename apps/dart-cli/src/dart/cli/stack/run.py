@@ -51,8 +51,9 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
     """Refuse settings ``dart run`` would otherwise ignore (before anything is written).
 
     Raises:
-        ConfigError: ``data.database_url`` is set (``dart run`` keeps the index in its run directory), or
-            the suite (or the held-out suite) does not resolve or does not suit the env backend.
+        ConfigError: ``data.database_url`` is set (``dart run`` keeps the index in its run directory), the
+            suite (or the held-out suite) does not resolve or does not suit the env backend, or the prompt
+            format cannot tell the model the configured coordinate space.
     """
     from dart.cli.stack.validation import heldout_tasks
     from dart.protocol.errors import ConfigError
@@ -68,6 +69,7 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
     load_tasks(config)
     if config.validation.enabled:
         heldout_tasks(config)
+    config.rollout.runner.prompt.space()
 
 
 def resolve(config: RunConfig, config_path: Path) -> RunConfig:

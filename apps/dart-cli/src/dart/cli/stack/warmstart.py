@@ -48,7 +48,7 @@ async def record_demos(
     from dart.env.interface import ENV_BACKENDS
     from dart.env.sim import LatencyConfig
     from dart.rollout.action_grammar import format_output
-    from dart.rollout.model.prompt import HistoryStep, action_space, build_prompt, encode_prompt, to_pil
+    from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt, to_pil
     from dart.rollout.model.screen import coordinate_scale
     from dart.train.sft import SftSample
 
@@ -57,7 +57,8 @@ async def record_demos(
     )
     env = ENV_BACKENDS.get(env_config.backend)(quiet, 0)
     sizing = prompt.image_sizing()
-    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt_format, space, chat = prompt.prompt_format(), prompt.space(), prompt.model_family().chat
+    end = processor.tokenizer.convert_tokens_to_ids(chat.end_of_turn)
     demos: list[SftSample] = []
     episodes = 0
     try:
@@ -72,19 +73,21 @@ async def record_demos(
                         break
                     thought, action = step
                     shown = to_pil(observation.screenshot, sizing) if observation.screenshot is not None else None
-                    chat = build_prompt(
+                    rendered = build_prompt(
                         instruction,
                         shown,
                         history,
                         max_images=prompt.max_images,
                         image_size=sizing,
-                        action_space=action_space(prompt.coordinates),
+                        prompt_format=prompt_format,
+                        coordinates=space,
+                        chat=chat,
                     )
-                    encoded = encode_prompt(processor, chat)
-                    scale = coordinate_scale(prompt.coordinates, shown.size if shown is not None else None)
+                    encoded = encode_prompt(processor, rendered)
+                    scale = coordinate_scale(space, shown.size if shown is not None else None)
                     text = format_output(thought, action, scale)
                     response = processor.tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
-                    demos.append(SftSample(list(encoded.input_ids), list(response), list(chat.images)))
+                    demos.append(SftSample(list(encoded.input_ids), list(response), list(rendered.images)))
                     history.append(HistoryStep(text, shown))
                     observation, done, _ = await env.step(action)
                     if done:

@@ -1,258 +1,39 @@
-"""Published Qwen2.5-VL architectures, as data: the sizes ``dart model init`` writes random checkpoints with.
+"""Published architectures of every registered model family, by name: the sizes ``dart model init`` writes.
 
-The figures are those of the ``config.json`` and ``preprocessor_config.json`` files Qwen publishes for
-Qwen2.5-VL-3B/7B/32B-Instruct. A checkpoint may be cut to fewer decoder layers and vision blocks
-(:meth:`Architecture.cut`); every width, the vocabulary and the processor settings stay real, so the
-loading, prompt and weight-transfer code sees the production shapes.
+Each family's writer module keeps its own (:mod:`dart.rollout.model.families`); this is the one index over
+them, so ``--arch`` accepts a plug-in family's sizes as it does DART's.
 
 Usage::
 
-    arch = get_architecture("qwen2.5-vl-3b").cut(layers=2, vision_blocks=2)
-    arch.text_config(special_ids)      # kwargs for Qwen2_5_VLConfig's text_config
+    arch = get_architecture("qwen3-vl-8b").cut(layers=2, vision_blocks=2)
+    write_checkpoint("/tmp/qwen3-8b-2l", arch)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
-
+from dart.protocol.models import MODEL_FAMILIES
 from dart.rollout.errors import ModelInitError
+from dart.rollout.model.families import FIRST_SPECIAL_ID, QWEN_VOCAB_SIZE, RealArchitecture, writer_of
 
-QWEN_VOCAB_SIZE = 151936
-"""Embedding rows of every Qwen2.5-VL model (the tokenizer uses 151,665 of them; the rest is padding)."""
-
-FIRST_SPECIAL_ID = 151643
-"""Id of ``<|endoftext|>``, the first special token; the others follow in Qwen's order."""
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+__all__ = ["FIRST_SPECIAL_ID", "QWEN_VOCAB_SIZE", "architectures", "get_architecture"]
 
 
-@dataclass(frozen=True)
-class VisionTower:
-    """Qwen2.5-VL's vision transformer (``vision_config``).
-
-    Attributes:
-        depth: Blocks.
-        hidden_size: Block width.
-        intermediate_size: Gated MLP width.
-        num_heads: Attention heads.
-        out_hidden_size: Width of the merged patch embeddings (the language model's hidden size).
-        fullatt_block_indexes: Blocks with full attention; the others attend within windows.
-        window_size: Window side in pixels.
-        patch_size: Patch side in pixels.
-        spatial_merge_size: Patches merged per side into one language-model token.
-        temporal_patch_size: Frames per patch (a still image is repeated).
-        tokens_per_second: Temporal position ids per second of video.
-    """
-
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    out_hidden_size: int
-    fullatt_block_indexes: tuple[int, ...]
-    window_size: int = 112
-    patch_size: int = 14
-    spatial_merge_size: int = 2
-    temporal_patch_size: int = 2
-    tokens_per_second: int = 2
+def architectures() -> dict[str, RealArchitecture]:
+    """Every registered family's published sizes by name (imports each family's writer module)."""
+    found: dict[str, RealArchitecture] = {}
+    for name in MODEL_FAMILIES.names():
+        found.update(writer_of(MODEL_FAMILIES.get(name)).ARCHITECTURES)
+    return found
 
 
-@dataclass(frozen=True)
-class ImageProcessing:
-    """The image processor's settings (``preprocessor_config.json``).
-
-    Attributes:
-        min_pixels: Smallest image area after the aspect-preserving resize, pixels.
-        max_pixels: Largest image area after the resize, pixels.
-        patch_size: Patch side, pixels.
-        merge_size: Patches merged per side.
-        temporal_patch_size: Frames per patch.
-        image_mean: Per-channel normalization mean (CLIP's).
-        image_std: Per-channel normalization standard deviation (CLIP's).
-    """
-
-    min_pixels: int = 3136
-    max_pixels: int = 12845056
-    patch_size: int = 14
-    merge_size: int = 2
-    temporal_patch_size: int = 2
-    image_mean: tuple[float, float, float] = CLIP_MEAN
-    image_std: tuple[float, float, float] = CLIP_STD
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """One Qwen2.5-VL model's sizes.
-
-    Attributes:
-        name: The name ``dart model init --arch`` takes.
-        hidden_size: Language model width.
-        intermediate_size: Language model gated MLP width.
-        num_hidden_layers: Decoder layers.
-        num_attention_heads: Query heads (head dim = hidden_size / heads = 128 in every size).
-        num_key_value_heads: Key/value heads (grouped-query attention).
-        tie_word_embeddings: Whether ``lm_head`` shares the embedding matrix.
-        vision: The vision tower.
-        vocab_size: Embedding rows.
-        rope_theta: Rotary base.
-        mrope_section: Split of the rotary half-dimension into (temporal, height, width).
-        max_position_embeddings: Longest context.
-        rms_norm_eps: RMSNorm epsilon.
-        processing: Image processor settings.
-    """
-
-    name: str
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    tie_word_embeddings: bool
-    vision: VisionTower
-    vocab_size: int = QWEN_VOCAB_SIZE
-    rope_theta: float = 1000000.0
-    mrope_section: tuple[int, int, int] = (16, 24, 24)
-    max_position_embeddings: int = 128000
-    rms_norm_eps: float = 1e-6
-    processing: ImageProcessing = ImageProcessing()
-
-    def cut(self, *, layers: int | None = None, vision_blocks: int | None = None) -> Architecture:
-        """The same widths with fewer decoder layers and/or vision blocks.
-
-        The vision tower keeps the published full-attention blocks that remain and always ends in one
-        (the published towers do: block 31 of 32), so a cut tower of 2 or more blocks still runs
-        both window and full attention. E.g. 2 blocks: ``(1,)``; 10 blocks: ``(7, 9)``.
-
-        Raises:
-            ModelInitError: A count below 1 or above the published one.
-        """
-        arch = self
-        if layers is not None:
-            _check_count("layers", layers, self.num_hidden_layers)
-            arch = replace(arch, num_hidden_layers=layers)
-        if vision_blocks is not None:
-            _check_count("vision_blocks", vision_blocks, self.vision.depth)
-            kept = [i for i in self.vision.fullatt_block_indexes if i < vision_blocks]
-            if vision_blocks - 1 not in kept:
-                kept.append(vision_blocks - 1)
-            arch = replace(arch, vision=replace(self.vision, depth=vision_blocks, fullatt_block_indexes=tuple(kept)))
-        return arch
-
-    def text_config(self, special_ids: Mapping[str, int]) -> dict[str, Any]:
-        """``text_config`` of :class:`transformers.Qwen2_5_VLConfig`, with the tokenizer's special ids."""
-        return {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": self.rms_norm_eps,
-            "hidden_act": "silu",
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": self.rope_theta,
-                "mrope_section": list(self.mrope_section),
-            },
-            "bos_token_id": special_ids["<|endoftext|>"],
-            "eos_token_id": special_ids["<|im_end|>"],
-            "pad_token_id": special_ids["<|endoftext|>"],
-            "tie_word_embeddings": self.tie_word_embeddings,
-        }
-
-    def vision_config(self) -> dict[str, Any]:
-        """``vision_config`` of :class:`transformers.Qwen2_5_VLConfig`."""
-        v = self.vision
-        return {
-            "depth": v.depth,
-            "hidden_size": v.hidden_size,
-            "intermediate_size": v.intermediate_size,
-            "num_heads": v.num_heads,
-            "out_hidden_size": v.out_hidden_size,
-            "patch_size": v.patch_size,
-            "spatial_merge_size": v.spatial_merge_size,
-            "temporal_patch_size": v.temporal_patch_size,
-            "window_size": v.window_size,
-            "fullatt_block_indexes": list(v.fullatt_block_indexes),
-            "tokens_per_second": v.tokens_per_second,
-            "hidden_act": "silu",
-        }
-
-
-def _check_count(field: str, value: int, published: int) -> None:
-    if not 1 <= value <= published:
-        raise ModelInitError(f"{field}={value}: must be between 1 and the published {published}")
-
-
-_FULLATT = (7, 15, 23, 31)
-
-ARCHITECTURES: dict[str, Architecture] = {
-    "qwen2.5-vl-3b": Architecture(
-        name="qwen2.5-vl-3b",
-        hidden_size=2048,
-        intermediate_size=11008,
-        num_hidden_layers=36,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        vision=VisionTower(
-            depth=32,
-            hidden_size=1280,
-            intermediate_size=3420,
-            num_heads=16,
-            out_hidden_size=2048,
-            fullatt_block_indexes=_FULLATT,
-        ),  # fmt: skip
-    ),
-    "qwen2.5-vl-7b": Architecture(
-        name="qwen2.5-vl-7b",
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        tie_word_embeddings=False,
-        vision=VisionTower(
-            depth=32,
-            hidden_size=1280,
-            intermediate_size=3420,
-            num_heads=16,
-            out_hidden_size=3584,
-            fullatt_block_indexes=_FULLATT,
-        ),  # fmt: skip
-    ),
-    "qwen2.5-vl-32b": Architecture(
-        name="qwen2.5-vl-32b",
-        hidden_size=5120,
-        intermediate_size=27648,
-        num_hidden_layers=64,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-        vision=VisionTower(
-            depth=32,
-            hidden_size=1280,
-            intermediate_size=3456,
-            num_heads=16,
-            out_hidden_size=5120,
-            fullatt_block_indexes=_FULLATT,
-        ),  # fmt: skip
-    ),
-}
-"""The published Qwen2.5-VL sizes by name (``tiny`` is :mod:`dart.rollout.model.tiny`'s own spec)."""
-
-
-def get_architecture(name: str) -> Architecture:
+def get_architecture(name: str) -> RealArchitecture:
     """The architecture called ``name``.
 
     Raises:
         ModelInitError: No such architecture; the message lists the known names.
     """
+    known = architectures()
     try:
-        return ARCHITECTURES[name]
+        return known[name]
     except KeyError:
-        raise ModelInitError(f"unknown architecture {name!r}: choose one of {', '.join(ARCHITECTURES)}") from None
+        raise ModelInitError(f"unknown architecture {name!r}: choose one of {', '.join(known)}") from None

@@ -1,19 +1,20 @@
-"""UI-TARS-style chat prompts: action space, instruction, recent screenshots and every previous action.
+"""Chat prompts for GUI agents: task prompt, recent screenshots and every previous answer.
 
-The prompt is a Qwen chat::
+The prompt is the model family's chat (:class:`~dart.protocol.models.ChatFormat`; Qwen's ChatML here)
+around a prompt format's messages (:mod:`dart.rollout.model.formats`)::
 
-    <|im_start|>system\\n{SYSTEM_PROMPT}<|im_end|>
-    <|im_start|>user\\n{ACTION_SPACE}\\n## User Instruction\\n{instruction}<|im_end|>
+    <|im_start|>system\\n{format.system_prompt()}<|im_end|>
+    <|im_start|>user\\n{format.task_prompt(instruction, coordinates)}<|im_end|>
     (for each previous step)
       <|im_start|>user\\n<image><|im_end|>          only for the last ``max_images - 1`` steps
-      <|im_start|>assistant\\n{step text}<|im_end|>  always: older screenshots are replaced by their actions
+      <|im_start|>assistant\\n{format.shown_answer(step text)}<|im_end|>   always: older screenshots go
     <|im_start|>user\\n<image><|im_end|>            the current screenshot
     <|im_start|>assistant\\n                         generation starts here
 
-where ``<image>`` is ``<|vision_start|><|image_pad|><|vision_end|>``; the processor expands each
-``<|image_pad|>`` into as many pads as the image has visual tokens. :func:`encode_prompt` returns the
-exact ``prompt_token_ids`` the model consumes, which the step record stores so the trainer recomputes
-log-probs on the same tokens.
+where ``<image>`` is the family's image placeholder (``<|vision_start|><|image_pad|><|vision_end|>``); the
+processor expands each ``<|image_pad|>`` into as many pads as the image has visual tokens.
+:func:`encode_prompt` returns the exact ``prompt_token_ids`` the model consumes, which the step record stores
+so the trainer recomputes log-probs on the same tokens.
 """
 
 from __future__ import annotations
@@ -26,36 +27,12 @@ from typing import Any
 from PIL import Image
 
 from dart.protocol.messages import ImageRef, InlineImage
-from dart.rollout.model.screen import Coordinates, ImageSizing, coordinates_note, fit
+from dart.protocol.models import DEFAULT_FAMILY, QWEN_CHAT, ChatFormat, Coordinates
+from dart.rollout.model.formats import DART, PromptFormat
+from dart.rollout.model.screen import ImageSizing, fit
 
-IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
-
-SYSTEM_PROMPT = "You are a GUI agent. You are given a task and your action history, with screenshots."
-
-ACTION_SPACE = """Output exactly in this format:
-Thought: ...
-Action: ...
-
-## Action Space
-click(start_box='(x,y)')
-left_double(start_box='(x,y)')
-right_single(start_box='(x,y)')
-drag(start_box='(x1,y1)', end_box='(x2,y2)')
-hotkey(key='ctrl c')
-type(content='xxx')
-scroll(start_box='(x,y)', direction='down or up or right or left')
-wait()
-finished(content='xxx')
-fail(reason='xxx')
-
-## Note
-Coordinates are on a 0..1000 grid of the screen. End typed content with \\n to press Enter."""
-"""The action call forms of :mod:`dart.rollout.action_grammar`, as the policy is told them (grid coordinates)."""
-
-
-def action_space(coordinates: Coordinates = "grid") -> str:
-    """:data:`ACTION_SPACE` with the sentence about positions for ``coordinates`` (see :mod:`.screen`)."""
-    return ACTION_SPACE.replace(coordinates_note("grid"), coordinates_note(coordinates))
+IMAGE_PLACEHOLDER = QWEN_CHAT.image
+"""The image placeholder of the Qwen families' chat."""
 
 
 @dataclass(frozen=True)
@@ -113,15 +90,17 @@ class ChatPrompt:
     """A rendered prompt: chat text with one placeholder per image, and the images in order.
 
     Attributes:
-        text: The chat text; each image is one ``IMAGE_PLACEHOLDER``.
+        text: The chat text; each image is one placeholder of the family's chat.
         images: RGB images, already resized to the model's input size, in placeholder order.
         records: The records of ``images`` (see :class:`PromptImage`), in the same order, when every
             image was given as a :class:`PromptImage`; empty otherwise.
+        image_placeholder: What stands for one image in ``text`` (the family's).
     """
 
     text: str
     images: tuple[Image.Image, ...] = field(default_factory=tuple)
     records: tuple[InlineImage | ImageRef, ...] = field(default_factory=tuple)
+    image_placeholder: str = IMAGE_PLACEHOLDER
 
 
 @dataclass(frozen=True)
@@ -177,10 +156,6 @@ def to_pil(image: ScreenshotLike, size: ImageSizing) -> Image.Image:
     return fit(pil.convert("RGB"), size)
 
 
-def _turn(role: str, content: str) -> str:
-    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
-
-
 def build_prompt(
     instruction: str,
     screenshot: ScreenshotLike | None,
@@ -188,10 +163,11 @@ def build_prompt(
     *,
     max_images: int = 1,
     image_size: ImageSizing = 224,
-    system_prompt: str = SYSTEM_PROMPT,
-    action_space: str = ACTION_SPACE,
+    prompt_format: PromptFormat = DART,
+    coordinates: Coordinates | None = None,
+    chat: ChatFormat = DEFAULT_FAMILY.chat,
 ) -> ChatPrompt:
-    """Render the UI-TARS chat for the next step.
+    """Render the chat for the next step.
 
     Args:
         instruction: The task instruction.
@@ -199,28 +175,37 @@ def build_prompt(
         history: Every earlier step of the episode, oldest first.
         max_images: Screenshots shown at most, the current one included; older ones appear only as text.
         image_size: How screenshots are sized (see :func:`prompt_image`).
-        system_prompt: The system message.
-        action_space: The description of the action call forms.
+        prompt_format: What the model is told, and how its earlier answers are shown.
+        coordinates: The coordinate space the model is told to answer in; None: the format's own.
+        chat: The model family's chat turns and image placeholder.
+
+    Raises:
+        ValueError: ``max_images`` below 1, or a coordinate space the format cannot tell.
     """
     if max_images < 1:
         raise ValueError(f"max_images must be at least 1, got {max_images}")
-    parts = [_turn("system", system_prompt), _turn("user", f"{action_space}\n\n## User Instruction\n{instruction}")]
+    space = coordinates or prompt_format.coordinate_spaces[0]
+    parts = [
+        chat.message("system", prompt_format.system_prompt()),
+        chat.message("user", prompt_format.task_prompt(instruction, space)),
+    ]
     shown: list[ScreenshotLike] = []
     first_with_image = len(history) - (max_images - 1)
     for i, step in enumerate(history):
         if i >= first_with_image and step.screenshot is not None:
-            parts.append(_turn("user", IMAGE_PLACEHOLDER))
+            parts.append(chat.message("user", chat.image))
             shown.append(step.screenshot)
-        parts.append(_turn("assistant", step.text))
+        parts.append(chat.message("assistant", prompt_format.shown_answer(step.text)))
     if screenshot is not None:
-        parts.append(_turn("user", IMAGE_PLACEHOLDER))
+        parts.append(chat.message("user", chat.image))
         shown.append(screenshot)
-    parts.append("<|im_start|>assistant\n")
+    parts.append(chat.generation_prompt)
     records = tuple(s.record for s in shown if isinstance(s, PromptImage))
     return ChatPrompt(
         text="".join(parts),
         images=tuple(to_pil(s, image_size) for s in shown),
         records=records if len(records) == len(shown) else (),
+        image_placeholder=chat.image,
     )
 
 
@@ -228,13 +213,12 @@ def encode_prompt(processor: Any, prompt: ChatPrompt) -> EncodedPrompt:
     """Tokenize a prompt and turn its images into patches, exactly as the model will consume them.
 
     Args:
-        processor: A Qwen2.5-VL processor (``AutoProcessor.from_pretrained(path)``).
+        processor: The checkpoint's processor (``AutoProcessor.from_pretrained(path)``).
         prompt: The rendered prompt.
     """
-    if prompt.text.count(IMAGE_PLACEHOLDER) != len(prompt.images):
-        raise ValueError(
-            f"prompt has {prompt.text.count(IMAGE_PLACEHOLDER)} placeholders for {len(prompt.images)} images"
-        )
+    placeholders = prompt.text.count(prompt.image_placeholder)
+    if placeholders != len(prompt.images):
+        raise ValueError(f"prompt has {placeholders} placeholders for {len(prompt.images)} images")
     batch = processor(text=[prompt.text], images=list(prompt.images) or None, return_tensors="pt")
     return EncodedPrompt(
         input_ids=batch["input_ids"][0].tolist(),

@@ -1,12 +1,11 @@
-"""A random-weight Qwen2.5-VL checkpoint of a published architecture, with a locally trained tokenizer.
+"""A random-weight checkpoint of a published architecture of any registered family, with a local tokenizer.
 
 No hub is reachable from DART's machines, so real-size checkpoints are written locally: the sizes of
-:mod:`dart.rollout.model.architectures` (optionally cut to fewer layers / vision blocks), random
-weights in the target dtype, the tokenizer of :mod:`dart.rollout.model.tiny` trained on the action
-grammar but with Qwen's special-token ids (``<|endoftext|>`` 151643 ... ``<|image_pad|>`` 151655,
-``<|video_pad|>`` 151656) and the published image processor settings. It loads with
-``Qwen2_5_VLForConditionalGeneration.from_pretrained`` and ``AutoProcessor.from_pretrained`` like a
-downloaded checkpoint.
+:mod:`dart.rollout.model.architectures` (Qwen2.5-VL and Qwen3-VL, optionally cut to fewer layers / vision
+blocks), random weights in the target dtype, the tokenizer of :mod:`dart.rollout.model.tiny` trained on
+the action grammar but with Qwen's special-token ids (``<|endoftext|>`` 151643 ... ``<|image_pad|>``
+151655, ``<|video_pad|>`` 151656) and the published image processor settings. It loads with its family's
+class and ``AutoProcessor.from_pretrained`` like a downloaded checkpoint.
 
 Memory: the model is built once, directly in the target dtype (no float32 copy): about 2 bytes per
 parameter in bfloat16. Qwen2.5-VL-3B cut to 2 layers and 2 vision blocks is 0.54 B parameters (the
@@ -28,9 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dart.rollout.model.architectures import FIRST_SPECIAL_ID, Architecture
+from dart.rollout.model.families import FIRST_SPECIAL_ID, RealArchitecture
 from dart.rollout.model.tiny import (
-    CHAT_TEMPLATE,
     DEFAULT_INSTRUCTIONS,
     SPECIAL_TOKENS,
     TinyModelSpec,
@@ -79,7 +77,7 @@ class CheckpointManifest:
 
 def write_checkpoint(
     path: str | Path,
-    arch: Architecture,
+    arch: RealArchitecture,
     *,
     dtype: Dtype = "bfloat16",
     seed: int = 0,
@@ -100,7 +98,8 @@ def write_checkpoint(
     """
     import torch
     import transformers
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from dart.protocol.models import MODEL_FAMILIES
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -110,63 +109,32 @@ def write_checkpoint(
         first_special_id=FIRST_SPECIAL_ID,
     )
     ids = {t: int(tokenizer.convert_tokens_to_ids(t)) for t in SPECIAL_TOKENS}
-    config = Qwen2_5_VLConfig(
-        text_config=arch.text_config(ids),
-        vision_config=arch.vision_config(),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=arch.tie_word_embeddings,
-    )
+    config = arch.config(ids)
+    model_cls = MODEL_FAMILIES.get(arch.family).model_cls()
     torch.manual_seed(seed)
     torch_dtype = getattr(torch, dtype)
     # _from_config builds every module with ``dtype`` as the default dtype: the weights exist once, in
     # the target dtype, and are initialized in place (a 3B model in float32 first would need 15 GB).
-    model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=torch_dtype).eval()  # type: ignore[no-untyped-call]  # an unannotated transformers API
+    model = model_cls._from_config(config, dtype=torch_dtype).eval()
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.save_pretrained(out, max_shard_size=MAX_SHARD_SIZE)
     num_parameters = sum(p.numel() for p in model.parameters())  # parameters() yields a tied matrix once
     del model
-    _processor(arch, tokenizer).save_pretrained(out)
+    arch.processor(tokenizer).save_pretrained(out)
 
     manifest = CheckpointManifest(
         path=str(out),
         architecture=arch.name,
-        model_class=Qwen2_5_VLForConditionalGeneration.__name__,
+        model_class=model_cls.__name__,
         dtype=dtype,
         transformers_version=transformers.__version__,
         seed=seed,
         num_parameters=num_parameters,
         vocab_size=arch.vocab_size,
         tokenizer_size=len(tokenizer),
-        spec=asdict(arch),
+        spec=asdict(arch),  # type: ignore[call-overload]  # every family's architecture is a dataclass
         created_at=time.time(),
     )
     (out / MANIFEST_NAME).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     return manifest
-
-
-def _processor(arch: Architecture, tokenizer: Any) -> Any:
-    from transformers import Qwen2_5_VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
-
-    p = arch.processing
-    settings: dict[str, Any] = {
-        "min_pixels": p.min_pixels,
-        "max_pixels": p.max_pixels,
-        "patch_size": p.patch_size,
-        "temporal_patch_size": p.temporal_patch_size,
-        "merge_size": p.merge_size,
-        "image_mean": list(p.image_mean),
-        "image_std": list(p.image_std),
-    }
-    return Qwen2_5_VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
-        image_processor=Qwen2VLImageProcessorPil(**settings),
-        tokenizer=tokenizer,
-        # The processor requires a video processor even though DART only sends screenshots.
-        video_processor=Qwen2VLVideoProcessor(**settings),
-        chat_template=CHAT_TEMPLATE,
-    )

@@ -24,18 +24,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from PIL import Image
 
 from dart.protocol.errors import ConfigError
+from dart.protocol.models import Coordinates
 
 GRID = 1000
 """Side of the ``grid`` coordinate space."""
 MAX_ASPECT = 200
 """Qwen2.5-VL refuses images whose long side is more than this many times the short one."""
-
-Coordinates = Literal["grid", "pixels"]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from dart.protocol.messages import (
     Action,
@@ -35,7 +35,7 @@ from dart.protocol.messages import (
     Wait,
 )
 from dart.rollout.action_grammar import format_output
-from dart.rollout.model.prompt import ACTION_SPACE, SYSTEM_PROMPT
+from dart.rollout.model.formats import DART_ACTION_SPACE, DART_SYSTEM_PROMPT, UI_TARS_15_COMPUTER_USE
 
 MANIFEST_NAME = "dart_tiny_manifest.json"
 
@@ -43,11 +43,6 @@ IMAGE_SIZE = 224
 """Side of the square screenshot the tiny model sees, pixels (a multiple of 28 and of 32: Qwen2.5-VL's 14 px
 patches and Qwen3-VL's 16 px patches, merged 2 x 2, tile it exactly)."""
 
-TinyFamily = Literal["qwen2.5-vl", "qwen3-vl"]
-"""Model families the tiny writer builds (names of :data:`dart.protocol.models.MODEL_FAMILIES`)."""
-
-PATCH_SIZE: dict[str, int] = {"qwen2.5-vl": 14, "qwen3-vl": 16}
-"""Vision patch side per family, pixels."""
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -135,7 +130,7 @@ class TinyModelSpec:
         vision_intermediate_size: Vision MLP width.
         bpe_vocab_size: Target size of the BPE vocabulary, before the special tokens.
         image_size: Screenshots are resized to image_size x image_size before the vision tower.
-        family: Which model family to build (Qwen2.5-VL, or Qwen3-VL with its deepstack vision features).
+        family: Which registered model family to build (its writer module gives the config and processor).
     """
 
     hidden_size: int = 128
@@ -149,12 +144,14 @@ class TinyModelSpec:
     vision_intermediate_size: int = 128
     bpe_vocab_size: int = 2048
     image_size: int = IMAGE_SIZE
-    family: TinyFamily = "qwen2.5-vl"
+    family: str = "qwen2.5-vl"
 
     @property
     def image_tokens(self) -> int:
-        """Visual tokens one screenshot becomes in the prompt (patches merged 2 x 2)."""
-        return (self.image_size // PATCH_SIZE[self.family]) ** 2 // 4
+        """Visual tokens one screenshot becomes in the prompt (one per merged patch)."""
+        from dart.protocol.models import MODEL_FAMILIES
+
+        return (self.image_size // MODEL_FAMILIES.get(self.family).patch_factor) ** 2
 
 
 @dataclass(frozen=True)
@@ -219,8 +216,9 @@ def tokenizer_corpus(instructions: Iterable[str], *, seed: int = 0, num_actions:
         num_actions: How many random ``Thought/Action`` outputs to include (covers all coordinates 0..1000).
     """
     rng = random.Random(seed)
-    texts = [SYSTEM_PROMPT, ACTION_SPACE, *instructions]
+    texts = [DART_SYSTEM_PROMPT, DART_ACTION_SPACE, *instructions]
     words = [w.strip(".,") for t in texts for w in t.split()] or ["ok"]
+    texts.append(UI_TARS_15_COMPUTER_USE)
     for i in range(num_actions):
         thought = " ".join(rng.sample(words, min(6, len(words))))
         texts.append(format_output(thought, _random_action(rng, words)))
@@ -306,8 +304,11 @@ def write_tiny_checkpoint(
     import transformers
 
     from dart.protocol.models import MODEL_FAMILIES
+    from dart.rollout.model.families import writer_of
 
     spec = spec or TinyModelSpec()
+    family = MODEL_FAMILIES.get(spec.family)
+    writer = writer_of(family)
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(
@@ -316,15 +317,13 @@ def write_tiny_checkpoint(
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     vocab_size = len(tokenizer)
-    config = (
-        _qwen3_vl_config(spec, vocab_size, ids) if spec.family == "qwen3-vl" else _model_config(spec, vocab_size, ids)
-    )
+    config = writer.tiny_config(spec, vocab_size, ids)
     torch.manual_seed(seed)
-    model = MODEL_FAMILIES.get(spec.family).model_cls()(config).to(torch.float32).eval()
+    model = family.model_cls()(config).to(torch.float32).eval()
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.save_pretrained(out)
-    _processor(spec, tokenizer).save_pretrained(out)
+    writer.tiny_processor(spec, tokenizer).save_pretrained(out)
 
     image_tokens = spec.image_tokens
     manifest = TinyManifest(
@@ -340,123 +339,6 @@ def write_tiny_checkpoint(
     )
     (out / MANIFEST_NAME).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     return manifest
-
-
-def _model_config(spec: TinyModelSpec, vocab_size: int, ids: dict[str, int]) -> Any:
-    """The Qwen2.5-VL config of ``spec``'s sizes, with the special token ids of its tokenizer."""
-    from transformers import Qwen2_5_VLConfig
-
-    head_dim = spec.hidden_size // spec.num_heads
-    # mrope splits the rotary half-dimension into (temporal, height, width) sections; Qwen uses 1:1.5:1.5.
-    half = head_dim // 2
-    t_sec = half // 4
-    h_sec = (half - t_sec) // 2
-    mrope_section = [t_sec, h_sec, half - t_sec - h_sec]
-    return Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": vocab_size,
-            "hidden_size": spec.hidden_size,
-            "intermediate_size": spec.intermediate_size,
-            "num_hidden_layers": spec.num_layers,
-            "num_attention_heads": spec.num_heads,
-            "num_key_value_heads": spec.num_kv_heads,
-            "max_position_embeddings": 8192,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section},
-            "bos_token_id": ids["<|endoftext|>"],
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
-        },
-        vision_config={
-            "depth": spec.vision_depth,
-            "hidden_size": spec.vision_hidden_size,
-            "intermediate_size": spec.vision_intermediate_size,
-            "num_heads": spec.vision_heads,
-            "out_hidden_size": spec.hidden_size,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "window_size": 112,
-            "fullatt_block_indexes": list(range(spec.vision_depth)),
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-
-
-def _qwen3_vl_config(spec: TinyModelSpec, vocab_size: int, ids: dict[str, int]) -> Any:
-    """The Qwen3-VL config of ``spec``'s sizes: explicit head dim, interleaved mrope, one deepstack level."""
-    from transformers import Qwen3VLConfig
-
-    head_dim = spec.hidden_size // spec.num_heads
-    half = head_dim // 2
-    # Real Qwen3-VL: [24, 20, 20] of 64; the same 6:5:5 split of the tiny half-dimension.
-    t_sec = half - 2 * (half * 5 // 16)
-    mrope_section = [t_sec, (half - t_sec) // 2, (half - t_sec) // 2]
-    return Qwen3VLConfig(
-        text_config={
-            "vocab_size": vocab_size,
-            "hidden_size": spec.hidden_size,
-            "intermediate_size": spec.intermediate_size,
-            "num_hidden_layers": spec.num_layers,
-            "num_attention_heads": spec.num_heads,
-            "num_key_value_heads": spec.num_kv_heads,
-            "head_dim": head_dim,
-            "max_position_embeddings": 8192,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": mrope_section,
-                "mrope_interleaved": True,
-            },
-            "pad_token_id": ids["<|endoftext|>"],
-        },
-        vision_config={
-            "depth": spec.vision_depth,
-            "hidden_size": spec.vision_hidden_size,
-            "intermediate_size": spec.vision_intermediate_size,
-            "num_heads": spec.vision_heads,
-            "out_hidden_size": spec.hidden_size,
-            "patch_size": PATCH_SIZE["qwen3-vl"],
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "num_position_embeddings": 64,  # a perfect square: an 8 x 8 grid, interpolated to the image's
-            "deepstack_visual_indexes": [0],  # the first block's features join the first text layer's output
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-
-
-def _processor(spec: TinyModelSpec, tokenizer: Any) -> Any:
-    """The processor: ``tokenizer`` with the chat template, and fixed-size image (and video) processors."""
-    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    pixels = spec.image_size * spec.image_size
-    patch = PATCH_SIZE[spec.family]
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels, patch_size=patch)
-    # The processor requires a video processor even though DART only sends screenshots.
-    if spec.family == "qwen3-vl":
-        size = {"shortest_edge": pixels, "longest_edge": pixels}
-        video = Qwen3VLVideoProcessor(size=size, patch_size=patch)
-        return Qwen3VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
-            image_processor=image_processor, tokenizer=tokenizer, video_processor=video, chat_template=CHAT_TEMPLATE
-        )
-    video_processor = Qwen2VLVideoProcessor(min_pixels=pixels, max_pixels=pixels)
-    return Qwen2_5_VLProcessor(  # type: ignore[no-untyped-call]  # an unannotated transformers API
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
-    )
 
 
 def main() -> None:

@@ -15,15 +15,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
+from dart.protocol.models import DEFAULT_FAMILY, MODEL_FAMILIES, Coordinates, ModelFamily, family_of
 from dart.protocol.topology import STREAMS
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.engine.interface import PluginEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
-from dart.rollout.model.screen import Coordinates, ImageSizing, ResizeRule
+from dart.rollout.model.formats import PROMPT_FORMATS, PromptFormat
+from dart.rollout.model.screen import ImageSizing, ResizeRule
 
 
 def _engine_kind(value: Any) -> str:
@@ -40,6 +42,12 @@ EngineConfig = Annotated[
 ]
 """``rollout.engine``: ``kind: hf`` (transformers, in process; the default), ``kind: vllm`` (vLLM servers), or
 an engine another package registers (:class:`~dart.rollout.engine.interface.PluginEngineConfig`)."""
+
+
+_PIXELS_NEED_A_SIZE = (
+    "coordinates 'pixels' needs image_size (a side or 'model'): with None the processor resizes the screenshot "
+    "on its own and the pixels the model sees are not known here"
+)
 
 
 class PromptConfig(ConfigModel):
@@ -65,18 +73,61 @@ class PromptConfig(ConfigModel):
     patch_factor: int = Field(default=28, ge=1)
     """Side of one visual token in pixels (``patch_size * merge_size``) under ``image_size: model``; filled
     in from the checkpoint with the pixel bounds."""
-    coordinates: Coordinates = "grid"
+    format: str = "dart"
+    """The prompt format (:mod:`dart.rollout.model.formats`): ``dart`` (the project's prompt) or ``ui-tars-1.5``
+    (UI-TARS-1.5's published computer-use prompt; pixel coordinates), or one another package registers."""
+    coordinates: Coordinates | None = None
     """Where the positions the model writes live: ``grid``, a 0..1000 grid of the screen; ``pixels``, pixels
     of the screenshot as the model was shown it (UI-TARS-1.5's absolute coordinates), mapped back through
-    the resize."""
+    the resize. None (the default): the format's own (``dart``: grid; ``ui-tars-1.5``: pixels)."""
+
+    family: str | None = None
+    """The model family whose chat frames the prompt; None: the checkpoint's (filled in when the rollout
+    service reads it), else the default family's (Qwen2.5-VL)."""
+
+    @field_validator("format")
+    @classmethod
+    def _registered_format(cls, name: str) -> str:
+        return PROMPT_FORMATS.check_name(name)
+
+    @field_validator("family")
+    @classmethod
+    def _registered_family(cls, name: str | None) -> str | None:
+        return None if name is None else MODEL_FAMILIES.check_name(name)
+
+    def prompt_format(self) -> PromptFormat:
+        """The prompt format named by ``format`` (loaded from its registry)."""
+        return PROMPT_FORMATS.get(self.format)
+
+    def model_family(self) -> ModelFamily:
+        """The family named by ``family`` (the default family when None)."""
+        return MODEL_FAMILIES.get(self.family) if self.family is not None else DEFAULT_FAMILY
+
+    def space(self) -> Coordinates:
+        """The coordinate space the model is told to use: ``coordinates``, or the format's own when None.
+
+        The format is loaded here, not when the config is validated (validation imports no plug-in code):
+        the runners and the warm start ask at start, and ``dart run`` checks it before anything runs.
+
+        Raises:
+            ConfigError: The format cannot tell that space, or pixels without a known image size.
+        """
+        spaces = self.prompt_format().coordinate_spaces
+        space = self.coordinates or spaces[0]
+        if space not in spaces:
+            raise ConfigError(
+                "rollout.runner.prompt",
+                "coordinates",
+                f"{space!r}: the {self.format} prompt tells the model {' or '.join(spaces)} only",
+            )
+        if space == "pixels" and self.image_size is None:
+            raise ConfigError("rollout.runner.prompt", "image_size", _PIXELS_NEED_A_SIZE)
+        return space
 
     @model_validator(mode="after")
     def _pixels_need_a_known_image(self) -> PromptConfig:
         if self.coordinates == "pixels" and self.image_size is None:
-            raise ValueError(
-                "coordinates 'pixels' needs image_size (a side or 'model'): with None the processor resizes "
-                "the screenshot on its own and the pixels the model sees are not known here"
-            )
+            raise ValueError(_PIXELS_NEED_A_SIZE)
         return self
 
     def image_sizing(self) -> ImageSizing:
@@ -100,12 +151,16 @@ class PromptConfig(ConfigModel):
             raise ConfigError("prompt", "max_pixels", str(exc)) from None
 
     def resolved(self, model_path: str | Path | None) -> PromptConfig:
-        """These settings with the pixel bounds of ``image_size: model`` filled in from the checkpoint's
-        image processor (a ``max_pixels`` given lowers the checkpoint's); unchanged otherwise.
+        """These settings with what the checkpoint decides filled in: its model family (when ``family`` is
+        None) and the pixel bounds of ``image_size: model`` from its image processor (a ``max_pixels`` given
+        lowers the checkpoint's).
 
         Raises:
-            ConfigError: ``image_size: model`` and neither bounds given nor a checkpoint that has them.
+            ConfigError: ``image_size: model`` and neither bounds given nor a checkpoint that has them; or
+                the checkpoint's family is not registered.
         """
+        if self.family is None and model_path is not None:
+            return self.model_copy(update={"family": family_of(model_path).name}).resolved(model_path)
         if self.image_size != "model" or (self.min_pixels is not None and self.max_pixels is not None):
             return self
         if model_path is None:

@@ -43,7 +43,7 @@ from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.interface import EngineError, GenerationRequest, GenerationResult
 from dart.rollout.errors import EnvFailed, ImageFetchError, NoEngineError
-from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, action_space, build_prompt
+from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
 from dart.rollout.model.screen import coordinate_scale
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient
@@ -114,7 +114,9 @@ class TrajectoryRunner:
         self._config = config
         self._sizing = config.prompt.image_sizing()
         self._images = PromptImages(images or ImageCache(), self._sizing)
-        self._action_space = action_space(config.prompt.coordinates)
+        self._format = config.prompt.prompt_format()
+        self._space = config.prompt.space()
+        self._chat = config.prompt.model_family().chat
         self.tracker = BusyTracker("runner", runner_id, telemetry)
         """Where this runner's time went (see the module docstring)."""
 
@@ -221,7 +223,7 @@ class TrajectoryRunner:
 
     def _coordinate_scale(self, shown: PromptImage | None) -> tuple[float, float]:
         """What the positions in the model's text divide by (the shown screenshot's size for ``pixels``)."""
-        return coordinate_scale(self._config.prompt.coordinates, shown.pixels.size if shown is not None else None)
+        return coordinate_scale(self._space, shown.pixels.size if shown is not None else None)
 
     async def _generate(
         self, work: WorkItem, instruction: str, shown: PromptImage | None, history: list[HistoryStep], index: int
@@ -232,7 +234,9 @@ class TrajectoryRunner:
             history,
             max_images=self._config.prompt.max_images,
             image_size=self._sizing,
-            action_space=self._action_space,
+            prompt_format=self._format,
+            coordinates=self._space,
+            chat=self._chat,
         )
         request = GenerationRequest(
             prompt,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dart.protocol.models import family_of
+from dart.protocol.models import MODEL_FAMILIES, family_of
 from dart.train.batching import ModelInputs
 from dart.train.config import MegatronBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, ParallelismError, TrainerError
@@ -43,9 +43,6 @@ from dart.train.loss import behaviour_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
 from dart.train.precision import MasterWeights, needs_master_weights
-
-MEGATRON_FAMILIES = ("qwen2.5-vl",)
-"""Model families whose language model this backend converts to megatron-core (:mod:`.convert`)."""
 
 _META = "megatron_meta.json"
 _FORMAT = "dart-megatron-1"
@@ -150,10 +147,12 @@ class MegatronBackend(TrainerBackend):
             raise TrainerError(f"MegatronBackend needs train.backend.kind megatron, got {layout.kind}")
         path = Path(config.model_path)
         family = family_of(path)
-        if family.name not in MEGATRON_FAMILIES:
+        if not family.megatron:
+            converted = [n for n in MODEL_FAMILIES.names() if MODEL_FAMILIES.get(n).megatron]
             raise TrainerError(
-                f"train.backend megatron converts {', '.join(MEGATRON_FAMILIES)} checkpoints only; {path} is "
-                f"{family.name}: use train.backend torch or fsdp"
+                f"train.backend megatron converts {', '.join(converted)} checkpoints only; {path} is "
+                f"{family.name} (its deepstack vision features and interleaved rotary sections have no "
+                "megatron-core conversion here): use train.backend torch or fsdp"
             )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         # Megatron warns at every forward without it (it orders async TP all-reduces on GPUs).

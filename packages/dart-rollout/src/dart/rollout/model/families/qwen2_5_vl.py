@@ -1,0 +1,315 @@
+"""Qwen2.5-VL's checkpoint writers: the tiny test model's config and processor, and the published sizes.
+
+The published figures are those of the ``config.json`` and ``preprocessor_config.json`` files Qwen publishes
+for Qwen2.5-VL-3B/7B/32B-Instruct (UI-TARS-1.5-7B is Qwen2.5-VL-7B's architecture). A checkpoint may be cut
+to fewer decoder layers and vision blocks (:meth:`Architecture.cut`); every width, the vocabulary and the
+processor settings stay real, so the loading, prompt and weight-transfer code sees the production shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from dart.protocol.models import QWEN2_5_VL
+from dart.rollout.model.families import (
+    QWEN_VOCAB_SIZE,
+    check_count,
+    rotary_sections,
+    text_token_ids,
+    vision_token_ids,
+)
+
+if TYPE_CHECKING:
+    from dart.rollout.model.tiny import TinyModelSpec
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """Qwen2.5-VL's vision transformer (``vision_config``).
+
+    Attributes:
+        depth: Blocks.
+        hidden_size: Block width.
+        intermediate_size: Gated MLP width.
+        num_heads: Attention heads.
+        out_hidden_size: Width of the merged patch embeddings (the language model's hidden size).
+        fullatt_block_indexes: Blocks with full attention; the others attend within windows.
+        window_size: Window side in pixels.
+        patch_size: Patch side in pixels.
+        spatial_merge_size: Patches merged per side into one language-model token.
+        temporal_patch_size: Frames per patch (a still image is repeated).
+        tokens_per_second: Temporal position ids per second of video.
+    """
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    fullatt_block_indexes: tuple[int, ...]
+    window_size: int = 112
+    patch_size: int = 14
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    tokens_per_second: int = 2
+
+
+@dataclass(frozen=True)
+class ImageProcessing:
+    """The image processor's settings (``preprocessor_config.json``).
+
+    Attributes:
+        min_pixels: Smallest image area after the aspect-preserving resize, pixels.
+        max_pixels: Largest image area after the resize, pixels.
+        patch_size: Patch side, pixels.
+        merge_size: Patches merged per side.
+        temporal_patch_size: Frames per patch.
+        image_mean: Per-channel normalization mean (CLIP's).
+        image_std: Per-channel normalization standard deviation (CLIP's).
+    """
+
+    min_pixels: int = 3136
+    max_pixels: int = 12845056
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    image_mean: tuple[float, float, float] = CLIP_MEAN
+    image_std: tuple[float, float, float] = CLIP_STD
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One Qwen2.5-VL model's sizes.
+
+    Attributes:
+        name: The name ``dart model init --arch`` takes.
+        hidden_size: Language model width.
+        intermediate_size: Language model gated MLP width.
+        num_hidden_layers: Decoder layers.
+        num_attention_heads: Query heads (head dim = hidden_size / heads = 128 in every size).
+        num_key_value_heads: Key/value heads (grouped-query attention).
+        tie_word_embeddings: Whether ``lm_head`` shares the embedding matrix.
+        vision: The vision tower.
+        vocab_size: Embedding rows.
+        rope_theta: Rotary base.
+        mrope_section: Split of the rotary half-dimension into (temporal, height, width).
+        max_position_embeddings: Longest context.
+        rms_norm_eps: RMSNorm epsilon.
+        processing: Image processor settings.
+    """
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    tie_word_embeddings: bool
+    vision: VisionTower
+    vocab_size: int = QWEN_VOCAB_SIZE
+    rope_theta: float = 1000000.0
+    mrope_section: tuple[int, int, int] = (16, 24, 24)
+    max_position_embeddings: int = 128000
+    rms_norm_eps: float = 1e-6
+    processing: ImageProcessing = ImageProcessing()
+    family: str = QWEN2_5_VL.name
+
+    def cut(self, *, layers: int | None = None, vision_blocks: int | None = None) -> Architecture:
+        """The same widths with fewer decoder layers and/or vision blocks.
+
+        The vision tower keeps the published full-attention blocks that remain and always ends in one
+        (the published towers do: block 31 of 32), so a cut tower of 2 or more blocks still runs
+        both window and full attention. E.g. 2 blocks: ``(1,)``; 10 blocks: ``(7, 9)``.
+
+        Raises:
+            ModelInitError: A count below 1 or above the published one.
+        """
+        arch = self
+        if layers is not None:
+            check_count("layers", layers, self.num_hidden_layers)
+            arch = replace(arch, num_hidden_layers=layers)
+        if vision_blocks is not None:
+            check_count("vision_blocks", vision_blocks, self.vision.depth)
+            kept = [i for i in self.vision.fullatt_block_indexes if i < vision_blocks]
+            if vision_blocks - 1 not in kept:
+                kept.append(vision_blocks - 1)
+            arch = replace(arch, vision=replace(self.vision, depth=vision_blocks, fullatt_block_indexes=tuple(kept)))
+        return arch
+
+    def text_config(self, special_ids: Mapping[str, int]) -> dict[str, Any]:
+        """``text_config`` of :class:`transformers.Qwen2_5_VLConfig`, with the tokenizer's special ids."""
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": "silu",
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": self.rope_theta,
+                "mrope_section": list(self.mrope_section),
+            },
+            **text_token_ids(special_ids),
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+
+    def config(self, special_ids: Mapping[str, int]) -> Any:
+        """The :class:`transformers.Qwen2_5_VLConfig`, with the tokenizer's special ids."""
+        from transformers import Qwen2_5_VLConfig
+
+        return Qwen2_5_VLConfig(
+            text_config=self.text_config(special_ids),
+            vision_config=self.vision_config(),
+            **vision_token_ids(special_ids),
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
+
+    def processor(self, tokenizer: Any) -> Any:
+        """The processor with the published image processor settings and ``tokenizer``."""
+        p = self.processing
+        return _processor(tokenizer, p.min_pixels, p.max_pixels, p.patch_size, list(p.image_mean), list(p.image_std))
+
+    def vision_config(self) -> dict[str, Any]:
+        """``vision_config`` of :class:`transformers.Qwen2_5_VLConfig`."""
+        v = self.vision
+        return {
+            "depth": v.depth,
+            "hidden_size": v.hidden_size,
+            "intermediate_size": v.intermediate_size,
+            "num_heads": v.num_heads,
+            "out_hidden_size": v.out_hidden_size,
+            "patch_size": v.patch_size,
+            "spatial_merge_size": v.spatial_merge_size,
+            "temporal_patch_size": v.temporal_patch_size,
+            "window_size": v.window_size,
+            "fullatt_block_indexes": list(v.fullatt_block_indexes),
+            "tokens_per_second": v.tokens_per_second,
+            "hidden_act": "silu",
+        }
+
+
+_FULLATT = (7, 15, 23, 31)
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "qwen2.5-vl-3b": Architecture(
+        name="qwen2.5-vl-3b",
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vision=VisionTower(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=2048,
+            fullatt_block_indexes=_FULLATT,
+        ),  # fmt: skip
+    ),
+    "qwen2.5-vl-7b": Architecture(
+        name="qwen2.5-vl-7b",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        vision=VisionTower(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=3584,
+            fullatt_block_indexes=_FULLATT,
+        ),  # fmt: skip
+    ),
+    "qwen2.5-vl-32b": Architecture(
+        name="qwen2.5-vl-32b",
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+        vision=VisionTower(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3456,
+            num_heads=16,
+            out_hidden_size=5120,
+            fullatt_block_indexes=_FULLATT,
+        ),  # fmt: skip
+    ),
+}
+"""The published Qwen2.5-VL sizes by name."""
+
+
+def tiny_config(spec: TinyModelSpec, vocab_size: int, ids: Mapping[str, int]) -> Any:
+    """The Qwen2.5-VL config of ``spec``'s sizes, with the special token ids of its tokenizer: full attention
+    in every vision block, rotary sections in Qwen's 2:3:3 ratio."""
+    head_dim = spec.hidden_size // spec.num_heads
+    tiny = Architecture(
+        name="tiny",
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        tie_word_embeddings=False,
+        vision=VisionTower(
+            depth=spec.vision_depth,
+            hidden_size=spec.vision_hidden_size,
+            intermediate_size=spec.vision_intermediate_size,
+            num_heads=spec.vision_heads,
+            out_hidden_size=spec.hidden_size,
+            fullatt_block_indexes=tuple(range(spec.vision_depth)),
+        ),
+        vocab_size=vocab_size,
+        rope_theta=10000.0,
+        mrope_section=rotary_sections(head_dim // 2, (2, 3, 3)),
+        max_position_embeddings=8192,
+    )
+    return tiny.config(ids)
+
+
+def tiny_processor(spec: TinyModelSpec, tokenizer: Any) -> Any:
+    """The tiny checkpoint's processor: images sized to exactly ``spec.image_size`` squared."""
+    pixels = spec.image_size * spec.image_size
+    return _processor(tokenizer, pixels, pixels, QWEN2_5_VL.patch_size, None, None)
+
+
+def _processor(
+    tokenizer: Any,
+    min_pixels: int,
+    max_pixels: int,
+    patch_size: int,
+    mean: list[float] | None,
+    std: list[float] | None,
+) -> Any:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from dart.rollout.model.tiny import CHAT_TEMPLATE
+
+    settings: dict[str, Any] = {"min_pixels": min_pixels, "max_pixels": max_pixels, "patch_size": patch_size}
+    if mean is not None and std is not None:
+        settings.update(temporal_patch_size=2, merge_size=QWEN2_5_VL.merge_size, image_mean=mean, image_std=std)
+    video = {k: v for k, v in settings.items() if k != "patch_size"} if mean is None else settings
+    return QWEN2_5_VL.processor_cls()(
+        image_processor=Qwen2VLImageProcessorPil(**settings),
+        tokenizer=tokenizer,
+        # The processor requires a video processor even though DART only sends screenshots.
+        video_processor=Qwen2VLVideoProcessor(**video),
+        chat_template=CHAT_TEMPLATE,
+    )
