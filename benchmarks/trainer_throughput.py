@@ -1,8 +1,11 @@
 """Trainer throughput per backend and world size: step time and tokens/s of the shared RL update on one batch.
 
 Every configuration trains on the same synthetic batch (text-only samples of fixed prompt and response
-length, seeded) from the same checkpoint: ``torch`` in this process, ``fsdp`` with 1 and 2 ranks under
+length, seeded) from the same checkpoint: ``torch`` in this process, ``torch+lora`` the same with LoRA
+adapters of rank ``--lora-rank`` on the language model's attention (``train.lora``), ``fsdp`` with 1 and 2 ranks under
 torchrun (this script re-runs itself as the worker), ``megatron`` when ``dart.train.megatron`` imports.
+Memory per configuration: ``trainable_parameters`` and ``optimizer_state_mib`` (AdamW's moments, plus the
+float32 masters under bfloat16), read from the tensors after the updates; ``peak_gpu_mib`` on CUDA.
 The first update of each run warms up and is not timed. Tokens/s counts prompt + response tokens of
 the samples each update trains on, divided by the update's wall time (all optimizer steps included).
 
@@ -12,7 +15,8 @@ Usage::
     uv run python benchmarks/trainer_throughput.py --model /ckpt/qwen2.5-vl-3b --device cuda \\
         --configs torch fsdp:1 fsdp:2 --dtype bfloat16 --samples 16 --prompt-len 1024 --response-len 128
 
-The last line is one JSON object: ``{"results": [{"backend", "world_size", "step_s", "tokens_per_s", ...}]}``.
+The last line is one JSON object: ``{"results": [{"backend", "world_size", "step_s", "tokens_per_s",
+"trainable_parameters", "optimizer_state_mib", ...}]}``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
     from dart.train.interface import load_backend
     from dart.train.update import RLUpdate, SampleReader
 
+    lora = kind == "torch+lora"
+    kind = kind.removesuffix("+lora")
     backend_cfg: dict[str, Any] = {"kind": kind}
     if kind == "fsdp":
         backend_cfg["nproc"] = nproc
@@ -75,6 +81,7 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
             "lr": 1e-5,
             "micro_batch_size": args.micro_batch_size,
             "num_threads": args.threads,
+            "lora": {"rank": args.lora_rank, "alpha": 2 * args.lora_rank} if lora else None,
         }
     )
     backend = load_backend(config)
@@ -96,8 +103,21 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
             times.append(time.perf_counter() - started)
     step_s = statistics.median(times)
     tokens = sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples)
+    optimizer_bytes = sum(
+        t.numel() * t.element_size()
+        for state in backend.optimizer.state.values()
+        for t in state.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )
+    masters = getattr(backend, "masters", None)
+    if masters is not None:
+        optimizer_bytes += sum(m.numel() * m.element_size() for m in masters.masters)
+    cuda = torch.cuda.is_available() and args.device.startswith("cuda")
     return {
-        "backend": kind,
+        "backend": kind + ("+lora" if lora else ""),
+        "trainable_parameters": sum(p.numel() for p in backend.model.parameters() if p.requires_grad),
+        "optimizer_state_mib": round(optimizer_bytes / 2**20, 2),
+        "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
         "world_size": backend.world_size,
         "step_s": round(step_s, 4),
         "tokens_per_s": round(tokens / step_s, 1),
@@ -117,7 +137,7 @@ def _run_config(args: argparse.Namespace, spec: str) -> dict[str, Any] | None:
         except ImportError:
             print(f"skip {spec}: dart.train.megatron is not importable", file=sys.stderr)
             return None
-    if kind == "torch":
+    if kind in ("torch", "torch+lora"):
         return _measure(args, kind, 1)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
@@ -138,13 +158,15 @@ def _forward(args: argparse.Namespace) -> list[str]:
         "--model", args.model, "--device", args.device, "--dtype", args.dtype, "--samples", str(args.samples),
         "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len), "--steps", str(args.steps),
         "--micro-batch-size", str(args.micro_batch_size), "--threads", str(args.threads),
+        "--lora-rank", str(args.lora_rank),
     ]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="", help="checkpoint directory; default: a tiny random Qwen2.5-VL")
-    parser.add_argument("--configs", nargs="+", default=["torch", "fsdp:1", "fsdp:2", "megatron:2"])
+    parser.add_argument("--configs", nargs="+", default=["torch", "torch+lora", "fsdp:1", "fsdp:2", "megatron:2"])
+    parser.add_argument("--lora-rank", type=int, default=8, help="adapter rank of torch+lora")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--samples", type=int, default=4)

@@ -23,6 +23,11 @@ and (as root) the page cache is dropped (``cold_cache``), so neither starts from
 ``--before`` adds, per shape, the path as it was before sharded bf16 publishing: one fp32 safetensors file
 per version (``publish.shard_mib`` above the model, ``publish.dtype: float32``) on the local store.
 
+``--lora RANK`` adds, per shape and store, the LoRA path for the same model: a rank-RANK adapter on every
+decoder layer's attention projections (what ``train.lora`` trains by default; random values, bf16) published
+as an adapter version and loaded by the hf engine over the base it serves, twice: the first adapter (the
+engine wraps its model with peft) and the next one (tensors overwritten in place, every later version).
+
 Shapes: ``tiny`` (the test policy), ``1.5b`` (Qwen2.5-VL-3B's widths and vision tower, 8 of its 36 decoder
 layers: 1.6B parameters), ``3b`` (Qwen2.5-VL-3B: 3.75B) and ``7b`` (Qwen2.5-VL-7B, for a GPU machine).
 One engine per run (a 3B vLLM server holds 11.5 GiB on CPU): ``--engine vllm`` (the default where the
@@ -242,10 +247,44 @@ def _raw_s3(server: Any, files: list[Path], scratch: Path) -> tuple[float, float
     return put, get
 
 
+def adapter_state(state: dict[str, Any], rank: int) -> tuple[dict[str, Any], Any]:
+    """A random rank-``rank`` LoRA adapter (bf16) on the language model's attention of the model ``state`` is
+    the state dict of, named as peft names it, and its spec."""
+    import re
+
+    import torch
+
+    from dart.protocol.weights import AdapterSpec
+    from dart.train.config import LANGUAGE_MODEL_ATTENTION
+
+    generator = torch.Generator().manual_seed(0)
+    adapter = {}
+    for key, weight in state.items():
+        module = key.removesuffix(".weight")
+        if key.endswith(".weight") and re.fullmatch(LANGUAGE_MODEL_ATTENTION, module):
+            out_features, in_features = weight.shape
+            a = torch.randn(rank, in_features, generator=generator) * 0.01
+            b = torch.randn(out_features, rank, generator=generator) * 0.01
+            adapter[f"base_model.model.{module}.lora_A.weight"] = a.to(torch.bfloat16)
+            adapter[f"base_model.model.{module}.lora_B.weight"] = b.to(torch.bfloat16)
+    spec = AdapterSpec(rank=rank, alpha=2 * rank, target_modules=LANGUAGE_MODEL_ATTENTION, base_model="bench")
+    return adapter, spec
+
+
 async def run_one(
-    shape: str, store_kind: str, state: dict[str, Any], engine: Engine, work: Path, server: Any, publish: Any
+    shape: str,
+    store_kind: str,
+    state: dict[str, Any],
+    engine: Engine,
+    work: Path,
+    server: Any,
+    publish: Any,
+    *,
+    adapter: Any = None,
+    version: int = 1,
 ) -> dict[str, Any]:
-    """One pass of the weight path for ``state`` through ``store_kind``; the figures."""
+    """One pass of the weight path for ``state`` (an adapter's, when ``adapter`` is its spec) through
+    ``store_kind`` as ``version``; the figures."""
     from dart.protocol.store import LocalStore, S3Store, StoreConfig
     from dart.rollout.service.fetch import fetch_weights
     from dart.train.publish import WeightPublisher
@@ -270,14 +309,16 @@ async def run_one(
         row["serialize_hash_s"] = round(serialize_s, 3)
         publisher = WeightPublisher(store, config=publish)
         with _timer(row, "publish_s"):
-            version = await asyncio.to_thread(publisher.save, weights, 1, trainer_step=1, base_model=shape)
+            published = await asyncio.to_thread(
+                publisher.save, weights, version, trainer_step=1, base_model=shape, adapter=adapter
+            )
         del weights
         row["upload_s"] = round(row["publish_s"] - row["serialize_hash_s"], 3)
-        row |= {"bytes": version.size_bytes, "shards": version.shards}
-        assert version.size_bytes >= nbytes, (version.size_bytes, nbytes)
+        row |= {"bytes": published.size_bytes, "shards": published.shards}
+        assert published.size_bytes >= nbytes, (published.size_bytes, nbytes)
         with _timer(row, "fetch_verify_s"):
-            path = await fetch_weights(version, store_config=store_config, cache_dir=root / "cache")
-        await engine.load(path, 1, row)
+            path = await fetch_weights(published, store_config=store_config, cache_dir=root / "cache")
+        await engine.load(path, version, row)
         row["end_to_end_s"] = round(
             sum(row.get(k, 0.0) for k in ("gather_s", "publish_s", "fetch_verify_s", "stage_s", "load_s")), 3
         )
@@ -326,6 +367,19 @@ async def run_shape(shape: str, args: argparse.Namespace, work: Path, server: An
                 row["path"] = "before: one fp32 file"
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)
+        if args.lora:
+            adapter, spec = adapter_state(state, args.lora)
+            version = 1
+            for store_kind in args.stores:
+                for load in ("first adapter", "next adapter"):
+                    version += 1
+                    publish = PublishConfig(shard_mib=args.shard_mib, dtype="bfloat16")
+                    row = await run_one(
+                        shape, store_kind, adapter, engine, work, server, publish, adapter=spec, version=version
+                    )
+                    row |= {"parameters": params, "engine": args.engine, "path": f"lora rank {args.lora}: {load}"}
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    rows.append(row)
     finally:
         await engine.close()
         del state
@@ -335,7 +389,8 @@ async def run_shape(shape: str, args: argparse.Namespace, work: Path, server: An
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    cols = ["shape", "store", "dtype", "shards", "bytes", "gather_s", "serialize_hash_s", "publish_s", "upload_s"]
+    cols = ["shape", "store", "path", "dtype", "shards", "bytes", "gather_s", "serialize_hash_s", "publish_s"]
+    cols += ["upload_s"]
     cols += ["fetch_verify_s", "stage_s", "load_s", "end_to_end_s", "raw_s", "ratio_to_raw"]
     lines = [" | ".join(cols)]
     for r in rows:
@@ -383,7 +438,10 @@ def main() -> None:
     )
     parser.add_argument("--shard-mib", type=float, default=SHARD_MIB, help="shard size of the bf16 runs, MiB")
     parser.add_argument("--workdir", default=None, help="where checkpoints, stores and copies go (default: TMPDIR)")
+    parser.add_argument("--lora", type=int, default=0, help="also publish and load a LoRA adapter of this rank (hf)")
     args = parser.parse_args()
+    if args.lora and args.engine != "hf":
+        parser.error("--lora loads adapters into the hf engine (vLLM's runtime LoRA is not built): add --engine hf")
     if args.quick:
         args.shapes = ["tiny", "1.5b"]
     if args.engine == "vllm" and not VLLM_PYTHON.is_file():

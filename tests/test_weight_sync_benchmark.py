@@ -1,6 +1,7 @@
 """The weight-sync benchmark (benchmarks/weight_sync.py) runs end to end at the tiny shape: a version
 published in shards to the local store and to a real S3 server, fetched, verified and loaded by the hf
-engine, each phase timed, beside the raw copy / put + get of the same bytes and the one-fp32-file path."""
+engine, each phase timed, beside the raw copy / put + get of the same bytes and the one-fp32-file path; and
+the LoRA path: an adapter version published, fetched and applied by the hf engine over the base, twice."""
 
 from __future__ import annotations
 
@@ -19,12 +20,19 @@ PHASES = ("gather_s", "publish_s", "fetch_verify_s", "stage_s", "load_s")
 
 def test_the_tiny_shape_runs_through_both_stores_and_the_fp32_baseline(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "weight_sync.py"), "--shapes", "tiny", "--engine", "hf"]
-    cmd += ["--before", "--shard-mib", "0.5", "--workdir", str(tmp_path)]
+    cmd += ["--before", "--shard-mib", "0.5", "--lora", "4", "--workdir", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows = {(r["store"], r["dtype"]): r for r in result["results"]}
+    adapters = [r for r in result["results"] if r.get("path", "").startswith("lora")]
+    rows = {(r["store"], r["dtype"]): r for r in result["results"] if r not in adapters}
     assert set(rows) == {("local", "bfloat16"), ("s3", "bfloat16"), ("local", "float32")}
+    assert [(r["store"], r["path"]) for r in adapters] == [
+        (store, f"lora rank 4: {load}") for store in ("local", "s3") for load in ("first adapter", "next adapter")
+    ]
+    for row in adapters:  # one small file each, through every phase
+        assert row["shards"] == 1 and row["bytes"] < rows[("local", "bfloat16")]["bytes"] / 10
+        assert row["end_to_end_s"] == pytest.approx(sum(row[p] for p in PHASES), abs=0.01)
     for row in rows.values():
         assert row["end_to_end_s"] == pytest.approx(sum(row[p] for p in PHASES), abs=0.01)
         assert row["raw_s"] >= 0 and row["parameters"] > 700_000

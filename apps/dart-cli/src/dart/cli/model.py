@@ -94,6 +94,40 @@ def _tiny_family(arch: str) -> str:
         raise ModelInitError(f"--arch {arch}: {exc}") from None
 
 
+@model_app.command("merge")
+def merge(
+    policy: Annotated[str, typer.Argument(help="A run directory, or a published weights URI (with --base).")],
+    out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint to.")],
+    version: Annotated[int | None, typer.Option(help="Version of a run (default: its newest).")] = None,
+    base: Annotated[Path | None, typer.Option(help="The checkpoint a weights URI was trained from.")] = None,
+) -> None:
+    """Write a published version as a standalone checkpoint: a LoRA adapter merged into its base, or full
+    weights over it. Both engines load the result like any checkpoint of its family."""
+    import asyncio
+
+    from dart.cli.evaluation import resolve_policy
+    from dart.protocol.errors import ConfigError
+    from dart.rollout.errors import RolloutError
+    from dart.rollout.model.export import export_checkpoint
+    from dart.rollout.service.sync import fetch_weights
+
+    t0 = time.perf_counter()
+    try:
+        chosen, _ = resolve_policy(policy, base=base, version=version)
+        if chosen.weights is None:
+            raise ConfigError("policy", "version", f"{policy} names version 0, the base checkpoint {chosen.base}")
+        weights = asyncio.run(fetch_weights(chosen.weights, store_config=chosen.store))
+        exported = export_checkpoint(chosen.base, weights, out)
+    except (ConfigError, RolloutError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    what = f"adapter (rank {exported.adapter.rank}) merged into" if exported.adapter else "full weights over"
+    typer.echo(f"wrote version {chosen.version}: {what} {chosen.base} -> {out} in {time.perf_counter() - t0:.1f}s")
+    summary = {"path": str(out), "version": chosen.version, "base": str(chosen.base)}
+    summary |= {"adapter": exported.adapter is not None, "num_parameters": exported.num_parameters}
+    typer.echo(json.dumps(summary))
+
+
 @model_app.command("init-tiny")
 def init_tiny(path: PathArg, seed: SeedOpt = 0, suite: SuiteOpt = None, sim_suites: SimSuitesOpt = True) -> None:
     """Write a random tiny Qwen2.5-VL checkpoint (same as "dart model init --arch tiny")."""

@@ -10,13 +10,20 @@ A version lives under ``<prefix>/v<N>/`` in the artifact store, in Hugging Face'
 
 A directory in this layout (a version's directory in a ``file://`` store, a download, an engine's staged
 copy, a ``save_pretrained`` checkpoint) is read through :func:`shard_files`.
+
+A LoRA run publishes adapters instead of full weights: a version is then one ``model.safetensors`` of the
+adapter's tensors, named as peft names them (``base_model.model.<module>.lora_A.weight``), over the run's base
+checkpoint. The file says so itself: its safetensors metadata holds the :class:`AdapterSpec` under
+:data:`ADAPTER_METADATA_KEY` (and the manifest repeats it), so everything that moves, verifies and retains
+versions treats an adapter like any one-shard version, and an engine that loads the file knows how to apply
+it (:func:`adapter_spec_of`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -26,6 +33,33 @@ INDEX_NAME = "model.safetensors.index.json"
 """File name of the index of a sharded version (``weight_map``: tensor name -> shard file name)."""
 MANIFEST_NAME = "manifest.json"
 """File name of a version's :class:`WeightManifest`."""
+ADAPTER_METADATA_KEY = "dart_adapter"
+"""Safetensors metadata key of an adapter version's :class:`AdapterSpec` (JSON)."""
+
+
+class AdapterSpec(BaseModel):
+    """What a LoRA adapter version is, for whoever applies it to the base model (the engines, ``dart model merge``).
+
+    The adapted module ``W x`` becomes ``W x + (alpha / rank) * B A x`` with ``A`` ``(rank, in)`` and ``B``
+    ``(out, rank)``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=1)
+    """Rank ``r`` of the update."""
+    alpha: int = Field(ge=1)
+    """Scale numerator: updates are multiplied by ``alpha / rank``."""
+    target_modules: str = Field(min_length=1)
+    """Regular expression (full match) of the adapted modules' names in the base model."""
+    base_model: str = Field(min_length=1)
+    """The checkpoint the adapter applies to (its directory name)."""
+
+    def peft_config(self) -> Any:
+        """The ``peft.LoraConfig`` that builds these adapters on the base model (imports peft)."""
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=self.target_modules, bias="none")
 
 
 def shard_name(index: int, count: int) -> str:
@@ -80,6 +114,8 @@ class WeightManifest(BaseModel):
     """Torch dtype of the floating-point tensors (``bfloat16``, ``float32``); None in older manifests."""
     shards: list[WeightShard] = Field(default_factory=list)
     """Every safetensors file of the version, in order."""
+    adapter: AdapterSpec | None = None
+    """Set when the version is a LoRA adapter over ``base_model`` rather than full weights."""
 
     @model_validator(mode="after")
     def _entry_matches_shards(self) -> WeightManifest:
@@ -124,3 +160,61 @@ def shard_files(weights: Path) -> list[Path]:
     if (weights / WEIGHTS_NAME).is_file():
         return [weights / WEIGHTS_NAME]
     raise ValueError(f"{weights} holds neither {INDEX_NAME} nor {WEIGHTS_NAME}")
+
+
+def with_adapters(model: Any, peft_config: Any, *, adapter_dtype_float32: bool = True) -> Any:
+    """``model`` wrapped by peft with fresh adapters (``peft.get_peft_model``; imports peft).
+
+    Args:
+        model: A transformers model.
+        peft_config: A ``peft.LoraConfig``.
+        adapter_dtype_float32: Keep a low-precision model's adapters in float32 (peft's default); False
+            creates them in the model's dtype.
+    """
+    import warnings
+
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        # peft 0.21 asks transformers 5 a question through a name transformers has deprecated.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, peft_config, autocast_adapter_dtype=adapter_dtype_float32)
+
+
+def adapter_spec_of(weights: Path) -> AdapterSpec | None:
+    """The :class:`AdapterSpec` of a version file or directory when it holds an adapter, else None.
+
+    Reads only the safetensors header of the first file (no tensors).
+
+    Raises:
+        ValueError: The file is not safetensors, or its metadata names an adapter but does not parse as one.
+        OSError: The file cannot be read.
+    """
+    text = safetensors_metadata(shard_files(weights)[0]).get(ADAPTER_METADATA_KEY)
+    return None if text is None else AdapterSpec.model_validate_json(text)
+
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+"""Largest safetensors header read (the format's own limit)."""
+
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file: an 8-byte little-endian header length, then the JSON header.
+
+    Raises:
+        ValueError: The file does not start with a safetensors header.
+        OSError: The file cannot be read.
+    """
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 2 <= size <= MAX_HEADER_BYTES:
+            raise ValueError(f"{path} is not a safetensors file (header length {size})")
+        header = f.read(size)
+    try:
+        doc = json.loads(header)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not a safetensors file: {exc}") from None
+    metadata = doc.get("__metadata__", {}) if isinstance(doc, dict) else None
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path} has a malformed safetensors header")
+    return {str(k): str(v) for k, v in metadata.items()}

@@ -11,6 +11,10 @@ Everything here is blocking (CPU/GPU work); asyncio callers run it in a worker t
 With ``dtype: bfloat16`` (or float16) the model computes in that dtype, the one the engines serve, and
 AdamW updates float32 master weights (:class:`~dart.train.precision.MasterWeights`): bfloat16 weights
 updated in place would round updates of ``lr`` away. Checkpoints hold the masters.
+
+With ``train.lora`` the model is wrapped with LoRA adapters (:mod:`dart.train.lora`): only they train (and
+have masters), the KL reference is the same model with its adapters switched off, versions publish the
+adapters alone, and checkpoints hold the adapters and their optimizer state.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from PIL import Image
 
 from dart.protocol.messages import TrainingBatch, TrainingSample
 from dart.protocol.models import family_of
+from dart.protocol.weights import AdapterSpec
 from dart.train.batching import ImageSource, ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.errors import CheckpointError
 from dart.train.interface import TrainerBackend
+from dart.train.lora import adapter_state, add_adapters, spec_of
 from dart.train.loss import behaviour_logprobs
 from dart.train.precision import MasterWeights, needs_master_weights
 from dart.train.tied import missing_are_tied, without_tied_aliases
@@ -75,9 +81,10 @@ class TorchBackend(TrainerBackend):
             self.masters = MasterWeights(trainable)
             model.to(self.dtype)
         self.model = model
-        # The KL term compares against the initial policy: a frozen copy, kept only when it is used.
+        # The KL term compares against the initial policy: a frozen copy, kept only when it is used (with
+        # LoRA the base model is that policy: the adapters are switched off instead).
         self.ref_model: Any = None
-        if config.loss.kl_coef > 0.0:
+        if config.loss.kl_coef > 0.0 and config.lora is None:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.processor = processor
         self.image_source: ImageSource = image_source or StoreImageSource()
@@ -115,6 +122,8 @@ class TorchBackend(TrainerBackend):
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         # Loaded in float32 so the masters start from the checkpoint's exact values; __init__ casts the model.
         model = family_of(path).model_cls().from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        if config.lora is not None:
+            model = add_adapters(model, config.lora)
         model.to(config.device)
         # Train mode only matters for dropout; Qwen2.5-VL has none, so log-probs match eval mode exactly.
         model.train()
@@ -163,7 +172,11 @@ class TorchBackend(TrainerBackend):
         )
 
     def reference_logprobs(self, inputs: ModelInputs, **sampling: Any) -> torch.Tensor:
-        """Log-probs of the frozen initial policy (kept when ``loss.kl_coef > 0``) under the same sampling."""
+        """Log-probs of the frozen initial policy (kept when ``loss.kl_coef > 0``) under the same sampling: the
+        base model with its adapters switched off under LoRA."""
+        if self.config.lora is not None:
+            with self.model.disable_adapter():
+                return self.forward_logprobs(inputs, **sampling)[0]
         if self.ref_model is None:
             return super().reference_logprobs(inputs, **sampling)
         return self.forward_logprobs(inputs, model=self.ref_model, **sampling)[0]
@@ -216,6 +229,18 @@ class TorchBackend(TrainerBackend):
 
     weights = full_state_dict
 
+    def published_weights(self) -> tuple[dict[str, torch.Tensor], AdapterSpec | None]:
+        """What a version publishes: the adapters and their spec under LoRA, else the full state dict."""
+        if self.config.lora is None:
+            return self.full_state_dict(), None
+        return adapter_state(self.model), spec_of(self.config.lora, self.base_model)
+
+    def _checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint holds of the model: every weight, or under LoRA the trainable (adapter) ones."""
+        if self.config.lora is None:
+            return self.full_state_dict()
+        return {n: p.detach().to("cpu").contiguous() for n, p in self.model.named_parameters() if p.requires_grad}
+
     def _master_names(self) -> dict[str, torch.Tensor]:
         """State-dict name -> float32 master, for every parameter that has one."""
         if self.masters is None:
@@ -224,13 +249,13 @@ class TorchBackend(TrainerBackend):
         return {n: of[id(p)] for n, p in self.model.named_parameters(remove_duplicate=False) if id(p) in of}
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """Write ``model.safetensors`` (float32 masters where the model computes in lower precision) and
-        ``optimizer.pt`` into directory ``path`` (created if missing)."""
+        """Write ``model.safetensors`` (float32 masters where the model computes in lower precision; under
+        LoRA the adapters only) and ``optimizer.pt`` into directory ``path`` (created if missing)."""
         from safetensors.torch import save_file
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        weights = self.full_state_dict()
+        weights = self._checkpoint_weights()
         for name, master in self._master_names().items():
             weights[name] = master.detach().to("cpu").contiguous()
         save_file(without_tied_aliases(weights), str(out / MODEL_FILE))
@@ -255,7 +280,10 @@ class TorchBackend(TrainerBackend):
             result = self.model.load_state_dict(weights, strict=False)
         except RuntimeError as exc:
             raise CheckpointError(str(src), f"weights do not fit the model at {self.config.model_path}: {exc}") from exc
-        missing = missing_are_tied(self.model, result.missing_keys)
+        if self.config.lora is not None:  # the frozen base comes from model_path; the adapters must all be here
+            missing = sorted(set(self._checkpoint_weights()) - set(weights))
+        else:
+            missing = missing_are_tied(self.model, result.missing_keys)
         if missing or result.unexpected_keys:
             raise CheckpointError(
                 str(src),

@@ -213,6 +213,39 @@ class PublishConfig(ConfigModel):
     release the GIL, so a version of several shards uses that many cores)."""
 
 
+LANGUAGE_MODEL_ATTENTION = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj)"
+"""The attention projections of a Qwen-VL language model (vision blocks excluded: their names hold ``visual``)."""
+VISION_ATTENTION = r".*visual\.blocks\.\d+\.attn\.(qkv|proj)"
+"""The attention projections of a Qwen-VL vision tower."""
+
+
+class LoraSettings(ConfigModel):
+    """LoRA training (``train.lora``): the base model stays frozen, low-rank adapters are trained and published.
+
+    Each adapted linear ``W x`` becomes ``W x + (alpha / rank) * B A x``; ``B`` starts at zero, so step 0 is
+    the base policy exactly. The KL reference is the base model itself with the adapters switched off (no
+    second copy of the weights). Each version is the adapter alone (:class:`~dart.protocol.weights.AdapterSpec`).
+    """
+
+    rank: int = Field(default=8, ge=1, le=1024)
+    """Rank ``r`` of each update."""
+    alpha: int = Field(default=16, ge=1)
+    """Scale numerator: updates are multiplied by ``alpha / rank``."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training (0: the trainer's forward is exactly the engines')."""
+    target_modules: str = LANGUAGE_MODEL_ATTENTION
+    """Regular expression (full match) of the language-model modules to adapt; the default adapts the
+    attention projections of every decoder layer."""
+    adapt_vision: bool = False
+    """Also adapt the vision tower's attention (``qkv``, ``proj``); false keeps the tower frozen."""
+
+    def targets(self) -> str:
+        """The full regular expression of adapted modules."""
+        if not self.adapt_vision:
+            return self.target_modules
+        return f"(?:{self.target_modules})|(?:{VISION_ATTENTION})"
+
+
 class TrainerConfig(ConfigModel):
     """Configuration of the ``torch`` trainer backend and the trainer service."""
 
@@ -273,6 +306,9 @@ class TrainerConfig(ConfigModel):
     """Artifact-store key prefix of published weights (``<prefix>/v<version>/``: shards, index, manifest)."""
     publish: PublishConfig = Field(default_factory=PublishConfig)
     """Shard size and dtype of published weight versions."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters on the frozen base model and publish adapters (see :class:`LoraSettings`); None
+    trains and publishes all weights."""
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     """Which published weight versions and checkpoints are kept."""
     image_reads: RetryPolicy = Field(default_factory=RetryPolicy)
@@ -290,6 +326,15 @@ class TrainerConfig(ConfigModel):
         if isinstance(data, dict) and isinstance(data.get("backend"), str):
             data = {**data, "backend": {"kind": data["backend"]}}
         return data
+
+    @model_validator(mode="after")
+    def _lora_on_the_torch_backend(self) -> TrainerConfig:
+        if self.lora is not None and self.backend.kind != "torch":
+            raise ValueError(
+                f"train.lora is set but train.backend is {self.backend.kind}: LoRA training runs on the torch "
+                "backend (megatron-core has no adapter layers here; FSDP with adapters is not built yet)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _megatron_has_no_reference_model(self) -> TrainerConfig:

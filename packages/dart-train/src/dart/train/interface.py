@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from dart.protocol.errors import ConfigError
+from dart.protocol.weights import AdapterSpec
 from dart.train.batching import ImageSource, ModelInputs
 from dart.train.config import TRAINER_BACKENDS as TRAINER_BACKENDS
 from dart.train.config import TrainerConfig
@@ -102,6 +103,11 @@ class TrainerBackend(abc.ABC):
     def dp_group(self) -> Any:
         """Process group over which per-sample figures are gathered and summed (None: the default group)."""
         return None
+
+    def published_weights(self) -> tuple[dict[str, torch.Tensor], AdapterSpec | None]:
+        """What a new version publishes (collective): the full state dict and None, or an adapter's tensors
+        and its :class:`~dart.protocol.weights.AdapterSpec` (backends that train adapters)."""
+        return self.full_state_dict(), None
 
     def reference_logprobs(self, inputs: ModelInputs, **sampling: Any) -> torch.Tensor:
         """Log-probs of the frozen initial policy (same sampling keywords as :meth:`forward_logprobs`), for

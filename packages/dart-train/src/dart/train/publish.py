@@ -39,7 +39,16 @@ from dart.protocol.messages import ModelVersion
 from dart.protocol.retry import Backoff, retry
 from dart.protocol.store import ArtifactStore
 from dart.protocol.topology import LATEST_MODEL_KEY
-from dart.protocol.weights import INDEX_NAME, MANIFEST_NAME, WEIGHTS_NAME, WeightManifest, WeightShard, shard_name
+from dart.protocol.weights import (
+    ADAPTER_METADATA_KEY,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    WEIGHTS_NAME,
+    AdapterSpec,
+    WeightManifest,
+    WeightShard,
+    shard_name,
+)
 from dart.train.config import PublishConfig
 from dart.train.shards import plan_shards, published_dtype, shard_stream
 
@@ -91,50 +100,36 @@ class WeightPublisher:
         return f"{self.prefix}/v{version}/{name}"
 
     def save(
-        self, weights: dict[str, torch.Tensor], version: int, *, trainer_step: int, base_model: str
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        *,
+        trainer_step: int,
+        base_model: str,
+        adapter: AdapterSpec | None = None,
     ) -> ModelVersion:
         """Write the shards, their index and the manifest to the store (blocking); returns the announcement to send.
 
         Args:
-            weights: CPU, contiguous tensors keyed like ``model.state_dict()`` (tied aliases included).
+            weights: CPU, contiguous tensors keyed like ``model.state_dict()`` (tied aliases included), or an
+                adapter's tensors.
             version: The new policy version.
             trainer_step: Optimizer steps so far.
             base_model: Name of the initial checkpoint.
+            adapter: Set when ``weights`` is a LoRA adapter over ``base_model``: recorded in the file's
+                metadata and the manifest (:mod:`dart.protocol.weights`).
         """
         dtype = getattr(torch, self.config.dtype) if self.config.dtype else None
         plan = plan_shards(weights, int(self.config.shard_mib * _MIB), dtype)
         metadata = {"format": "pt", "dart_version": str(version)}
-
-        def write(i: int, names: list[str]) -> WeightShard:
-            name = shard_name(i, len(plan))
-            stream = shard_stream(weights, names, dtype, metadata)
-            # Hashed here as the bytes stream into the store, and recorded in the manifest (the record of
-            # a version's digests). The store is not asked to record it: an S3 store can attach a digest
-            # known only after the upload by a server-side copy of the whole object, a second write.
-            digest = hashlib.sha256()
-            info = self.store.put_stream(
-                self.key(version, name),
-                _hashed(stream.chunks, digest),
-                size=stream.size,
-                content_type="application/octet-stream",
-                sha256=False,
-            )
-            return WeightShard(name=name, uri=info.uri, size_bytes=info.size, sha256=digest.hexdigest())
-
-        workers = min(self.config.concurrency, len(plan))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="publish") as pool:
-            shards = list(pool.map(write, range(1, len(plan) + 1), plan))
+        if adapter is not None:
+            if len(plan) > 1:
+                raise ValueError(f"an adapter is published as one file; {len(plan)} shards were planned")
+            metadata[ADAPTER_METADATA_KEY] = adapter.model_dump_json()
+        shards = self._write_shards(weights, version, plan, dtype, metadata)
         entry_uri, entry_sha256 = shards[0].uri, shards[0].sha256
         if len(shards) > 1:
-            index = {
-                "metadata": {"total_size": sum(s.size_bytes for s in shards), "dart_version": str(version)},
-                "weight_map": {n: shard_name(i, len(plan)) for i, names in enumerate(plan, 1) for n in names},
-            }
-            info = self.store.put(
-                self.key(version, INDEX_NAME), json.dumps(index, indent=2).encode(), content_type="application/json"
-            )
-            assert info.sha256 is not None
-            entry_uri, entry_sha256 = info.uri, info.sha256
+            entry_uri, entry_sha256 = self._write_index(version, plan, shards)
         floating = {published_dtype(t, dtype) for t in weights.values() if t.is_floating_point()}
         created_at = time.time()
         manifest = WeightManifest(
@@ -147,6 +142,7 @@ class WeightPublisher:
             created_at=created_at,
             dtype=",".join(sorted(str(d).removeprefix("torch.") for d in floating)) or None,
             shards=shards,
+            adapter=adapter,
         )
         manifest_info = self.store.put(
             self.key(version, MANIFEST_NAME),
@@ -167,6 +163,48 @@ class WeightPublisher:
             base_model=base_model,
             created_at=created_at,
         )
+
+    def _write_shards(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        plan: list[list[str]],
+        dtype: torch.dtype | None,
+        metadata: dict[str, str],
+    ) -> list[WeightShard]:
+        """Stream each planned shard into the store, ``publish.concurrency`` at a time; their records."""
+
+        def write(i: int, names: list[str]) -> WeightShard:
+            name = shard_name(i, len(plan))
+            stream = shard_stream(weights, names, dtype, metadata)
+            # Hashed here as the bytes stream into the store, and recorded in the manifest (the record of
+            # a version's digests). The store is not asked to record it: an S3 store can attach a digest
+            # known only after the upload by a server-side copy of the whole object, a second write.
+            digest = hashlib.sha256()
+            info = self.store.put_stream(
+                self.key(version, name),
+                _hashed(stream.chunks, digest),
+                size=stream.size,
+                content_type="application/octet-stream",
+                sha256=False,
+            )
+            return WeightShard(name=name, uri=info.uri, size_bytes=info.size, sha256=digest.hexdigest())
+
+        workers = min(self.config.concurrency, len(plan))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="publish") as pool:
+            return list(pool.map(write, range(1, len(plan) + 1), plan))
+
+    def _write_index(self, version: int, plan: list[list[str]], shards: list[WeightShard]) -> tuple[str, str]:
+        """Write a sharded version's index (tensor name -> shard); its uri and sha256."""
+        index = {
+            "metadata": {"total_size": sum(s.size_bytes for s in shards), "dart_version": str(version)},
+            "weight_map": {n: shard_name(i, len(plan)) for i, names in enumerate(plan, 1) for n in names},
+        }
+        info = self.store.put(
+            self.key(version, INDEX_NAME), json.dumps(index, indent=2).encode(), content_type="application/json"
+        )
+        assert info.sha256 is not None
+        return info.uri, info.sha256
 
     async def announce(self, model: ModelVersion) -> None:
         """Publish ``model`` on the model stream, then make it the latest version in the KV.
@@ -198,10 +236,18 @@ class WeightPublisher:
             await self.state.put(LATEST_MODEL_KEY, model)
 
     async def publish(
-        self, weights: dict[str, torch.Tensor], version: int, *, trainer_step: int, base_model: str
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        *,
+        trainer_step: int,
+        base_model: str,
+        adapter: AdapterSpec | None = None,
     ) -> ModelVersion:
         """Save (in a worker thread) and announce a version; returns its :class:`ModelVersion`."""
-        model = await asyncio.to_thread(self.save, weights, version, trainer_step=trainer_step, base_model=base_model)
+        model = await asyncio.to_thread(
+            self.save, weights, version, trainer_step=trainer_step, base_model=base_model, adapter=adapter
+        )
         await self.announce(model)
         return model
 

@@ -359,9 +359,13 @@ class TrainerService:
 
     async def _publish(self, version: int) -> ModelVersion:
         self.commander.send("publish")
-        weights = await asyncio.to_thread(self.backend.full_state_dict)
+        weights, adapter = await asyncio.to_thread(self.backend.published_weights)
         return await self.publisher.publish(
-            weights, version, trainer_step=self.backend.step, base_model=Path(self.config.model_path).name
+            weights,
+            version,
+            trainer_step=self.backend.step,
+            base_model=Path(self.config.model_path).name,
+            adapter=adapter,
         )
 
     async def checkpoint(self) -> Path:

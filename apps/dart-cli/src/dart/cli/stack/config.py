@@ -228,6 +228,18 @@ class RunConfig(ConfigModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _adapters_served_by_the_hf_engine(self) -> RunConfig:
+        # A LoRA run publishes adapters; the hf engine applies them (peft), vLLM's runtime LoRA is not wired yet.
+        engines = [e for e in (self.rollout.engine, self.validation.engine) if e is not None]
+        if self.train.lora is not None and any(e.kind != "hf" for e in engines):
+            kinds = ", ".join(sorted({e.kind for e in engines}))
+            raise ValueError(
+                f"train.lora publishes adapters, which the hf engine serves; the run's engines are {kinds}: "
+                "use rollout.engine.kind hf (vLLM's runtime LoRA loading is not built yet)"
+            )
+        return self
+
 
 def warm_start_on(config: RunConfig) -> bool:
     """Whether the run warm-starts its policy (see :attr:`WarmStartSection.enabled`)."""

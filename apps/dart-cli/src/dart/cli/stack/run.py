@@ -122,7 +122,8 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
     from dart.train.backend import TorchBackend
 
     t0 = time.monotonic()
-    train_cfg = config.train.model_copy(update={"model_path": str(base), "lr": ws.lr})
+    # Every weight of the tiny policy learns the GUI from demonstrations; train.lora applies to RL after it.
+    train_cfg = config.train.model_copy(update={"model_path": str(base), "lr": ws.lr, "lora": None})
     backend = TorchBackend.load(train_cfg)
     demos, episodes = asyncio.run(
         record_demos(

@@ -40,6 +40,7 @@ _TRAIN_FIELDS_OUTSIDE_KEY = frozenset(
         "weights_prefix",
         "lr",  # warm start uses warm_start.lr
         "debug_step_delay_s",  # RL steps only
+        "lora",  # the warm start trains every weight; LoRA applies to RL after it
     }
 )
 """Trainer settings that cannot change a warm start (it always runs on the single-process torch backend)."""

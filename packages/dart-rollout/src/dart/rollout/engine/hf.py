@@ -27,7 +27,7 @@ from pydantic import Field
 
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import SamplingParams
-from dart.protocol.weights import shard_files
+from dart.protocol.weights import AdapterSpec, adapter_spec_of, shard_files, with_adapters
 from dart.rollout.engine.interface import (
     EngineClosedError,
     EngineConfigBase,
@@ -385,11 +385,13 @@ class HFEngine(InferenceEngine):
         return results
 
     def _load_weights(self, weights: object, version: int) -> None:
+        adapter: AdapterSpec | None = None
         if isinstance(weights, str | Path):
             from safetensors.torch import load_file
 
             state = {}
             try:
+                adapter = adapter_spec_of(Path(weights))
                 # A file, or a directory of shards and their index: each shard adds its tensors.
                 for shard in shard_files(Path(weights)):
                     state.update(load_file(str(shard)))
@@ -402,6 +404,9 @@ class HFEngine(InferenceEngine):
                 version,
                 f"weights must be a state dict, a .safetensors path or a directory of shards, not {type(weights)}",
             )
+        if adapter is not None:
+            self._load_adapter(state, adapter, version)
+            return
         current = self._model.state_dict(keep_vars=True)
         # A tied parameter is published once, under its first name (the embedding for tied heads).
         first: dict[int, str] = {}
@@ -415,6 +420,28 @@ class HFEngine(InferenceEngine):
             raise WeightUpdateError(version, f"shapes differ for {bad[:5]}")
         with torch.no_grad():
             self._model.load_state_dict(state, strict=False)
+
+    def _load_adapter(self, state: dict[str, Any], spec: AdapterSpec, version: int) -> None:
+        """Serve the base model with the LoRA adapter ``state`` (:mod:`dart.protocol.weights`).
+
+        The first adapter wraps the model with peft (adapters built from ``spec``, ``B`` zero); every
+        version then overwrites the adapter tensors in place, as the trainer's own model holds them.
+        """
+        from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+
+        if not isinstance(self._model, PeftModel):
+            # Adapters in the served dtype, as the trainer's own are after it casts its model (peft would
+            # otherwise keep bfloat16 models' adapters in float32).
+            self._model = with_adapters(self._model, spec.peft_config(), adapter_dtype_float32=False).eval()
+        expected = get_peft_model_state_dict(self._model)
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise WeightUpdateError(version, f"adapter tensors differ ({spec.target_modules})", missing, unexpected)
+        bad = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
+        if bad:
+            raise WeightUpdateError(version, f"adapter shapes differ for {bad[:5]} (rank {spec.rank})")
+        with torch.no_grad():
+            set_peft_model_state_dict(self._model, state)
 
 
 def _drop_checkpoint_sampling(model: Any, model_path: str | None) -> None:

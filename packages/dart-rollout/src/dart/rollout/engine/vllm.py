@@ -41,6 +41,7 @@ import httpx
 from dart.protocol.messages import SamplingParams
 from dart.protocol.retry import Backoff, pause, retry_async
 from dart.protocol.telemetry import current_telemetry
+from dart.protocol.weights import adapter_spec_of
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.interface import (
     EngineClosedError,
@@ -294,6 +295,11 @@ class VLLMEngine(InferenceEngine):
                 version, f"the vllm engine loads a .safetensors path or a directory of shards, not {type(weights)}"
             )
         path = Path(weights)
+        if await asyncio.to_thread(_is_adapter, path):
+            raise WeightUpdateError(
+                version,
+                f"{path} is a LoRA adapter: the hf engine serves adapters (vLLM's runtime LoRA is not built yet)",
+            )
         # Staged first (hard links into the engine's own directory, every shard and the index): from here
         # on the bytes stay readable for the load and for reloads after a restart, whatever the store's
         # retention deletes. The names and shapes of all shards together are checked before the server is.
@@ -514,3 +520,11 @@ async def start_vllm_engines(config: VLLMEngineConfig, count: int) -> dict[str, 
     else:
         engines = await start_all([VLLMEngine.launch(f"engine-{i}", config, i) for i in range(count)])
     return {e.engine_id: e for e in engines}
+
+
+def _is_adapter(path: Path) -> bool:
+    """Whether ``path`` holds a LoRA adapter version (an unreadable one is reported by staging)."""
+    try:
+        return adapter_spec_of(path) is not None
+    except (OSError, ValueError):
+        return False

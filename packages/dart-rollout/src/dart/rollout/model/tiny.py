@@ -35,7 +35,7 @@ from dart.protocol.messages import (
     Wait,
 )
 from dart.rollout.action_grammar import format_output
-from dart.rollout.model.formats import DART_ACTION_SPACE, DART_SYSTEM_PROMPT, UI_TARS_15_COMPUTER_USE
+from dart.rollout.model.formats import DART_ACTION_SPACE, DART_SYSTEM_PROMPT
 
 MANIFEST_NAME = "dart_tiny_manifest.json"
 
@@ -218,7 +218,6 @@ def tokenizer_corpus(instructions: Iterable[str], *, seed: int = 0, num_actions:
     rng = random.Random(seed)
     texts = [DART_SYSTEM_PROMPT, DART_ACTION_SPACE, *instructions]
     words = [w.strip(".,") for t in texts for w in t.split()] or ["ok"]
-    texts.append(UI_TARS_15_COMPUTER_USE)
     for i in range(num_actions):
         thought = " ".join(rng.sample(words, min(6, len(words))))
         texts.append(format_output(thought, _random_action(rng, words)))

@@ -1,0 +1,141 @@
+"""LoRA training on the torch backend: adapters on a frozen base, the base itself as the KL reference, versions
+published as adapters that the hf engine hot-loads and serves with the trainer's own log-probs, and
+checkpoints that hold the adapters and their optimizer state and resume exactly."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from dart.protocol.messages import Sampling, TrainingSample
+from dart.protocol.store import LocalStore
+from dart.protocol.weights import AdapterSpec, WeightManifest, adapter_spec_of
+from dart.rollout.engine.hf import HFEngine, HFEngineConfig
+from dart.rollout.engine.interface import GenerationRequest
+from dart.rollout.model.prompt import build_prompt
+from dart.train.backend import TorchBackend
+from dart.train.batching import StoreImageSource
+from dart.train.config import LANGUAGE_MODEL_ATTENTION, LoraSettings, TrainerConfig
+from dart.train.publish import WeightPublisher, weights_file
+from dart.train.testing import sample_of, store_png
+
+pytestmark = pytest.mark.unit
+
+LOGPROB_TOLERANCE = 1e-5
+
+
+def _lora_backend(checkpoint: Path, **lora: object) -> TorchBackend:
+    config = TrainerConfig(model_path=str(checkpoint), num_threads=2, lr=5e-3, lora=LoraSettings(**lora))  # type: ignore[arg-type]
+    return TorchBackend.load(config, image_source=StoreImageSource())
+
+
+def _gap(a: torch.Tensor, samples: TrainingSample) -> float:
+    return float((a - torch.tensor(samples.rollout_logprobs)).abs().max())
+
+
+def test_only_the_adapters_train_and_the_base_is_the_reference(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    full = TorchBackend.load(TrainerConfig(model_path=str(tiny_checkpoint), num_threads=2))
+    lora = _lora_backend(tiny_checkpoint, rank=4, alpha=8)
+    trainable = [n for n, p in lora.model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert all("language_model" in n and "visual" not in n for n in trainable)  # the vision tower stays frozen
+    assert {p.numel() for p in lora.trainable} and sum(p.numel() for p in lora.trainable) < 0.05 * sum(
+        p.numel() for p in full.model.parameters()
+    )
+    # B starts at zero: step 0 is the base policy.
+    for a, b in zip(lora.compute_logprobs(rollout_samples), full.compute_logprobs(rollout_samples), strict=True):
+        assert torch.equal(a, b)
+    base_before = {n: p.detach().clone() for n, p in lora.model.named_parameters() if not p.requires_grad}
+    lora.train_step(rollout_samples)
+    moved = lora.compute_logprobs(rollout_samples)
+    assert max(_gap(m, s) for m, s in zip(moved, rollout_samples, strict=True)) > 1e-4  # the adapters learned
+    assert all(torch.equal(p, base_before[n]) for n, p in lora.model.named_parameters() if not p.requires_grad)
+    # The KL reference is the base model: the adapters switched off, no second copy.
+    assert lora.ref_model is None
+    inputs = lora.sample_inputs(rollout_samples[0])
+    sampling = rollout_samples[0].sampling
+    ref = lora.reference_logprobs(
+        inputs, temperature=sampling.temperature, top_p=sampling.top_p, excluded_token_ids=sampling.excluded_token_ids
+    )
+    assert torch.equal(ref, full.compute_logprobs(rollout_samples[:1])[0])
+
+
+def test_a_vision_adapter_is_a_setting() -> None:
+    settings = LoraSettings(adapt_vision=True)
+    assert settings.targets() != LANGUAGE_MODEL_ATTENTION and "visual" in settings.targets()
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_lora_is_refused_where_it_is_not_built(backend: str) -> None:
+    with pytest.raises(ValueError, match=f"train.lora is set but train.backend is {backend}"):
+        TrainerConfig(model_path="x", backend={"kind": backend}, lora=LoraSettings())  # type: ignore[arg-type]
+
+
+def test_an_adapter_version_is_published_and_the_hf_engine_serves_it_as_trained(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    """Two versions: each is one small safetensors file that says it is an adapter; the engine, started on
+    the base checkpoint, loads each in turn and its log-probs are the trainer's within 1e-5."""
+    trainer = _lora_backend(tiny_checkpoint)
+    store = LocalStore(tmp_path / "store", fsync=False)
+    publisher = WeightPublisher(store)
+
+    async def serve_versions() -> list[tuple[int, float, int]]:
+        engine = await HFEngine.start(HFEngineConfig(model_path=str(tiny_checkpoint), batch_wait_s=0.0, num_threads=2))
+        seen = []
+        try:
+            for version in (1, 2):
+                await asyncio.to_thread(trainer.train_step, rollout_samples)
+                weights, adapter = trainer.published_weights()
+                assert adapter is not None
+                model = publisher.save(weights, version, trainer_step=trainer.step, base_model="tiny", adapter=adapter)
+                path = weights_file(model)
+                assert adapter_spec_of(path) == adapter
+                manifest = WeightManifest.model_validate_json((path.parent / "manifest.json").read_text())
+                assert manifest.adapter == adapter
+                await engine.update_weights(path, version=version)
+                prompt = build_prompt("Click the OK button.", Image.new("RGB", (300, 200), (40 * version, 90, 10)))
+                result = await engine.generate(
+                    GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(temperature=1.0), seed=version)
+                )
+                refs = [store_png(store, f"shots/{version}.png", image) for image in prompt.images]
+                sample = sample_of(result, refs, f"v{version}")
+                gap = _gap((await asyncio.to_thread(trainer.compute_logprobs, [sample]))[0], sample)
+                seen.append((result.policy_version, gap, model.size_bytes))
+        finally:
+            await engine.close()
+        return seen
+
+    seen = asyncio.run(serve_versions())
+    print("adapter versions (version, max |engine - trainer| log-prob, bytes):", seen)
+    full_bytes = sum(t.numel() * t.element_size() for t in trainer.full_state_dict().values())
+    for version, (served, gap, size) in zip((1, 2), seen, strict=True):
+        assert served == version and gap < LOGPROB_TOLERANCE
+        assert size < 0.05 * full_bytes
+
+
+def test_a_lora_checkpoint_resumes_exactly(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    first = _lora_backend(tiny_checkpoint)
+    first.train_step(rollout_samples)
+    first.save_checkpoint(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").stat().st_size < 1_000_000  # the adapters, not the model
+    second = _lora_backend(tiny_checkpoint)
+    second.load_checkpoint(tmp_path / "ckpt")
+    for backend in (first, second):
+        backend.train_step(rollout_samples)
+    a, b = first.published_weights()[0], second.published_weights()[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_adapter_spec_builds_the_trainers_adapters() -> None:
+    spec = AdapterSpec(rank=4, alpha=8, target_modules=LANGUAGE_MODEL_ATTENTION, base_model="tiny")
+    config = spec.peft_config()
+    assert (config.r, config.lora_alpha, config.target_modules) == (4, 8, LANGUAGE_MODEL_ATTENTION)
