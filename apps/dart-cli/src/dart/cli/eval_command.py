@@ -113,10 +113,14 @@ def _resolve(
     """The run config, the policy, the suite's tasks and the suite's name ``dart eval`` works on."""
     from dart.cli.evaluation import resolve_policy
     from dart.cli.stack.config import RunConfig, load_run_config, load_tasks
+    from dart.rollout.service.config import resolve_runner
 
     given = load_run_config(config_path) if config_path else None
     policy, run_config = resolve_policy(target, base=base, version=version, store=given.store if given else None)
     config: RunConfig = given or run_config or RunConfig()
+    # The prompt as the policy's checkpoint decides it: its family's chat, its image processor's pixel bounds.
+    runner = resolve_runner(config.rollout.runner, policy.base)
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"runner": runner})})
     chosen = suite or eval_suite(config)
     return config, policy, load_tasks(config.model_copy(update={"suite": chosen})), chosen
 
