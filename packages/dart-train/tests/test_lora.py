@@ -15,7 +15,7 @@ from dart.protocol.messages import Sampling, TrainingSample
 from dart.protocol.store import LocalStore
 from dart.protocol.weights import AdapterSpec, WeightManifest, adapter_spec_of
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.engine.interface import GenerationRequest
+from dart.rollout.engine.interface import GenerationRequest, WeightUpdateError
 from dart.rollout.model.prompt import build_prompt
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
@@ -108,6 +108,14 @@ def test_an_adapter_version_is_published_and_the_hf_engine_serves_it_as_trained(
                 sample = sample_of(result, refs, f"v{version}")
                 gap = _gap((await asyncio.to_thread(trainer.compute_logprobs, [sample]))[0], sample)
                 seen.append((result.policy_version, gap, model.size_bytes))
+            # An adapter of another rank does not fit: refused by name and shape, the engine keeps its version.
+            other = _lora_backend(tiny_checkpoint, rank=4, alpha=8)
+            weights, adapter = other.published_weights()
+            assert adapter is not None
+            wrong = publisher.save(weights, 3, trainer_step=0, base_model="tiny", adapter=adapter)
+            with pytest.raises(WeightUpdateError, match="adapter tensors differ.*rank 4; shapes of"):
+                await engine.update_weights(weights_file(wrong), version=3)
+            assert engine.version == 2
         finally:
             await engine.close()
         return seen

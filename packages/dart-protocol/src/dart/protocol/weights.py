@@ -181,6 +181,41 @@ def with_adapters(model: Any, peft_config: Any, *, adapter_dtype_float32: bool =
         return get_peft_model(model, peft_config, autocast_adapter_dtype=adapter_dtype_float32)
 
 
+class AdapterMismatchError(ValueError):
+    """Adapter tensors that do not fit a model's adapters (nothing was set).
+
+    Attributes:
+        missing: Adapter tensors the model has that the state lacks.
+        unexpected: Tensors in the state the model's adapters do not have.
+        misshapen: Tensors whose shape differs from the model's.
+    """
+
+    def __init__(self, missing: list[str], unexpected: list[str], misshapen: list[str]) -> None:
+        self.missing, self.unexpected, self.misshapen = missing, unexpected, misshapen
+        super().__init__(
+            f"adapter tensors do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}, shapes of {misshapen[:3]}"
+        )
+
+
+def set_adapter_state(model: Any, state: dict[str, Any]) -> None:
+    """Set the adapters of a peft-wrapped ``model`` (:func:`with_adapters`) to ``state``, named as peft saves
+    them; every name and shape is checked first (imports peft).
+
+    Raises:
+        AdapterMismatchError: ``state`` does not fit the model's adapters; nothing was set.
+    """
+    import torch
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    expected = get_peft_model_state_dict(model)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    misshapen = [k for k, v in state.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
+    if missing or unexpected or misshapen:
+        raise AdapterMismatchError(missing, unexpected, misshapen)
+    with torch.no_grad():
+        set_peft_model_state_dict(model, state)
+
+
 def adapter_spec_of(weights: Path) -> AdapterSpec | None:
     """The :class:`AdapterSpec` of a version file or directory when it holds an adapter, else None.
 
@@ -198,8 +233,9 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 """Largest safetensors header read (the format's own limit)."""
 
 
-def safetensors_metadata(path: Path) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file: an 8-byte little-endian header length, then the JSON header.
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, offsets; ``__metadata__``): an
+    8-byte little-endian length, then the JSON. No tensor is read.
 
     Raises:
         ValueError: The file does not start with a safetensors header.
@@ -214,7 +250,19 @@ def safetensors_metadata(path: Path) -> dict[str, str]:
         doc = json.loads(header)
     except ValueError as exc:
         raise ValueError(f"{path} is not a safetensors file: {exc}") from None
-    metadata = doc.get("__metadata__", {}) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path} has a malformed safetensors header")
+    return doc
+
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file's header (:func:`read_safetensors_header`).
+
+    Raises:
+        ValueError: The file does not start with a safetensors header.
+        OSError: The file cannot be read.
+    """
+    metadata = read_safetensors_header(path).get("__metadata__", {})
     if not isinstance(metadata, dict):
         raise ValueError(f"{path} has a malformed safetensors header")
     return {str(k): str(v) for k, v in metadata.items()}

@@ -1,10 +1,11 @@
-"""LoRA adapters on a trainer's model (``train.lora``): add them, read and write their tensors.
+"""LoRA adapters on a trainer's model (``train.lora``): add them and read their tensors.
 
 peft wraps the model: each adapted linear gets ``lora_A`` / ``lora_B`` parameters (``B`` zero at the start,
 so step 0 is the base policy) and every other parameter is frozen, so the optimizer holds the adapters'
 parameters (and their float32 masters under a low-precision dtype) only. The adapters' tensors are named
 as peft saves them (``base_model.model.<module>.lora_A.weight``), the layout every peft-aware loader
-reads; :class:`~dart.protocol.weights.AdapterSpec` is what a loader needs besides them.
+reads (:func:`dart.protocol.weights.set_adapter_state` sets them); :class:`~dart.protocol.weights.AdapterSpec`
+is what a loader needs besides them.
 """
 
 from __future__ import annotations
@@ -47,26 +48,3 @@ def adapter_state(model: Any) -> dict[str, torch.Tensor]:
     from peft import get_peft_model_state_dict
 
     return {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
-
-
-def load_adapter_state(model: Any, state: dict[str, torch.Tensor]) -> None:
-    """Set the adapters of a peft-wrapped ``model`` to ``state`` (named as :func:`adapter_state` names them).
-
-    Raises:
-        ValueError: ``state`` lacks an adapter tensor of the model or has one the model does not.
-    """
-    from peft import set_peft_model_state_dict
-
-    expected = set(adapter_state_names(model))
-    if set(state) != expected:
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ValueError(f"adapter tensors differ: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    with torch.no_grad():
-        set_peft_model_state_dict(model, state)
-
-
-def adapter_state_names(model: Any) -> list[str]:
-    """Names of the adapter tensors of a peft-wrapped model (as :func:`adapter_state` names them)."""
-    from peft import get_peft_model_state_dict
-
-    return list(get_peft_model_state_dict(model))

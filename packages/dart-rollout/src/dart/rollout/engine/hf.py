@@ -27,7 +27,14 @@ from pydantic import Field
 
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import SamplingParams
-from dart.protocol.weights import AdapterSpec, adapter_spec_of, shard_files, with_adapters
+from dart.protocol.weights import (
+    AdapterMismatchError,
+    AdapterSpec,
+    adapter_spec_of,
+    set_adapter_state,
+    shard_files,
+    with_adapters,
+)
 from dart.rollout.engine.interface import (
     EngineClosedError,
     EngineConfigBase,
@@ -427,21 +434,17 @@ class HFEngine(InferenceEngine):
         The first adapter wraps the model with peft (adapters built from ``spec``, ``B`` zero); every
         version then overwrites the adapter tensors in place, as the trainer's own model holds them.
         """
-        from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+        from peft import PeftModel
 
         if not isinstance(self._model, PeftModel):
             # Adapters in the served dtype, as the trainer's own are after it casts its model (peft would
             # otherwise keep bfloat16 models' adapters in float32).
             self._model = with_adapters(self._model, spec.peft_config(), adapter_dtype_float32=False).eval()
-        expected = get_peft_model_state_dict(self._model)
-        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise WeightUpdateError(version, f"adapter tensors differ ({spec.target_modules})", missing, unexpected)
-        bad = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
-        if bad:
-            raise WeightUpdateError(version, f"adapter shapes differ for {bad[:5]} (rank {spec.rank})")
-        with torch.no_grad():
-            set_peft_model_state_dict(self._model, state)
+        try:
+            set_adapter_state(self._model, state)
+        except AdapterMismatchError as exc:
+            reason = f"adapter tensors differ ({spec.target_modules}, rank {spec.rank}; shapes of {exc.misshapen[:5]})"
+            raise WeightUpdateError(version, reason, exc.missing, exc.unexpected) from None
 
 
 def _drop_checkpoint_sampling(model: Any, model_path: str | None) -> None:

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -308,7 +307,7 @@ class VLLMEngine(InferenceEngine):
             await asyncio.to_thread(stage_weights, directory, path)
             header = await asyncio.to_thread(weights_header, directory)
             self._check_against_reference(header, version)
-        except (OSError, ValueError, struct.error, WeightUpdateError) as exc:
+        except (OSError, ValueError, WeightUpdateError) as exc:
             if directory != self._weights_dir:  # never the directory the server serves from
                 await asyncio.to_thread(shutil.rmtree, directory, True)
             if isinstance(exc, WeightUpdateError):

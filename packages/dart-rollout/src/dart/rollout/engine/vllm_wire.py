@@ -11,11 +11,10 @@ import io
 import json
 import os
 import shutil
-import struct
 from pathlib import Path
 from typing import Any
 
-from dart.protocol.weights import INDEX_NAME, WEIGHTS_NAME, shard_files
+from dart.protocol.weights import INDEX_NAME, WEIGHTS_NAME, read_safetensors_header, shard_files
 from dart.rollout.model.prompt import IMAGE_PLACEHOLDER, ChatPrompt
 
 _NAME_FORMS = (("model.language_model.", "model."), ("model.visual.", "visual."))
@@ -32,9 +31,7 @@ def _checkpoint_name(name: str) -> str:
 
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Tensor name (checkpoint form) -> (dtype, shape) from a ``.safetensors`` header (tensors are not read)."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
+    header = read_safetensors_header(path)
     return {_checkpoint_name(k): (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
 
 

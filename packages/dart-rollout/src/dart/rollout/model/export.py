@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dart.protocol.weights import AdapterSpec, adapter_spec_of, shard_files, with_adapters
+from dart.protocol.weights import (
+    AdapterMismatchError,
+    AdapterSpec,
+    adapter_spec_of,
+    set_adapter_state,
+    shard_files,
+    with_adapters,
+)
 from dart.rollout.errors import ModelInitError
 
 
@@ -73,16 +80,9 @@ def export_checkpoint(base: Path, weights: Path, out: Path) -> Exported:
 
 def _merged(model: Any, spec: AdapterSpec, state: dict[str, Any]) -> Any:
     """``model`` with the adapter ``state`` merged into its weights (peft's wrapper removed)."""
-    import torch
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
     wrapped = with_adapters(model, spec.peft_config())
-    expected = get_peft_model_state_dict(wrapped)
-    if set(expected) != set(state):
-        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-        raise ModelInitError(
-            f"adapter tensors differ from {spec.target_modules}: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
-    with torch.no_grad():
-        set_peft_model_state_dict(wrapped, state)
+    try:
+        set_adapter_state(wrapped, state)
+    except AdapterMismatchError as exc:
+        raise ModelInitError(f"{exc} (targets {spec.target_modules}, rank {spec.rank})") from None
     return wrapped.merge_and_unload()
