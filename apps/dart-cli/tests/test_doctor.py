@@ -118,7 +118,14 @@ def test_vllm_args_prints_the_server_command_of_a_run_config() -> None:
     engine = load_run_config(examples / "smoke-vllm.yaml").rollout.engine
     expected = server_args(engine, model_path="/m", host="0.0.0.0", port=8000)  # type: ignore[arg-type]
     assert result.stdout.strip() == "VLLM_SERVER_DEV_MODE=1 vllm serve " + shlex.join(expected)
-    assert "--logprobs-mode processed_logprobs" in result.stdout
+    assert "--logprobs-mode processed_logprobs" in result.stdout and "--enable-lora" not in result.stdout
+    # A LoRA run: servers with LoRA on at the trainer's rank, and the routes that load adapters at run time.
+    lora = CliRunner().invoke(
+        app, ["doctor", "--vllm-args", str(examples / "smoke-vllm-lora.yaml"), "--vllm-model", "/m"]
+    )
+    assert lora.exit_code == 0, lora.stdout
+    assert lora.stdout.startswith("VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ")
+    assert "--enable-lora --max-lora-rank 8 --max-loras 2 --max-cpu-loras 3" in lora.stdout
     # A run config whose engine is not vLLM: one error line, exit code 2.
     refused = CliRunner().invoke(app, ["doctor", "--vllm-args", str(examples / "smoke.yaml")])
     assert refused.exit_code == 2 and "rollout.engine.kind" in refused.stderr

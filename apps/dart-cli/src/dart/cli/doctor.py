@@ -367,7 +367,8 @@ def vllm_command_line(config_path: str, model_path: str | None = None, port: int
     if model is None:
         raise ConfigError(config_path, "rollout.engine.model_path", "no checkpoint named: pass --vllm-model")
     args = server_args(engine, model_path=str(model), host="0.0.0.0", port=port)
-    return "VLLM_SERVER_DEV_MODE=1 vllm serve " + shlex.join(args)
+    env = "VLLM_SERVER_DEV_MODE=1 " + ("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True " if engine.lora is not None else "")
+    return env + "vllm serve " + shlex.join(args)
 
 
 def doctor_command(

@@ -162,10 +162,12 @@ class TorchBackend(TrainerBackend):
         model is the other use).
         """
         kwargs = inputs.kwargs(self.device, self.dtype)
-        logits = (model or self.model)(**kwargs, use_cache=False).logits[0]
-        # Position t predicts token t + 1: the response's R tokens are predicted by positions P-1 .. P+R-2.
-        start = inputs.prompt_len - 1
-        pred = logits[start : start + inputs.response_len]
+        # Position t predicts token t + 1: the response's R tokens are predicted by positions P-1 .. P+R-2,
+        # the last R + 1 but one. Only those go through the head: a prompt's logits (P x vocabulary, gigabytes
+        # for a screenshot prompt at a real vocabulary) are never made.
+        response = inputs.response_len
+        logits = (model or self.model)(**kwargs, use_cache=False, logits_to_keep=response + 1).logits[0]
+        pred = logits[:response]
         targets = kwargs["input_ids"][0, inputs.prompt_len :]
         return behaviour_logprobs(
             pred, targets, temperature=temperature, excluded_token_ids=excluded_token_ids, top_p=top_p

@@ -23,8 +23,10 @@ from dart.protocol.models import MODEL_FAMILIES
 from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
+from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLoraConfig
 from dart.rollout.service.config import EngineConfig, RolloutConfig
-from dart.train.config import TrainerConfig
+from dart.train.config import LoraSettings, TrainerConfig
 
 ServiceName = Literal["env", "rollout", "data", "train"]
 SERVICES: tuple[ServiceName, ...] = ("env", "data", "train", "rollout")
@@ -229,16 +231,42 @@ class RunConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
-    def _adapters_served_by_the_hf_engine(self) -> RunConfig:
-        # A LoRA run publishes adapters; the hf engine applies them (peft), vLLM's runtime LoRA is not wired yet.
-        engines = [e for e in (self.rollout.engine, self.validation.engine) if e is not None]
-        if self.train.lora is not None and any(e.kind != "hf" for e in engines):
-            kinds = ", ".join(sorted({e.kind for e in engines}))
-            raise ValueError(
-                f"train.lora publishes adapters, which the hf engine serves; the run's engines are {kinds}: "
-                "use rollout.engine.kind hf (vLLM's runtime LoRA loading is not built yet)"
-            )
+    def _engines_serve_the_adapters(self) -> RunConfig:
+        # A LoRA run publishes adapters: the hf engine applies them with peft, vLLM servers need LoRA enabled.
+        lora = self.train.lora
+        if lora is None:
+            return self
+        if self.rollout.engine is not None:
+            engine = _serving_adapters(self.rollout.engine, lora)
+            self.rollout = self.rollout.model_copy(update={"engine": engine})
+        if self.validation.engine is not None:
+            engine = _serving_adapters(self.validation.engine, lora)
+            self.validation = self.validation.model_copy(update={"engine": engine})
         return self
+
+
+def _serving_adapters(engine: EngineConfig, lora: LoraSettings) -> EngineConfig:
+    """``engine`` set up to serve the adapter versions ``lora`` trains (vLLM: servers started with LoRA on).
+
+    Raises:
+        ValueError: The engine cannot serve them as the trainer computes them.
+    """
+    if isinstance(engine, HFEngineConfig):
+        return engine
+    if not isinstance(engine, VLLMEngineConfig):
+        raise ValueError(f"train.lora publishes adapters, which the hf and vllm engines serve, not {engine.kind}")
+    if lora.adapt_vision:
+        raise ValueError(
+            "train.lora.adapt_vision adapts the vision tower, which vLLM serves without LoRA (its answers would "
+            "not be the trainer's): adapt the language model only, or use rollout.engine.kind hf"
+        )
+    if engine.lora is None:
+        return engine.model_copy(update={"lora": VLLMLoraConfig(max_rank=lora.rank)})
+    if engine.lora.max_rank < lora.rank:
+        raise ValueError(
+            f"rollout.engine.lora.max_rank ({engine.lora.max_rank}) is below train.lora.rank ({lora.rank})"
+        )
+    return engine
 
 
 def warm_start_on(config: RunConfig) -> bool:

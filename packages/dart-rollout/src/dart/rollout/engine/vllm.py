@@ -19,6 +19,9 @@ retries the whole update). A failed reload restores the weights served before. A
 version its request started on: in ``keep`` mode one that straddles an update is labelled with the older
 version, so its tokens' lag is never understated.
 
+With ``lora`` set, adapter versions (a LoRA run's) are served as adapters beside the base model instead,
+without pausing the server (:mod:`dart.rollout.engine.vllm_lora`).
+
 A launched server that dies is restarted with exponential backoff (state ``loading`` meanwhile, requests in
 flight fail with :class:`EngineUnavailableError`); the weights it served are reloaded before it serves again.
 """
@@ -40,7 +43,7 @@ import httpx
 from dart.protocol.messages import SamplingParams
 from dart.protocol.retry import Backoff, pause, retry_async
 from dart.protocol.telemetry import current_telemetry
-from dart.protocol.weights import adapter_spec_of
+from dart.protocol.weights import AdapterSpec, adapter_spec_of
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.interface import (
     EngineClosedError,
@@ -54,6 +57,7 @@ from dart.rollout.engine.interface import (
     start_all,
 )
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.rollout.engine.vllm_lora import AdapterVersions, ServedAdapter, adapter_name, check_adapter, stage_adapter
 from dart.rollout.engine.vllm_server import VLLMServerProcess
 from dart.rollout.engine.vllm_wire import chat_messages, reference_header, stage_weights, weights_header
 from dart.rollout.errors import EngineRequestError, EngineUnavailableError
@@ -124,6 +128,8 @@ class VLLMEngine(InferenceEngine):
         self._stop_ids: list[int] = []
         self._banned_ids: list[int] = []
         self._monitor: asyncio.Task[None] | None = None
+        self._adapters = AdapterVersions()
+        self._retiring: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def launch(cls, engine_id: str, config: VLLMEngineConfig, index: int = 0) -> VLLMEngine:
@@ -214,14 +220,18 @@ class VLLMEngine(InferenceEngine):
             self._in_flight += 1
             self._idle.clear()
             epoch, version = self._epoch, self._version
+            adapter = self._adapters.acquire()  # its version is ``version``: switched together
             started = time.monotonic()
             try:
                 messages = await asyncio.to_thread(chat_messages, request.prompt)
-                reply = await self._call("POST", "/v1/chat/completions", json=self._body(request, messages))
+                body = self._body(request, messages, adapter)
+                reply = await self._call("POST", "/v1/chat/completions", json=body)
             finally:
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._idle.set()
+                if adapter is not None and (done := self._adapters.release(adapter)) is not None:
+                    self._retire(done)
             elapsed = time.monotonic() - started
             if epoch != self._epoch:
                 # Only ``keep`` pauses (or a restart) let a response cross a weight change: flag it. Its
@@ -235,10 +245,12 @@ class VLLMEngine(InferenceEngine):
         finally:
             self._load -= 1
 
-    def _body(self, request: GenerationRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def _body(
+        self, request: GenerationRequest, messages: list[dict[str, Any]], adapter: ServedAdapter | None
+    ) -> dict[str, Any]:
         greedy = request.sampling.temperature == 0
         body: dict[str, Any] = {
-            "model": self.config.served_model_name,
+            "model": adapter.name if adapter is not None else self.config.served_model_name,
             "messages": messages,
             "max_completion_tokens": request.max_new_tokens,
             "temperature": request.sampling.temperature,
@@ -294,10 +306,13 @@ class VLLMEngine(InferenceEngine):
                 version, f"the vllm engine loads a .safetensors path or a directory of shards, not {type(weights)}"
             )
         path = Path(weights)
-        if await asyncio.to_thread(_is_adapter, path):
+        spec = await asyncio.to_thread(_adapter_spec, path)
+        if spec is not None:
+            await self._update_adapter(path, spec, version)
+            return
+        if self._adapters.current is not None:
             raise WeightUpdateError(
-                version,
-                f"{path} is a LoRA adapter: the hf engine serves adapters (vLLM's runtime LoRA is not built yet)",
+                version, f"{path} holds full weights, but this engine serves LoRA adapter versions over its base"
             )
         # Staged first (hard links into the engine's own directory, every shard and the index): from here
         # on the bytes stay readable for the load and for reloads after a restart, whatever the store's
@@ -337,6 +352,72 @@ class VLLMEngine(InferenceEngine):
                 if self._state is not EngineState.CLOSED:
                     self._state = EngineState.SERVING
                     self._serving.set()
+
+    async def _update_adapter(self, path: Path, spec: AdapterSpec, version: int) -> None:
+        """Serve adapter version ``version`` from the next request on; see :mod:`dart.rollout.engine.vllm_lora`."""
+        if self.config.lora is None:
+            raise WeightUpdateError(
+                version,
+                f"{path} is a LoRA adapter and this engine's servers run without LoRA: set rollout.engine.lora "
+                "(dart run sets it from train.lora)",
+            )
+        name = adapter_name(self.config.served_model_name, version)
+        if self._adapters.current is not None and self._adapters.current.name == name:
+            return  # already served (a repeated update)
+        directory = Path(self._tmp.name) / f"lora-v{version}"
+        try:
+            await asyncio.to_thread(check_adapter, path, spec, self._reference, self.config.lora.server_rank)
+            await asyncio.to_thread(stage_adapter, directory, path, spec)
+        except (OSError, ValueError) as exc:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+            raise WeightUpdateError(version, f"cannot serve the adapter {path}: {exc}") from exc
+        adapter = ServedAdapter(name, version, directory)
+        async with self._lock:
+            if self._closed():
+                raise EngineClosedError("engine is closed")
+            started = time.monotonic()
+            first = self._adapters.current is None
+            try:
+                if first:  # base requests never share a batch with adapter requests: let them finish
+                    self._state = EngineState.DRAINING
+                    self._serving.clear()
+                    await asyncio.wait_for(self._idle.wait(), self.config.control_timeout_s)
+                    self._state = EngineState.LOADING
+                await self._load_adapter(adapter)
+            except (EngineError, TimeoutError) as exc:
+                self.stats.failed_updates += 1
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+                raise WeightUpdateError(version, f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                if first and self._state is not EngineState.CLOSED:
+                    self._state = EngineState.SERVING
+                    self._serving.set()
+            superseded = self._adapters.switch(adapter)
+            self._version = version
+            self.stats.weight_updates += 1
+            self.stats.last_update_s = time.monotonic() - started
+        if superseded is not None:
+            self._retire(superseded)
+
+    async def _load_adapter(self, adapter: ServedAdapter) -> None:
+        body = {"lora_name": adapter.name, "lora_path": str(adapter.directory)}
+        await self._call("POST", "/v1/load_lora_adapter", json=body, timeout=self.config.control_timeout_s, text=True)
+
+    def _retire(self, adapter: ServedAdapter) -> None:
+        """Unload a superseded adapter whose last request ended, and remove its staged files (in the background)."""
+
+        async def retire() -> None:
+            try:
+                body = {"lora_name": adapter.name}
+                timeout = self.config.control_timeout_s
+                await self._call("POST", "/v1/unload_lora_adapter", json=body, timeout=timeout, text=True)
+            except EngineError as exc:  # a restarted server no longer has it; the files go either way
+                log.info("engine %s: unloading adapter %s: %s", self.engine_id, adapter.name, exc)
+            await asyncio.to_thread(shutil.rmtree, adapter.directory, True)
+
+        task = asyncio.create_task(retire(), name=f"{self.engine_id}-retire-{adapter.name}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     def _check_against_reference(self, header: dict[str, tuple[str, tuple[int, ...]]], version: int) -> None:
         """Refuse weights whose names or shapes differ from what the server serves, before touching it."""
@@ -414,7 +495,14 @@ class VLLMEngine(InferenceEngine):
         json: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
         timeout: float | None = None,
+        text: bool = False,
     ) -> dict[str, Any]:
+        """The JSON reply of ``route``; with ``text`` (routes that answer a sentence) an empty dict.
+
+        Raises:
+            EngineUnavailableError: No answer.
+            EngineRequestError: A status other than 200, or a reply that is not JSON where JSON was due.
+        """
         if self._client is None:
             timeout_config = httpx.Timeout(self.config.request_timeout_s, connect=10.0)
             self._client = await asyncio.to_thread(httpx.AsyncClient, timeout=timeout_config)
@@ -432,7 +520,7 @@ class VLLMEngine(InferenceEngine):
             raise EngineUnavailableError(f"{method} {self.url}{route} failed: {exc!r}") from exc
         if reply.status_code != 200:
             raise EngineRequestError(f"{method} {self.url}{route} answered {reply.status_code}: {reply.text[:500]}")
-        if not reply.content:
+        if not reply.content or text:
             return {}
         try:
             data = reply.json()
@@ -467,6 +555,8 @@ class VLLMEngine(InferenceEngine):
                     self.url = self.server.url
                     if self._weights_dir is not None:
                         await self._reload(self._weights_dir)  # serve the version it served before
+                    if self._adapters.current is not None:
+                        await self._load_adapter(self._adapters.current)
                 except EngineError as exc:
                     log.error("engine %s: restart failed: %s", self.engine_id, exc)
                     await self.server.stop()
@@ -493,6 +583,8 @@ class VLLMEngine(InferenceEngine):
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor
+        for task in list(self._retiring):
+            task.cancel()
         if self.server is not None:
             await self.server.stop()
         if self._client is not None:
@@ -521,9 +613,10 @@ async def start_vllm_engines(config: VLLMEngineConfig, count: int) -> dict[str, 
     return {e.engine_id: e for e in engines}
 
 
-def _is_adapter(path: Path) -> bool:
-    """Whether ``path`` holds a LoRA adapter version (an unreadable one is reported by staging)."""
+def _adapter_spec(path: Path) -> AdapterSpec | None:
+    """The spec of the LoRA adapter version at ``path``; None for full weights (and for unreadable ones,
+    which staging reports)."""
     try:
-        return adapter_spec_of(path) is not None
+        return adapter_spec_of(path)
     except (OSError, ValueError):
-        return False
+        return None

@@ -63,6 +63,36 @@ class VLLMLaunchConfig(BaseModel):
     """How long a server may take to exit after SIGTERM before its process group is killed, seconds."""
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``--max-lora-rank`` values vLLM accepts."""
+
+
+class VLLMLoraConfig(BaseModel):
+    """LoRA serving: the servers start with LoRA enabled and the engine serves each adapter version as its own
+    adapter (see :mod:`dart.rollout.engine.vllm_lora`). ``dart run`` sets it from ``train.lora``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_rank: int = Field(default=8, ge=1)
+    """The largest adapter rank the servers take (``--max-lora-rank``: rounded up to a value vLLM accepts)."""
+    max_loras: int = Field(default=2, ge=2)
+    """Adapters one engine step may batch together (``--max-loras``): the newest version and the one whose
+    requests are still finishing; a third waits for a slot."""
+
+    @property
+    def server_rank(self) -> int:
+        """``max_rank`` rounded up to a rank vLLM accepts."""
+        for rank in VLLM_LORA_RANKS:
+            if rank >= self.max_rank:
+                return rank
+        raise ValueError(f"vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}, not {self.max_rank}")
+
+    @model_validator(mode="after")
+    def _servable(self) -> VLLMLoraConfig:
+        _ = self.server_rank
+        return self
+
+
 class VLLMAttachConfig(BaseModel):
     """Servers run by someone else (one per GPU node, say); each URL becomes one engine."""
 
@@ -83,6 +113,8 @@ class VLLMEngineConfig(EngineConfigBase):
     kind: Literal["vllm"] = "vllm"
     launch: VLLMLaunchConfig | None = None
     attach: VLLMAttachConfig | None = None
+    lora: VLLMLoraConfig | None = None
+    """LoRA adapters as versions (``train.lora``); None serves full-weight versions only."""
     dtype: str = "float32"
     """Weight dtype of launched servers."""
     served_model_name: str = "policy"

@@ -75,11 +75,19 @@ def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: i
     ]
     if launch.enforce_eager:
         args.append("--enforce-eager")
+    if config.lora is not None:
+        # One adapter per version, loaded at run time; the one before keeps serving its last requests, so
+        # the CPU cache holds one more than a step batches.
+        args += ["--enable-lora", "--max-lora-rank", str(config.lora.server_rank)]
+        args += ["--max-loras", str(config.lora.max_loras), "--max-cpu-loras", str(config.lora.max_loras + 1)]
     return args + list(launch.extra_args)
 
 
-def server_env(launch: VLLMLaunchConfig, cache_root: Path, index: int = 0) -> dict[str, str]:
-    """Environment of a launched server: offline, dev-mode routes (pause / reload / resume) on.
+def server_env(
+    launch: VLLMLaunchConfig, cache_root: Path, index: int = 0, *, runtime_lora: bool = False
+) -> dict[str, str]:
+    """Environment of a launched server: offline, dev-mode routes (pause / reload / resume) on, and with
+    ``runtime_lora`` the routes that load and unload adapters.
 
     CPU builds bind their compute threads to cores; left to itself every server on a host picks the same
     core, so server ``index`` gets core ``index mod cores`` (set ``VLLM_CPU_OMP_THREADS_BIND`` in
@@ -97,6 +105,8 @@ def server_env(launch: VLLMLaunchConfig, cache_root: Path, index: int = 0) -> di
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if runtime_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.update(launch.env)
     return env
 
@@ -175,7 +185,7 @@ class VLLMServerProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=server_env(self.launch, self.cache_root, self.index),
+                    env=server_env(self.launch, self.cache_root, self.index, runtime_lora=self.config.lora is not None),
                     # Own process group: stop() reaches vLLM's children too. SIGTERM when the rollout service
                     # dies, even by SIGKILL (vLLM then stops its engine-core processes itself).
                     start_new_session=True,

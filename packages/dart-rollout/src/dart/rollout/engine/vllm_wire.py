@@ -22,7 +22,7 @@ _NAME_FORMS = (("model.language_model.", "model."), ("model.visual.", "visual.")
 writes); vLLM loads both, so weights are compared in one form."""
 
 
-def _checkpoint_name(name: str) -> str:
+def checkpoint_name(name: str) -> str:
     for module_prefix, checkpoint_prefix in _NAME_FORMS:
         if name.startswith(module_prefix):
             return checkpoint_prefix + name[len(module_prefix) :]
@@ -32,7 +32,7 @@ def _checkpoint_name(name: str) -> str:
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Tensor name (checkpoint form) -> (dtype, shape) from a ``.safetensors`` header (tensors are not read)."""
     header = read_safetensors_header(path)
-    return {_checkpoint_name(k): (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
+    return {checkpoint_name(k): (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
 
 
 TIED_HEAD, TIED_EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
