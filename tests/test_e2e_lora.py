@@ -33,6 +33,7 @@ def test_lora_adapters_train_publish_and_engines_serve_them(
     summary, run_dir = dart_run(ROOT / "examples" / config, env=env, timeout_s=1150)
     assert summary["error"] is None
     assert summary["versions_published"] >= 2
+    assert summary["version_kind"] == "lora adapter rank 8" and summary["version_bytes"] < 200_000
     assert summary["trajectories_lost"] == 0
     assert summary["service_exit_codes"]["train"] == 0
     # Every version is an adapter: one small file that says so itself, and its manifest says it too.

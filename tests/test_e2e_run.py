@@ -26,6 +26,7 @@ def test_summary_shows_training_and_no_loss(smoke_run: tuple[dict[str, Any], Pat
     summary, run_dir = smoke_run
     assert summary["error"] is None
     assert summary["versions_published"] >= 2
+    assert summary["version_kind"] == "weights" and summary["version_bytes"] > 1_000_000  # the tiny policy
     assert summary["trajectories_produced"] > 0
     assert summary["trajectories_produced"] == summary["trajectories_stored"]
     assert summary["trajectories_lost"] == 0

@@ -102,7 +102,16 @@ def _write_telemetry(run_dir: Path, clock: FakeClock) -> None:
         )
         if step % 2 == 0:
             version = step // 2
-            train.event("trainer.published", version=version, uri=f"file:///w/{version}", sha256="0", step=step)
+            train.event(
+                "trainer.published",
+                version=version,
+                uri=f"file:///w/{version}",
+                sha256="0",
+                step=step,
+                bytes=59_792,
+                kind="lora adapter",
+                adapter_rank=8,
+            )
             at = clock.now / 1e9
             for engine_id in ("engine-0", "engine-1"):
                 rollout.event("engine.update.start", engine_id=engine_id, version=version, ts=at)
@@ -185,6 +194,7 @@ def test_full_report(run_dir: Path) -> None:
     assert 'class="note"' not in page  # every piece is present
     assert "publish_every: 2" in page and "versions_published" in page
     assert "<th>versions published</th><td>5 (latest v5)</td>" in page
+    assert "<th>a version is</th><td>lora adapter (rank 8); the last is 59,792 bytes</td>" in page
     assert "<th>trajectories produced</th><td>40</td>" in page
     assert "<th>trajectories lost (aborted/failed)</th><td>8</td>" in page
     assert "stale: 3" in page

@@ -1,8 +1,8 @@
 """Run under torchrun by test_fsdp.py: 3 updates with the fsdp backend, then a checkpoint resume.
 
 Usage: ``torchrun --nproc-per-node N fsdp_worker.py CONFIG_JSON SAMPLES_JSON OUT_DIR``. Rank 0 writes
-``OUT_DIR/result.pt``: per-step metrics, the first step's full gradients, the final full state dict and
-the state dict of a run resumed from the step-2 checkpoint.
+``OUT_DIR/result.pt``: per-step metrics, the first step's full gradients, the final published weights (the full
+state dict, or the adapters under LoRA) and those of a run resumed from the step-2 checkpoint.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def main() -> None:
         metrics.append(RLUpdate(backend, config).run(samples, inputs).as_dict())
         if i == 1:
             save_checkpoint(backend, out / "step-2", version=2)
-    final = backend.full_state_dict()
+    final = backend.published_weights()[0]
     resumed = FsdpBackend.load(config, image_source=StoreImageSource())
     state = load_checkpoint(resumed, out / "step-2")
     resumed_metrics = RLUpdate(resumed, config).run(samples, inputs).as_dict()
-    resumed_final = resumed.full_state_dict()
+    resumed_final = resumed.published_weights()[0]
     if dist.get_rank() == 0:
         torch.save(
             {

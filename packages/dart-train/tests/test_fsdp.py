@@ -43,14 +43,18 @@ def _run_fsdp(config: dict[str, object], samples: list[TrainingSample], out: Pat
     return result
 
 
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8}], ids=["full", "lora"])
 def test_fsdp_two_ranks_match_one_process_and_resume_exactly(
-    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path, lora: dict[str, int] | None
 ) -> None:
+    """Under LoRA the adapters alone have gradients, are published (named as peft saves them) and are
+    checkpointed; the sharded base stays the checkpoint's."""
     config: dict[str, object] = {
         "model_path": str(tiny_checkpoint),
         "lr": 1e-3,
         "micro_batch_size": 1,
         "num_threads": 1,
+        "lora": lora,
     }
     sharded = _run_fsdp(config, rollout_samples, tmp_path / "fsdp", nproc=2)
 
@@ -77,8 +81,16 @@ def test_fsdp_two_ranks_match_one_process_and_resume_exactly(
         scale = float(g.abs().max()) or 1.0
         assert float((fsdp_grads[name] - g).abs().max()) <= 1e-5 * scale, name
     final = sharded["final"]
-    assert isinstance(final, dict)
-    for name, w in single.full_state_dict().items():
+    published, adapter = single.published_weights()
+    assert isinstance(final, dict) and final.keys() == published.keys()
+    assert (adapter is not None) == (lora is not None)
+    if lora is not None:
+        assert all(".lora_A.weight" in n or ".lora_B.weight" in n for n in final)
+        assert all(".lora_" in n for n in grads)  # the base has no gradients
+        # The checkpoint holds the adapters and their moments, not the base (which model_path holds).
+        files = [f for f in (tmp_path / "fsdp" / "step-2").rglob("*") if f.is_file()]
+        assert files and sum(f.stat().st_size for f in files) < 1_000_000
+    for name, w in published.items():
         assert torch.allclose(final[name], w, rtol=1e-5, atol=1e-6), name
     # Resumed from the step-2 checkpoint, the third step lands on exactly the same weights.
     assert sharded["resumed_step"] == 3 - 1

@@ -328,11 +328,11 @@ class TrainerConfig(ConfigModel):
         return data
 
     @model_validator(mode="after")
-    def _lora_on_the_torch_backend(self) -> TrainerConfig:
-        if self.lora is not None and self.backend.kind != "torch":
+    def _lora_on_the_torch_and_fsdp_backends(self) -> TrainerConfig:
+        if self.lora is not None and self.backend.kind not in ("torch", "fsdp"):
             raise ValueError(
-                f"train.lora is set but train.backend is {self.backend.kind}: LoRA training runs on the torch "
-                "backend (megatron-core has no adapter layers here; FSDP with adapters is not built yet)"
+                f"train.lora is set but train.backend is {self.backend.kind}: LoRA training runs on the torch and "
+                "fsdp backends (megatron-core has no adapter layers here)"
             )
         return self
 

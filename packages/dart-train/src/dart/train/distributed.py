@@ -6,7 +6,7 @@ makes the same backend calls:
 
 - ``("train", [sample dicts])``: the shared RL update on the same samples (:func:`train_batch`: each
   rank rebuilds the inputs, then all agree that every rank could before any collective of the update);
-- ``("publish",)``: gather the full state dict (rank 0 publishes it);
+- ``("publish",)``: gather what a version publishes (rank 0 publishes it): the full state dict, or the adapters;
 - ``("save", path, version)`` / ``("load", path)``: distributed checkpoint;
 - ``("stop",)``: leave the loop.
 
@@ -147,7 +147,7 @@ def follow(backend: Any, config: TrainerConfig, reader: Reader) -> None:
                 # Rank 0 failed on the same batch the same way (same samples, same code): keep following.
                 log.exception("rank %d: update failed", backend.rank)
         elif kind == "publish":
-            backend.full_state_dict()
+            backend.published_weights()
         elif kind == "save":
             save_checkpoint(backend, command[1], version=command[2])
         elif kind == "load":

@@ -6,6 +6,10 @@ parameters are all-gathered for its forward/backward and freed after. gloo on CP
 on ``cuda:<LOCAL_RANK>``); with ``mixed_precision: bf16`` (GPU only) compute runs in bfloat16 while
 master weights and gradient reduction stay float32.
 
+With ``train.lora`` the adapters are added before sharding (:mod:`dart.train.lora`): the frozen base is sharded
+beside them, only the adapters have gradients and moments, a version gathers the adapters alone, and a
+checkpoint holds them and their optimizer state (the base comes from ``model_path``).
+
 Launch: ``torchrun --nproc-per-node N`` (``dart serve train`` does it when ``train.backend.nproc > 1``, with
 torchrun's rendezvous across machines when ``train.backend.nnodes > 1``);
 without torchrun's environment the backend runs as a one-rank group. Checkpoints are
@@ -24,10 +28,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dart.protocol.weights import AdapterSpec
 from dart.train.backend import TorchBackend, _dtype
 from dart.train.batching import ImageSource
 from dart.train.config import FsdpBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, TrainerError
+from dart.train.lora import ADAPTER_NAME, add_adapters, spec_of
 
 
 def init_process_group(device_type: str) -> tuple[int, int, int]:
@@ -96,14 +102,17 @@ class FsdpBackend(TorchBackend):
         torch.manual_seed(config.seed)
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         model = family_of(path).model_cls().from_pretrained(path, local_files_only=True, dtype=_dtype(config.dtype))
+        if config.lora is not None:
+            model = add_adapters(model, config.lora)
         model.to(device)
         model.train()
         kwargs: dict[str, Any] = {}
         if settings.mixed_precision == "bf16":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.model.visual.blocks:
+        policy = model.get_base_model() if config.lora is not None else model
+        for block in policy.model.visual.blocks:
             fully_shard(block, **kwargs)
-        for layer in model.model.language_model.layers:
+        for layer in policy.model.language_model.layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
         backend = cls(config.model_copy(update={"device": str(device)}), model, processor, image_source)
@@ -136,12 +145,32 @@ class FsdpBackend(TorchBackend):
 
     weights = full_state_dict
 
+    def published_weights(self) -> tuple[dict[str, torch.Tensor], AdapterSpec | None]:
+        """What a version publishes, on rank 0 (``{}`` elsewhere; collective): the full state dict, or under LoRA
+        the adapters alone, gathered and named as peft saves them."""
+        if self.config.lora is None:
+            return self.full_state_dict(), None
+        adapters = {}
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:  # every rank, in the same order: each gather is a collective
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                if self.is_main:
+                    adapters[name.replace(f".{ADAPTER_NAME}.", ".")] = full.detach().to("cpu", copy=True)
+        return adapters, spec_of(self.config.lora, self.base_model)
+
+    def _state_options(self) -> Any:
+        """Checkpoints of a LoRA run hold the adapters: the frozen base comes from ``model_path``."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        lora = self.config.lora is not None
+        return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
     def save_checkpoint(self, path: str | Path) -> None:
         """Write sharded weights and optimizer state with ``torch.distributed.checkpoint`` (collective)."""
         from torch.distributed.checkpoint import state_dict_saver
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         state_dict_saver.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -157,7 +186,10 @@ class FsdpBackend(TorchBackend):
             raise CheckpointError(
                 str(path), "no torch.distributed.checkpoint metadata: not written by the fsdp backend"
             )
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        # Loaded in place: dcp fills the tensors of the dicts it is given.
+        options = self._state_options()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
+        # Loaded in place: dcp fills the tensors of the dicts it is given (and fails on one it lacks).
         state_dict_loader.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options
+        )

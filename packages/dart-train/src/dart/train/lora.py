@@ -17,6 +17,10 @@ import torch
 from dart.protocol.weights import AdapterSpec, with_adapters
 from dart.train.config import LoraSettings
 
+ADAPTER_NAME = "default"
+"""peft's name of a model's one adapter: in its parameter names (``...q_proj.lora_A.default.weight``), not in
+the names it saves."""
+
 
 def spec_of(settings: LoraSettings, base_model: str) -> AdapterSpec:
     """The published description of adapters trained with ``settings`` over ``base_model``."""

@@ -24,6 +24,7 @@ from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.store import ArtifactStore, StoreConfig
 from dart.protocol.telemetry import BusyTracker, GpuSampler, Telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, ensure_topology
+from dart.protocol.weights import AdapterSpec
 from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
@@ -343,12 +344,22 @@ class TrainerService:
         version = self.version + 1
         if self._busy is not None:
             async with self._busy.busy("publish"):
-                model = await self._publish(version)
+                model, adapter = await self._publish(version)
         else:
-            model = await self._publish(version)
+            model, adapter = await self._publish(version)
         self.version = version
         self.stats.published += 1
-        self._event("trainer.published", version=version, uri=model.uri, sha256=model.sha256, step=model.trainer_step)
+        # What a version is travels with it (its file says so); the event says it for the summary and report.
+        kind = {"kind": "lora adapter", "adapter_rank": adapter.rank} if adapter is not None else {"kind": "weights"}
+        self._event(
+            "trainer.published",
+            version=version,
+            uri=model.uri,
+            sha256=model.sha256,
+            step=model.trainer_step,
+            bytes=model.size_bytes,
+            **kind,
+        )
         if self.config.retention.enabled:
             pruned = await asyncio.to_thread(
                 prune_weights, self.publisher.store, self.publisher.prefix, version, self.config.retention
@@ -357,16 +368,17 @@ class TrainerService:
                 self._event("trainer.weights_pruned", versions=pruned)
         return model
 
-    async def _publish(self, version: int) -> ModelVersion:
+    async def _publish(self, version: int) -> tuple[ModelVersion, AdapterSpec | None]:
         self.commander.send("publish")
         weights, adapter = await asyncio.to_thread(self.backend.published_weights)
-        return await self.publisher.publish(
+        model = await self.publisher.publish(
             weights,
             version,
             trainer_step=self.backend.step,
             base_model=Path(self.config.model_path).name,
             adapter=adapter,
         )
+        return model, adapter
 
     async def checkpoint(self) -> Path:
         """Write a resumable checkpoint ``step-<n>`` under ``config.checkpoint_dir``."""

@@ -68,6 +68,13 @@ def headline_figures(data: RunData) -> list[tuple[str, str]]:
     published = data.event_list("trainer.published")
     versions = [int(e.attributes["version"]) for e in published if "version" in e.attributes]
     rows.append(("versions published", f"{len(published)}" + (f" (latest v{max(versions)})" if versions else "")))
+    if published:  # what a version is: full weights, or a LoRA run's adapter over its base
+        last = published[-1].attributes
+        kind = str(last.get("kind", "weights"))
+        if "adapter_rank" in last:
+            kind += f" (rank {last['adapter_rank']})"
+        size = f"; the last is {int(last['bytes']):,} bytes" if "bytes" in last else ""
+        rows.append(("a version is", kind + size))
     rows.append(("trainer steps", str(len(data.event_list("trainer.step")))))
 
     stats = data.event_list("data.stats")

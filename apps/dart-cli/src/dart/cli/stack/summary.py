@@ -155,6 +155,21 @@ def staleness_figures(telemetry_dir: Path) -> dict[str, Any]:
     }
 
 
+def published_figures(telemetry_dir: Path) -> dict[str, Any]:
+    """What the published versions were, from the trainer's ``trainer.published`` events: ``version_kind``
+    (``weights``, or ``lora adapter rank R`` for a LoRA run) and ``version_bytes`` (of the last; None
+    before any)."""
+    last: dict[str, Any] = {}
+    events = read_jsonl(telemetry_dir, types={"event"}) if telemetry_dir.is_dir() else iter(())
+    for record in events:
+        if record.get("name") == "trainer.published":
+            last = record.get("attributes") or {}
+    kind = last.get("kind")
+    if kind == "lora adapter":
+        kind = f"lora adapter rank {last.get('adapter_rank')}"
+    return {"version_kind": kind, "version_bytes": last.get("bytes")}
+
+
 def retention_figures(telemetry_dir: Path) -> dict[str, int]:
     """What the data manager's retention deleted during the run (its ``data.retention`` events):
     trajectories whose objects went, objects and bytes deleted, shared screenshots among them."""
@@ -189,6 +204,7 @@ def build_summary(
     return {
         "run_dir": str(run_dir),
         "versions_published": versions,
+        **published_figures(run_dir / "telemetry"),
         "trajectories_produced": produced,
         "trajectories_stored": stored,
         "trajectories_lost": produced - stored - sum(rejected.values()),
