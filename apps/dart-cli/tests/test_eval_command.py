@@ -115,6 +115,30 @@ def test_eval_of_a_sharded_version_fetches_and_loads_every_shard(run_dir: Path, 
     assert isinstance(line, dict) and (line["version"], line["policy_version"], line["errors"]) == (6, 6, 0)
 
 
+def test_eval_of_an_adapter_version_serves_it_over_the_base(run_dir: Path, tmp_path: Path) -> None:
+    """A LoRA run's version is an adapter: evaluated like any version, the engine applies it over the base."""
+    import torch
+
+    from dart.rollout.model.loading import load_policy
+    from dart.train.config import LoraSettings
+    from dart.train.lora import adapter_state, add_adapters, spec_of
+    from dart.train.publish import WeightPublisher
+
+    base = run_dir / "model" / "sft"
+    model, _ = load_policy(str(base))
+    model = add_adapters(model, LoraSettings(rank=4, alpha=8))
+    with torch.no_grad():  # a trained adapter: B is no longer zero
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(std=0.05)
+    publisher = WeightPublisher(open_store((tmp_path / "artifacts").as_uri()))
+    spec = spec_of(LoraSettings(rank=4, alpha=8), base.name)
+    version = publisher.save(adapter_state(model), 7, trainer_step=7, base_model=base.name, adapter=spec)
+    code, line = _eval(version.uri, "--base", str(base), "-c", str(run_dir / "config.yaml"))
+    assert code == 0, line
+    assert isinstance(line, dict) and (line["version"], line["policy_version"], line["errors"]) == (7, 7, 0)
+
+
 def test_eval_rejects_what_is_not_a_policy(tmp_path: Path) -> None:
     code, out = _eval(str(tmp_path))
     assert code == 2 and "not a checkpoint directory" in str(out)

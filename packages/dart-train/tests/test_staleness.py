@@ -42,6 +42,6 @@ def test_policy_lag_counts_pool_samples_apart() -> None:
     fresh = [_sample("a", 4), _sample("b", 5)]
     pooled = [_sample("p", 1, pool=True)]
     lag = policy_lag(5, fresh + pooled)
-    assert lag["max_policy_lag"] == 1 and lag["mean_policy_lag"] == 0.5
+    assert lag["max_policy_lag"] == 1 and lag["mean_policy_lag"] == 0.5 and lag["min_policy_version"] == 4
     assert lag["pool_samples"] == 1 and lag["pool_max_policy_lag"] == 4
-    assert policy_lag(5, pooled)["max_policy_lag"] == 0
+    assert policy_lag(5, pooled)["max_policy_lag"] == 0 and policy_lag(5, pooled)["min_policy_version"] == 1

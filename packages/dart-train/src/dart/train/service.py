@@ -251,7 +251,6 @@ class TrainerService:
         self._event(
             "trainer.step",
             batch_id=batch.batch_id,
-            min_policy_version=batch.min_policy_version,
             stale_dropped=len(split.dropped),
             **policy_lag(self.version, split.kept),
             **metrics.as_dict(),

@@ -53,11 +53,13 @@ def policy_lag(version: int, samples: list[TrainingSample]) -> dict[str, float |
 
     Experience-pool samples carry their old version and are weighted by their own importance weights
     in the loss, but would make every batch look maximally stale if mixed in, so ``max_policy_lag`` /
-    ``mean_policy_lag`` cover the fresh samples and ``pool_*`` the pooled ones.
+    ``mean_policy_lag`` cover the fresh samples and ``pool_*`` the pooled ones; ``min_policy_version`` is the
+    oldest version among the fresh samples (among the pooled ones when there is none).
     """
     fresh = [version - s.policy_version for s in samples if not s.from_experience_pool]
     pool = [version - s.policy_version for s in samples if s.from_experience_pool]
     return {
+        "min_policy_version": version - max(fresh, default=max(pool, default=0)),
         "max_policy_lag": max(fresh, default=0),
         "mean_policy_lag": sum(fresh) / len(fresh) if fresh else 0.0,
         "pool_samples": len(pool),
