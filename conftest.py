@@ -6,6 +6,8 @@
   package); ``postgres_url`` is a fresh database on it per test. Skipped, with the reason, only
   where the server binaries are absent; ``DART_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) turns
   that skip into a failure.
+- ``built_images``: the compose stack's images (``scripts/build-images.sh``), built in the background from
+  the moment ``tests/test_stack.py`` is collected.
 - Guards: no connection beyond loopback; no callback may block an event loop for longer than
   ``BLOCKING_LIMIT_S`` (time spent waiting for a CPU on a busy machine excluded; see the guard).
 """
@@ -15,9 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -86,6 +91,53 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("e2e") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
+
+
+ROOT = Path(__file__).resolve().parent
+STACK_TEST = "tests/test_stack.py"
+BUILD_IMAGES = ["bash", str(ROOT / "scripts" / "build-images.sh"), "--local-base", "--offline-infra"]
+BUILD_TIMEOUT_S = 2400.0
+_image_build: dict[str, Any] = {}
+"""The background build of the stack's images: ``proc`` and ``log``, once started."""
+
+
+def _can_build_images() -> bool:
+    """Root, docker, docker-compose, mmdebstrap and a daemon that answers (else the stack test says why)."""
+    if os.geteuid() != 0 or any(shutil.which(t) is None for t in ("docker", "docker-compose", "mmdebstrap")):
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building the compose stack's images as soon as its test is collected: the build (about 4 minutes)
+    mostly waits on the disk and the network, so it runs beside the tests that come first."""
+    if not any(item.nodeid.startswith(STACK_TEST) for item in session.items) or not _can_build_images():
+        return
+    log = Path(tempfile.mkdtemp(prefix="dart-build-images-")) / "build-images.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(BUILD_IMAGES, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    _image_build.update(proc=proc, log=log)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A build the session no longer waits for (the stack test deselected or never reached) is stopped."""
+    proc = _image_build.get("proc")
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def built_images(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """``scripts/build-images.sh --local-base --offline-infra`` done: its exit code and log. Started at
+    collection (see :func:`pytest_collection_finish`), else here."""
+    proc = _image_build.get("proc")
+    if proc is not None:
+        return proc.wait(timeout=BUILD_TIMEOUT_S), _image_build["log"]
+    log = tmp_path_factory.mktemp("build-images") / "build-images.log"
+    with log.open("wb") as out:
+        done = subprocess.run(BUILD_IMAGES, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=BUILD_TIMEOUT_S)
+    return done.returncode, log
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """The compose stack (deploy/docker-compose.yml), built and run for real on this machine.
 
 It builds the images (``scripts/build-images.sh --local-base --offline-infra``: base image made with
-mmdebstrap, every locked wheel downloaded on the host), brings up the parts that run without an image
+mmdebstrap, every locked wheel downloaded on the host; the root conftest's ``built_images`` starts the build
+in the background when this test is collected), brings up the parts that run without an image
 registry (deploy/docker-compose.offline.yml: NATS with per-service users, an S3 store, PostgreSQL,
 Prometheus, the checkpoint writer and the four DART services on the smoke job in deploy/dart/run.yaml),
 and checks:
@@ -169,7 +170,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     missing = _docker_missing()
     if missing is not None:
         reason = f"the stack test needs root, docker, docker-compose and mmdebstrap: {missing}"
@@ -177,18 +178,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             pytest.fail(f"{reason}, and DART_REQUIRE_DOCKER=1")
         pytest.skip(reason)
     workdir = tmp_path_factory.mktemp("stack")
-    build_log = workdir / "build-images.log"
-    with build_log.open("wb") as log:
-        built = subprocess.run(
-            ["bash", str(REPO / "scripts" / "build-images.sh"), "--local-base", "--offline-infra"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            timeout=2400,
-        )
+    # The root conftest started the build when this test was collected; it is waited for here.
+    code, build_log = request.getfixturevalue("built_images")
+    shutil.copyfile(build_log, workdir / "build-images.log")
     # The wheels the images were built from (~4 GB) are not needed again here.
     shutil.rmtree(REPO / "deploy" / "build", ignore_errors=True)
-    assert built.returncode == 0, build_log.read_text()[-4000:]
+    assert code == 0, build_log.read_text()[-4000:]
     stack = Stack(workdir)
     stack.compose("down", "--volumes", "--remove-orphans", check=False)  # leftovers of an interrupted run
     try:
