@@ -33,7 +33,7 @@ from dart.train.backend import TorchBackend, _dtype
 from dart.train.batching import ImageSource
 from dart.train.config import FsdpBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, TrainerError
-from dart.train.lora import ADAPTER_NAME, add_adapters, spec_of
+from dart.train.lora import adapter_state, add_adapters, spec_of
 
 
 def init_process_group(device_type: str) -> tuple[int, int, int]:
@@ -150,13 +150,15 @@ class FsdpBackend(TorchBackend):
         the adapters alone, gathered and named as peft saves them."""
         if self.config.lora is None:
             return self.full_state_dict(), None
-        adapters = {}
+        gathered = {}
         for name, param in self.model.named_parameters():
             if param.requires_grad:  # every rank, in the same order: each gather is a collective
                 full = param.full_tensor() if hasattr(param, "full_tensor") else param
                 if self.is_main:
-                    adapters[name.replace(f".{ADAPTER_NAME}.", ".")] = full.detach().to("cpu", copy=True)
-        return adapters, spec_of(self.config.lora, self.base_model)
+                    gathered[name] = full.detach().to("cpu", copy=True)
+        if not self.is_main:
+            return {}, None
+        return adapter_state(self.model, gathered), spec_of(self.config.lora, self.base_model)
 
     def _state_options(self) -> Any:
         """Checkpoints of a LoRA run hold the adapters: the frozen base comes from ``model_path``."""

@@ -17,10 +17,6 @@ import torch
 from dart.protocol.weights import AdapterSpec, with_adapters
 from dart.train.config import LoraSettings
 
-ADAPTER_NAME = "default"
-"""peft's name of a model's one adapter: in its parameter names (``...q_proj.lora_A.default.weight``), not in
-the names it saves."""
-
 
 def spec_of(settings: LoraSettings, base_model: str) -> AdapterSpec:
     """The published description of adapters trained with ``settings`` over ``base_model``."""
@@ -47,8 +43,10 @@ def add_adapters(model: Any, settings: LoraSettings) -> Any:
     return with_adapters(model, config)
 
 
-def adapter_state(model: Any) -> dict[str, torch.Tensor]:
-    """The adapters' tensors on CPU, contiguous and detached, named as peft saves them."""
+def adapter_state(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The adapters' tensors on CPU, contiguous and detached, named as peft saves them; taken from
+    ``state_dict`` (the model's parameter names: gathered shards, say) when given, else from the model."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    state = get_peft_model_state_dict(model, state_dict=state_dict)
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}

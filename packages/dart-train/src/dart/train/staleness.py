@@ -58,8 +58,9 @@ def policy_lag(version: int, samples: list[TrainingSample]) -> dict[str, float |
     """
     fresh = [version - s.policy_version for s in samples if not s.from_experience_pool]
     pool = [version - s.policy_version for s in samples if s.from_experience_pool]
+    oldest_lag = max(fresh or pool, default=0)
     return {
-        "min_policy_version": version - max(fresh, default=max(pool, default=0)),
+        "min_policy_version": version - oldest_lag,
         "max_policy_lag": max(fresh, default=0),
         "mean_policy_lag": sum(fresh) / len(fresh) if fresh else 0.0,
         "pool_samples": len(pool),

@@ -34,6 +34,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -332,13 +333,9 @@ class VLLMEngine(InferenceEngine):
             if self._closed():
                 raise EngineClosedError("engine is closed")
             started = time.monotonic()
-            self._state = EngineState.DRAINING
-            self._serving.clear()
             try:
-                if self.config.pause_mode == "wait":
-                    await asyncio.wait_for(self._idle.wait(), self.config.control_timeout_s)
-                self._state = EngineState.LOADING
-                await self._swap(directory, version, header)
+                async with self._requests_held(drain=self.config.pause_mode == "wait"):
+                    await self._swap(directory, version, header)
                 self.stats.weight_updates += 1
                 self.stats.last_update_s = time.monotonic() - started
             except (EngineError, TimeoutError) as exc:
@@ -348,10 +345,22 @@ class VLLMEngine(InferenceEngine):
                 if isinstance(exc, WeightUpdateError):
                     raise
                 raise WeightUpdateError(version, f"{type(exc).__name__}: {exc}") from exc
-            finally:
-                if self._state is not EngineState.CLOSED:
-                    self._state = EngineState.SERVING
-                    self._serving.set()
+
+    @contextlib.asynccontextmanager
+    async def _requests_held(self, *, drain: bool) -> AsyncIterator[None]:
+        """New generate calls wait (DRAINING) while the body runs (LOADING); with ``drain`` the body starts once
+        the requests in flight have finished. Serving again afterwards, whatever the body raised."""
+        self._state = EngineState.DRAINING
+        self._serving.clear()
+        try:
+            if drain:
+                await asyncio.wait_for(self._idle.wait(), self.config.control_timeout_s)
+            self._state = EngineState.LOADING
+            yield
+        finally:
+            if self._state is not EngineState.CLOSED:
+                self._state = EngineState.SERVING
+                self._serving.set()
 
     async def _update_adapter(self, path: Path, spec: AdapterSpec, version: int) -> None:
         """Serve adapter version ``version`` from the next request on; see :mod:`dart.rollout.engine.vllm_lora`."""
@@ -376,22 +385,15 @@ class VLLMEngine(InferenceEngine):
             if self._closed():
                 raise EngineClosedError("engine is closed")
             started = time.monotonic()
+            # Only the first adapter holds requests: base requests never share a batch with adapter requests.
             first = self._adapters.current is None
             try:
-                if first:  # base requests never share a batch with adapter requests: let them finish
-                    self._state = EngineState.DRAINING
-                    self._serving.clear()
-                    await asyncio.wait_for(self._idle.wait(), self.config.control_timeout_s)
-                    self._state = EngineState.LOADING
-                await self._load_adapter(adapter)
+                async with self._requests_held(drain=True) if first else contextlib.nullcontext():
+                    await self._load_adapter(adapter)
             except (EngineError, TimeoutError) as exc:
                 self.stats.failed_updates += 1
                 await asyncio.to_thread(shutil.rmtree, directory, True)
                 raise WeightUpdateError(version, f"{type(exc).__name__}: {exc}") from exc
-            finally:
-                if first and self._state is not EngineState.CLOSED:
-                    self._state = EngineState.SERVING
-                    self._serving.set()
             superseded = self._adapters.switch(adapter)
             self._version = version
             self.stats.weight_updates += 1

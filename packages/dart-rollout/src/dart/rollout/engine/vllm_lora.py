@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dart.protocol.weights import AdapterSpec, read_safetensors_header
-from dart.rollout.engine.vllm_wire import checkpoint_name, stage_weights
+from dart.rollout.engine.vllm_wire import checkpoint_name, link_or_copy
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -91,14 +91,14 @@ def adapter_name(served_model_name: str, version: int) -> str:
 
 def stage_adapter(directory: Path, weights: Path, spec: AdapterSpec) -> Path:
     """``directory`` as vLLM loads an adapter: ``weights``' bytes as ``adapter_model.safetensors`` (a hard
-    link where possible, see :func:`~dart.rollout.engine.vllm_wire.stage_weights`) and the peft
+    link where possible: :func:`~dart.rollout.engine.vllm_wire.link_or_copy`) and the peft
     ``adapter_config.json`` of ``spec``.
 
     Raises:
         OSError: ``weights`` is unreadable or ``directory`` cannot be written.
     """
-    stage_weights(directory, weights)
-    (directory / "model.safetensors").replace(directory / ADAPTER_WEIGHTS)
+    directory.mkdir(parents=True, exist_ok=True)
+    link_or_copy(weights, directory / ADAPTER_WEIGHTS)
     config = {
         "peft_type": "LORA",
         "r": spec.rank,

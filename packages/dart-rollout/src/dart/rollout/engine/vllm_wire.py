@@ -117,7 +117,7 @@ def stage_weights(directory: Path, weights: Path) -> Path:
         staged = {WEIGHTS_NAME: weights}
     directory.mkdir(parents=True, exist_ok=True)
     for name, source in staged.items():
-        _link(source, directory / name)
+        link_or_copy(source, directory / name)
     # Restaged over an earlier attempt of another layout: only what was just staged may be read.
     for stale in directory.iterdir():
         if stale.name not in staged and (stale.name == INDEX_NAME or stale.suffix == ".safetensors"):
@@ -125,7 +125,9 @@ def stage_weights(directory: Path, weights: Path) -> Path:
     return directory
 
 
-def _link(source: Path, target: Path) -> None:
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` holding ``source``'s bytes: a hard link, or a copy across filesystems (never a symbolic link:
+    see :func:`stage_weights`)."""
     target.unlink(missing_ok=True)
     try:
         os.link(source, target)
