@@ -195,7 +195,13 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
         assert not errors, f"fault injection failed: {errors[0]!r}\n" + stdout[-3000:] + stderr[-5000:]
         assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
         summary = json.loads(stdout.strip().splitlines()[-1])
-        return summary, Path(summary["run_dir"])
+        run_dir = Path(summary["run_dir"])
+        for service, code in summary.get("service_exit_codes", {}).items():
+            if code != 0:  # shown with the test that fails on it: a killed service's stacks end its log
+                log = run_dir / "logs" / f"{service}.log"
+                tail = log.read_text(errors="replace")[-12000:] if log.is_file() else "(no log)"
+                print(f"--- {service} exited {code}; the end of {log}:\n{tail}")
+        return summary, run_dir
 
     return run
 

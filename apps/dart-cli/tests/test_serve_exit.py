@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,62 @@ def test_the_packages_know_every_section_of_a_run_config() -> None:
     from dart.protocol.serving import RUN_CONFIG_SECTIONS
 
     assert set(RunConfig.model_fields) == RUN_CONFIG_SECTIONS
+
+
+STUCK_SERVICE = """
+import asyncio, logging, sys, threading
+from dart.protocol.bus import BusConfig
+from dart.protocol.serving import ServeConfig, ServeRunSection, serve
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+
+
+def blocked_worker(forever):
+    forever.wait()
+
+
+async def never_ends():
+    await asyncio.Event().wait()
+
+
+async def body(config, bus, telemetry, stop):
+    threading.Thread(target=blocked_worker, args=(threading.Event(),), name="blocked", daemon=True).start()
+    print("serving", file=sys.stderr, flush=True)
+    await stop.wait()
+    await never_ends()  # its stop hangs
+
+
+config = ServeConfig(run=ServeRunSection(name="stuck", run_dir=sys.argv[2]), bus=BusConfig(url=sys.argv[1]))
+asyncio.run(serve("stuck", config, body, version="0"))
+"""
+
+
+def test_a_service_that_does_not_stop_writes_its_stacks_before_it_is_killed(
+    nats_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`dart run` stops a service with SIGTERM and kills it after its timeout; before the kill the service
+    writes where each thread and each asyncio task waits to its log, so a hang can be read afterwards."""
+    from dart.cli.stack.run import stop_process
+
+    script, log_path = tmp_path / "stuck.py", tmp_path / "stuck.log"
+    script.write_text(STUCK_SERVICE)
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), nats_url, str(tmp_path / "run")],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "serving" not in log_path.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None and "serving" in log_path.read_text(), log_path.read_text()
+        assert stop_process(proc, timeout_s=1.0) == -9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = log_path.read_text()
+    assert "Thread 0x" in log and "in blocked_worker" in log  # every thread, from faulthandler
+    assert "asyncio tasks:" in log and "in never_ends" in log  # every task, from the event loop
+    assert "did not stop within 1 s: killed" in caplog.text

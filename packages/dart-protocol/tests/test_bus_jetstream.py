@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 import nats
+import nats.aio.msg
 import pytest
 
 from dart.embedded.nats import EmbeddedNats
@@ -229,6 +230,34 @@ async def test_closing_mid_batch_hands_the_rest_back_at_once(bus: Bus) -> None:
     rest = await other.fetch(2, timeout=1.0)  # well before the 30 s ack_wait
     assert sorted(d.message.item_id for d in rest) == ["w1", "w2"]
     assert all(d.num_delivered == 2 for d in rest)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+async def test_a_cancellation_that_comes_with_a_message_ends_the_fetch(bus: Bus, batch: int) -> None:
+    """nats-py's fetch waits with asyncio.wait_for, which on Python 3.11 returns a message that arrives in
+    the same loop pass as a cancellation instead of raising it (a data manager's ingest loop never
+    stopped that way). The consumer raises the cancellation anyway and hands the message back at once."""
+    durable = await work_queue(bus, ack_wait_s=30.0)
+    consumer = await bus.pull_consumer("work", durable, Work)
+    fetching = asyncio.create_task(consumer.fetch(batch, timeout=10.0))
+    # The moment of the race, made certain: the fetch is cancelled as nats-py queues the message for it.
+    queue = consumer._sub._sub._pending_queue  # nats-py's queue of the pull subscription
+    put = queue.put_nowait
+
+    def put_then_cancel(msg: nats.aio.msg.Msg) -> None:
+        put(msg)
+        if msg.data and not (msg.headers or {}).get("Status"):
+            fetching.cancel()
+
+    queue.put_nowait = put_then_cancel  # type: ignore[method-assign]
+    await asyncio.sleep(0.2)  # the pull request is out
+    await bus.js_publish(bus.subjects.stream_subject("work"), Work(item_id="raced"), msg_id="raced")
+    with pytest.raises(asyncio.CancelledError):
+        await fetching
+    queue.put_nowait = put  # type: ignore[method-assign]
+
+    [again] = await consumer.fetch(1, timeout=2.0)  # well before the 30 s ack_wait
+    assert (again.message.item_id, again.num_delivered) == ("raced", 2)
 
 
 async def test_pull_consumer_requires_an_existing_durable(bus: Bus) -> None:

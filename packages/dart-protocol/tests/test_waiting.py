@@ -1,4 +1,5 @@
-"""wait_event never turns a cancellation into a timeout (asyncio.wait_for on Python 3.11 can)."""
+"""wait_event never turns a cancellation into a timeout (asyncio.wait_for on Python 3.11 can); cancel_and_wait
+ends tasks that swallowed one."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from dart.protocol.waiting import wait_event
+from dart.protocol.waiting import cancel_and_wait, wait_event
 
 pytestmark = pytest.mark.unit
 
@@ -41,3 +42,26 @@ async def test_a_cancel_that_comes_as_the_event_is_set_ends_a_polling_loop(yield
     done, _ = await asyncio.wait({task}, timeout=10.0)
     assert done == {task}, "the cancellation was swallowed: the loop kept polling"
     assert task.cancelled()
+
+
+async def test_cancel_and_wait_asks_again_until_a_task_that_swallowed_a_cancel_ends() -> None:
+    """A task that swallows its first cancellation (as a library's wait_for can) still ends; what the
+    others raised is not raised."""
+    swallowed = asyncio.Event()
+
+    async def swallows_once() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            swallowed.set()  # a loop around a wait_for that returned a result instead
+        await asyncio.sleep(60)
+
+    async def fails() -> None:
+        raise RuntimeError("not raised by cancel_and_wait")
+
+    stubborn, failing = asyncio.create_task(swallows_once()), asyncio.create_task(fails())
+    await asyncio.sleep(0)
+    await cancel_and_wait([stubborn, failing], again_after_s=0.05)
+    assert swallowed.is_set() and stubborn.cancelled()
+    assert isinstance(failing.exception(), RuntimeError)
+    await cancel_and_wait([])  # nothing to do

@@ -40,6 +40,7 @@ from dart.protocol.messages import ModelVersion, TaskSpec, Trajectory
 from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import Telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+from dart.protocol.waiting import cancel_and_wait
 
 log = logging.getLogger("dart.data")
 
@@ -219,9 +220,7 @@ class DataService:
         except TimeoutError:
             locked = False
         try:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
         finally:
             if locked:
                 self.former.lock.release()

@@ -16,6 +16,9 @@ Lifecycle of a served service::
     config loaded -> telemetry set up -> bus connected -> body starts the service (event ``service.ready``)
         -> serves until SIGINT/SIGTERM (or its own end) -> bus drained -> telemetry flushed -> exit 0
 
+SIGUSR1 writes every thread's and every asyncio task's stack to stderr (:mod:`dart.protocol.stacks`):
+``dart run`` sends it to a service that did not stop in time, just before killing it.
+
 A config error ends the process with exit code 2, a fatal error with exit code 1; either way the last
 stderr line is ``error: ...`` naming the service and the error (the log keeps the traceback), so an
 orchestrator (``dart run``'s supervisor, docker, systemd) restarts it.
@@ -38,6 +41,7 @@ from pydantic import ConfigDict, Field, model_validator
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.config import ConfigModel, command_line_overrides, load_config
 from dart.protocol.errors import ConfigError
+from dart.protocol.stacks import dump_stacks_on_signal
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
@@ -161,6 +165,7 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    dump_stacks_on_signal(loop)  # where it hangs, should it not stop
     if config.run.torch_threads:
         with contextlib.suppress(ImportError):
             import torch

@@ -11,6 +11,7 @@ ingest every published trajectory, stop the rest -> write ``summary.json`` and p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
+from dart.protocol.stacks import DUMP_SIGNAL
 from dart.protocol.store import StoreConfig
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
 
@@ -220,15 +222,32 @@ def spawn(
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
-    """SIGTERM, wait, then SIGKILL; returns the exit code."""
+    """SIGTERM, wait, then SIGKILL; returns the exit code.
+
+    One that does not stop in time is first asked for its stacks (:data:`DUMP_SIGNAL`: a ``dart serve``
+    process writes where each thread and task waits to the end of its log), then killed.
+    """
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            proc.send_signal(DUMP_SIGNAL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_STACK_DUMP_S)
+            log.warning("%s did not stop within %.0f s: killed (its stacks end its log)", _named(proc), timeout_s)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return int(proc.returncode)
+
+
+_STACK_DUMP_S = 2.0
+"""How long a process that did not stop has to write its stacks before it is killed."""
+
+
+def _named(proc: subprocess.Popen[bytes]) -> str:
+    args = proc.args if isinstance(proc.args, list | tuple) else [proc.args]
+    return f"{' '.join(str(a) for a in args[-4:])} (pid {proc.pid})"
 
 
 def _table(progress: RunProgress, elapsed: float, produced: int, version: int, now_ns: int) -> Table:

@@ -38,6 +38,7 @@ from dart.protocol.messages import (
 from dart.protocol.retry import Backoff, pause
 from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import BusyTracker, Telemetry
+from dart.protocol.waiting import cancel_and_wait
 
 log = logging.getLogger("dart.env.service")
 
@@ -163,9 +164,7 @@ class EnvService:
         for service in self._services:
             await service.stop()
         background = [*self._tasks, *([self._reaper] if self._reaper is not None else [])]
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, self._spares.stop(), return_exceptions=True)
+        await asyncio.gather(cancel_and_wait(background), self._spares.stop(), return_exceptions=True)
         # Crashed backends being closed are waited for, not cancelled: a half-closed browser or
         # desktop would outlive the service.
         await asyncio.gather(*self._closing, return_exceptions=True)

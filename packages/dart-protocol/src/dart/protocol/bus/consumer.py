@@ -6,6 +6,8 @@ fix it; everything else is redelivered by the server until acked or out of ``max
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -160,12 +162,22 @@ class PullConsumer(Generic[T]):
         """
         if self._closed:
             raise JetStreamError("fetch", f"{self.stream}/{self.durable}", "consumer is closed")
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         try:
             msgs = await self._sub.fetch(n, timeout=timeout)
         except TimeoutError:
-            return []
+            msgs = []
         except nats.errors.Error as exc:
             raise JetStreamError("fetch", f"{self.stream}/{self.durable}", reason(exc)) from exc
+        if task is not None and task.cancelling() > cancels:
+            # nats-py waits for messages with asyncio.wait_for, which on Python 3.11 returns a message
+            # that arrives with a cancellation (or times out) instead of raising it: a loop around this
+            # fetch would never end. Raise the cancellation; what came is handed back at once.
+            for msg in msgs:
+                with contextlib.suppress(nats.errors.Error):
+                    await msg.nak()
+            raise asyncio.CancelledError
         deliveries = []
         for msg in msgs:
             delivery = await self._validate(msg)

@@ -29,6 +29,7 @@ from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, Trajector
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
+from dart.protocol.waiting import cancel_and_wait
 from dart.rollout.engine.interface import ENGINES, EngineError, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import RolloutConfig, resolve_runner
@@ -215,11 +216,7 @@ class RolloutService:
                 task.cancel()  # -> ABORTED trajectories, which the loops still publish
             if pending:
                 await asyncio.wait(pending, timeout=max(5.0, self.config.fetch_timeout_s * 2))
-            for loop in self._loops:
-                if not loop.done():
-                    loop.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loop
+            await cancel_and_wait(self._loops)
             self._loops = []
         for consumer in self._consumers:
             await consumer.close()

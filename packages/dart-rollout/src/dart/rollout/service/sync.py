@@ -39,6 +39,7 @@ from dart.protocol.retry import Backoff, pause
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.protocol.waiting import cancel_and_wait
 from dart.rollout.engine.interface import EngineError, EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
@@ -137,11 +138,7 @@ class WeightSyncController:
 
     async def stop(self) -> None:
         """Stop watching; an update in progress is cancelled (its engine keeps its old weights)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     def announce(self, version: ModelVersion) -> None:
