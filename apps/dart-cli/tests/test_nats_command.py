@@ -130,3 +130,40 @@ async def test_users_dir_admits_only_per_service_users(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 0, out.decode()
+
+
+async def test_a_cluster_serves_replicated_streams_and_stops_every_node(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dart.cli", "nats", "--cluster", "3", "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not any("Press Ctrl-C" in line for line in lines):
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=120)).decode()
+        if not line:
+            raise AssertionError(f"dart nats --cluster exited early:\n{''.join(lines)}")
+        lines.append(line)
+    text = "".join(lines)
+    urls = re.findall(r"nats://127\.0\.0\.1:\d+", text.split("listening on", 1)[1].splitlines()[0])
+    pids = [int(p) for p in re.findall(r"pid (\d+)", text)]
+    assert len(set(urls)) == 3 and len(set(pids)) == 3 and all(alive(p) for p in pids)
+    assert "DART_BUS__REPLICAS=3" in text
+    try:
+        nc = await nats.connect(urls, connect_timeout=5)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="T", subjects=["t.>"], num_replicas=3)
+            ack = await js.publish("t.1", b"x")
+            assert ack.stream == "T" and ack.seq == 1
+            info = await js.stream_info("T")
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2  # and its leader: 3 copies
+        finally:
+            await nc.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, text + out.decode()
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    assert summary["urls"] == urls and summary["pids"] == pids and summary["stopped_by"] == "SIGTERM"
+    assert not any(alive(p) for p in pids)

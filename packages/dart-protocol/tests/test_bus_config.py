@@ -38,6 +38,8 @@ def test_url_may_be_a_cluster_list() -> None:
         ("connect_timeout_s", 0, "greater than 0"),
         ("max_reconnect_attempts", -2, "greater than or equal to -1"),
         ("serve_concurrency", 0, "greater than or equal to 1"),
+        ("replicas", 0, "greater than or equal to 1"),
+        ("replicas", 6, "less than or equal to 5"),
         ("password", "x", "Extra inputs"),
     ],
 )

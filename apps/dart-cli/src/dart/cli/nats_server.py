@@ -7,6 +7,9 @@ line printed is a JSON summary.
 With ``--print-config --run NAME`` it prints the config a deployment's nats-server uses instead
 (``deploy/nats/nats.conf``: the same users, passwords from ``DART_NATS_<ROLE>_PASSWORD`` variables).
 
+With ``--cluster N`` it runs N servers routed into one JetStream cluster and prints every URL; services
+given all of them, with ``bus.replicas: 3``, ride out the loss of one node.
+
 With ``--users-dir DIR --run NAME`` the server admits only DART's per-service users, each limited to
 its subjects for that run (``dart.protocol.permissions``); passwords are created in ``DIR`` (0600) on
 first use and kept, so ``dart serve`` processes connect with ``DART_BUS__USER=<role>`` and
@@ -16,11 +19,10 @@ first use and kept, so ``dart serve`` processes connect with ``DART_BUS__USER=<r
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -30,30 +32,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from dart.cli.stack.secrets import write_bus_credentials
-from dart.embedded.nats import EmbeddedNats, NatsUser, deployment_config
+from dart.embedded.nats import EmbeddedNats, EmbeddedNatsCluster, NatsUser, deployment_config
 from dart.embedded.process import EmbeddedServerError, port_open
 from dart.protocol.permissions import Permissions, service_permissions
 from dart.protocol.subjects import DEFAULT_PREFIX
 from dart.protocol.topology import ROLES
-
-
-def _healthy(server: EmbeddedNats) -> bool:
-    # The monitor endpoint, not the client port: probing the client port would make the server
-    # log a protocol error for every probe.
-    try:
-        url = f"http://{server.host}:{server.monitor_port}/healthz"
-        with urllib.request.urlopen(url, timeout=2.0) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _log_tail(server: EmbeddedNats, lines: int = 20) -> str:
-    try:
-        text = (server.store_dir / "nats-server.log").read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def password_variable(role: str) -> str:
@@ -91,8 +74,18 @@ def nats_command(
             "permissions for --run, each password read by the server from DART_NATS_<ROLE>_PASSWORD.",
         ),
     ] = False,
+    cluster: Annotated[
+        int,
+        typer.Option(
+            "--cluster",
+            min=1,
+            max=9,
+            help="Run this many servers routed into one JetStream cluster (ports --port, --port+1, ...; free ones "
+            "with --port 0); give clients every URL and set bus.replicas (3 survives the loss of a node).",
+        ),
+    ] = 1,
 ) -> None:
-    """Run a nats-server with JetStream in the foreground until Ctrl-C."""
+    """Run a nats-server with JetStream (or a cluster of them) in the foreground until Ctrl-C."""
     if print_config:
         typer.echo(deployment_nats_config(run, prefix), nl=False)
         return
@@ -111,7 +104,7 @@ def nats_command(
         if users_dir is not None:
             files = write_bus_credentials(users_dir, ROLES, directory="", keep_existing=True)
             users = [NatsUser(r, f, service_permissions(r, prefix, run)) for r, f in files.items()]
-        exit_code = _serve(console, stop, received, port, host, store_dir, users)
+        exit_code = _serve(console, stop, received, port, host, store_dir, users, cluster)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -126,47 +119,62 @@ def _serve(
     host: str,
     store_dir: Path | None,
     users: list[NatsUser],
+    size: int,
 ) -> int:
-    if port and port_open(host, port):
+    ports = [port + i for i in range(size)] if port else []
+    busy = [p for p in ports if port_open(host, p)]
+    if busy:
         console.print(
-            f"[red]error:[/] {host}:{port} is already in use; pick another --port, or --port 0 for a free one"
+            f"[red]error:[/] {host}:{busy[0]} is already in use; pick another --port, or --port 0 for free ones"
         )
         return 1
-    server = EmbeddedNats(port=port or None, host=host, store_dir=store_dir, users=users)
+    servers: EmbeddedNats | EmbeddedNatsCluster
+    if size == 1:
+        servers = EmbeddedNats(port=port or None, host=host, store_dir=store_dir, users=users)
+        nodes = [servers]
+    else:
+        servers = EmbeddedNatsCluster(size, host=host, store_dir=store_dir, users=users, ports=ports or None)
+        nodes = servers.nodes
     try:
-        server.start()
+        servers.start()
     except EmbeddedServerError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
-        server.stop()
+        servers.stop()
         return 1
     started = time.monotonic()
     kept = "kept" if store_dir is not None else "removed at exit"
-    console.print(f"NATS with JetStream listening on {server.url}")
-    console.print(f"  pid {server.pid}, store {server.store_dir} ({kept}), monitor http://{host}:{server.monitor_port}")
-    console.print(f"  use it with: export DART_BUS__URL={server.url}")
+    urls = [node.url for node in nodes]
+    if size == 1:
+        console.print(f"NATS with JetStream listening on {urls[0]}")
+    else:
+        console.print(f"NATS JetStream cluster of {size} listening on {', '.join(urls)}")
+    for node in nodes:
+        console.print(f"  pid {node.pid}, store {node.store_dir} ({kept}), monitor http://{host}:{node.monitor_port}")
+    console.print(f"  use it with: export DART_BUS__URL={urls[0] if size == 1 else shlex.quote(json.dumps(urls))}")
+    if size > 1:
+        console.print(f"  and DART_BUS__REPLICAS={min(size, 3)} (streams and buckets on that many nodes)")
     if users:
         console.print(f"  users {', '.join(u.name for u in users)}: DART_BUS__USER / DART_BUS__PASSWORD_FILE")
     console.print("Press Ctrl-C to stop.")
     console.file.flush()
     exit_code, reason = 0, ""
+    pids = [node.pid for node in nodes]
     try:
         while not stop.wait(1.0):
-            if not _healthy(server) and not stop.is_set():
-                exit_code, reason = 1, "nats-server stopped unexpectedly"
-                console.print(f"[red]error:[/] {reason}; last log lines:\n{escape(_log_tail(server))}")
+            # A cluster's node is watched by its process (its health flaps while peers elect leaders).
+            down = [n for n in nodes if (n.poll() is not None if size > 1 else not n.healthy())]
+            if down and not stop.is_set():
+                which = f" {down[0].server_name}" if size > 1 else ""
+                exit_code, reason = 1, f"nats-server{which} stopped unexpectedly"
+                console.print(f"[red]error:[/] {reason}; last log lines:\n{escape(down[0].log_tail())}")
                 break
     finally:
-        pid = server.pid
-        server.stop()
+        servers.stop()
     stopped_by = received[0] if received else reason
     if exit_code == 0:
         console.print(f"stopped ({stopped_by})")
-    summary = {
-        "url": server.url,
-        "pid": pid,
-        "stopped_by": stopped_by,
-        "uptime_s": round(time.monotonic() - started, 3),
-    }
+    summary: dict[str, object] = {"url": urls[0], "pid": pids[0]} if size == 1 else {"urls": urls, "pids": pids}
+    summary |= {"stopped_by": stopped_by, "uptime_s": round(time.monotonic() - started, 3)}
     console.file.write(json.dumps(summary) + "\n")
     console.file.flush()
     return exit_code

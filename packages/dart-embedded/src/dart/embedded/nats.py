@@ -7,6 +7,10 @@ Example:
 With users (each with its own permissions, see :func:`dart.protocol.permissions.service_permissions`)
 the server refuses clients without valid credentials; passwords are written into its config only
 as bcrypt hashes. With :class:`NatsTls` clients connect with ``tls://``.
+
+:class:`EmbeddedNatsCluster` runs several servers routed into one JetStream cluster (streams and buckets
+created with ``bus.replicas`` > 1 keep copies on that many of them), so a node can die and come back while
+clients, given every node's URL, carry on.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -24,11 +29,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dart.embedded.process import ManagedProcess, find_binary, free_port
+from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary, free_port
 from dart.protocol.permissions import Permissions
 
 BCRYPT_ROUNDS = 10
 """bcrypt cost of stored password hashes (Go's default): the server pays it once per connection."""
+
+
+@dataclass(frozen=True)
+class NatsRoutes:
+    """A server's place in a cluster: the cluster's name, the port it takes routes on, every node's route URL."""
+
+    cluster: str
+    port: int
+    routes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,8 @@ class EmbeddedNats:
         max_payload: Largest message the server accepts, in bytes.
         users: Users allowed to connect; empty (the default) lets any client in.
         tls: TLS settings of the client port; None serves plain ``nats://``.
+        routes: Its place in a cluster (:class:`EmbeddedNatsCluster` sets it); None runs alone.
+        server_name: The server's name (a cluster's nodes need distinct ones).
     """
 
     def __init__(
@@ -154,6 +170,8 @@ class EmbeddedNats:
         max_payload: int = 8 * 1024 * 1024,
         users: Sequence[NatsUser] = (),
         tls: NatsTls | None = None,
+        routes: NatsRoutes | None = None,
+        server_name: str | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -164,6 +182,8 @@ class EmbeddedNats:
         self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="dart-nats-"))
         self.users = tuple(users)
         self.tls = tls
+        self.routes = routes
+        self.server_name = server_name
         self._proc: ManagedProcess | None = None
 
     @property
@@ -190,12 +210,22 @@ class EmbeddedNats:
         if self.jetstream:
             argv += ["-js", "-sd", str(self.store_dir / "jetstream")]
         self._proc = ManagedProcess("nats-server", argv, self.store_dir / "nats-server.log")
-        self._proc.start(self._healthy, timeout_s=timeout_s)
+        # A cluster's node alone has no JetStream quorum: it is started once it serves; the cluster waits
+        # for health when every node runs.
+        self._proc.start(self._serving if self.routes is not None else self.healthy, timeout_s=timeout_s)
         return self
 
     def _config_text(self) -> str:
         # The config format is a superset of JSON; JSON quoting keeps "$JS..." and "$2a$..." literal.
         config: dict[str, Any] = {"max_payload": self.max_payload}
+        if self.server_name is not None:
+            config["server_name"] = self.server_name
+        if self.routes is not None:
+            config["cluster"] = {
+                "name": self.routes.cluster,
+                "listen": f"{self.host}:{self.routes.port}",
+                "routes": list(self.routes.routes),  # its own is recognised and skipped
+            }
         if self.users:
             config["authorization"] = {"users": [_user_entry(u) for u in self.users]}
         if self.tls is not None:
@@ -207,13 +237,27 @@ class EmbeddedNats:
             config["tls"] = tls
         return json.dumps(config, indent=2) + "\n"
 
-    def _healthy(self) -> bool:
-        # /healthz answers 200 only once the server, and JetStream when enabled, are ready.
+    def healthy(self) -> bool:
+        """Whether the server, and JetStream when enabled (in a cluster: with a meta leader), are ready."""
+        return self._monitor_ok("healthz")
+
+    def _serving(self) -> bool:
+        return self._monitor_ok("varz")
+
+    def _monitor_ok(self, endpoint: str) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.monitor_port}/healthz", timeout=0.5) as resp:
+            with urllib.request.urlopen(f"http://{self.host}:{self.monitor_port}/{endpoint}", timeout=0.5) as resp:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's log."""
+        try:
+            text = (self.store_dir / "nats-server.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
 
     def poll(self) -> int | None:
         """The server's exit code once it died; None while it runs (or before :meth:`start`)."""
@@ -226,6 +270,11 @@ class EmbeddedNats:
             self._proc.stop()  # a dead leader's group may keep children
         return self.start(timeout_s)
 
+    def kill(self) -> None:
+        """SIGKILL the server (its store stays; :meth:`restart` brings it back)."""
+        if self._proc is not None:
+            self._proc.kill()
+
     def stop(self) -> None:
         """Stop the server and remove its temporary store. Idempotent."""
         if self._proc is not None:
@@ -235,6 +284,120 @@ class EmbeddedNats:
             shutil.rmtree(self.store_dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class EmbeddedNatsCluster:
+    """``size`` nats-servers routed into one JetStream cluster, each storing under ``store_dir/node-<i>``.
+
+    Lifecycle: ``created -> running`` (:meth:`start`: every node started, then healthy: JetStream has a
+    meta leader) ``-> stopped`` (:meth:`stop`). A node can be killed (:meth:`kill`) and brought back
+    (:meth:`restart`) on the same ports and store; it catches up from its peers. Streams keep working
+    through the loss of a node when they have 3 replicas (``bus.replicas: 3``): 2 of 3 are a quorum.
+
+    Args:
+        size: Nodes (3 or 5 for a cluster that survives the loss of one or two).
+        host: Interface every node listens on.
+        store_dir: Where the nodes store; a temporary directory removed at stop when None.
+        max_payload: Largest message, bytes.
+        users: Users each node admits (routes between nodes need none).
+        name: The cluster's name.
+        ports: The nodes' client ports; free ones when None.
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        host: str = "127.0.0.1",
+        store_dir: Path | None = None,
+        max_payload: int = 8 * 1024 * 1024,
+        users: Sequence[NatsUser] = (),
+        name: str = "dart",
+        ports: Sequence[int] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"a cluster needs at least one node, not {size}")
+        if ports is not None and len(ports) != size:
+            raise ValueError(f"{len(ports)} client ports for {size} nodes")
+        self._owns_dir = store_dir is None
+        self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="dart-nats-cluster-"))
+        route_ports = [free_port(host) for _ in range(size)]
+        routes = tuple(f"nats-route://{host}:{port}" for port in route_ports)
+        self.nodes = [
+            EmbeddedNats(
+                port=ports[i] if ports else None,
+                host=host,
+                store_dir=self.store_dir / f"node-{i}",
+                max_payload=max_payload,
+                users=users,
+                routes=NatsRoutes(name, route_ports[i], routes),
+                server_name=f"{name}-{i}",
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        """Every node's client URL (give clients all of them: they reconnect to another when one dies)."""
+        return [node.url for node in self.nodes]
+
+    def start(self, timeout_s: float = 60.0) -> EmbeddedNatsCluster:
+        """Start every node, then wait until each is healthy.
+
+        Raises:
+            EmbeddedServerError: A node exited, or the cluster was not healthy within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        try:
+            for node in self.nodes:
+                node.start(timeout_s=max(1.0, deadline - time.monotonic()))
+            self._wait_healthy(self.nodes, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, index: int) -> None:
+        """SIGKILL node ``index`` (its store stays)."""
+        self.nodes[index].kill()
+
+    def restart(self, index: int, timeout_s: float = 60.0) -> None:
+        """Start node ``index`` again on its ports and store; returns once it is healthy (caught up).
+
+        Raises:
+            EmbeddedServerError: It exited or was not healthy within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        node = self.nodes[index]
+        node.restart(timeout_s=timeout_s)
+        self._wait_healthy([node], deadline)
+
+    def _wait_healthy(self, nodes: Sequence[EmbeddedNats], deadline: float) -> None:
+        waiting = list(nodes)
+        while waiting:
+            for node in list(waiting):
+                if node.poll() is not None:
+                    raise EmbeddedServerError(f"nats-server {node.server_name} exited: {node.log_tail()}")
+                if node.healthy():
+                    waiting.remove(node)
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(str(n.server_name) for n in waiting)
+                raise EmbeddedServerError(f"nats cluster not healthy in time ({names}):\n{waiting[0].log_tail()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop every node and remove a temporary store. Idempotent."""
+        for node in self.nodes:
+            node.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedNatsCluster:
         return self.start()
 
     def __exit__(

@@ -161,6 +161,15 @@ class ManagedProcess:
             _signal_group(proc.pid, signal.SIGKILL)
         _LIVE.discard(self)
 
+    def kill(self) -> None:
+        """SIGKILL the process group at once (a crash, for tests and chaos) and reap it. Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _LIVE.discard(self)
+
     def log_tail(self, lines: int = 30) -> str:
         """Last lines of the process log, for error messages."""
         try:

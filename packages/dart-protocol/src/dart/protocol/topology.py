@@ -138,6 +138,7 @@ async def ensure_topology(bus: Bus) -> KeyValueStore:
             retention=spec.retention,  # type: ignore[arg-type]
             duplicate_window_s=spec.duplicate_window_s,
             max_age_s=spec.max_age_s,
+            replicas=bus.config.replicas,
         )
         if spec.consumer is not None:
             await bus.ensure_consumer(
@@ -148,4 +149,4 @@ async def ensure_topology(bus: Bus) -> KeyValueStore:
                 max_ack_pending=spec.consumer.max_ack_pending,
             )
     state = BUCKETS[STATE_BUCKET]
-    return await bus.kv(bus.subjects.kv_bucket(state.name), history=state.history)
+    return await bus.kv(bus.subjects.kv_bucket(state.name), history=state.history, replicas=bus.config.replicas)

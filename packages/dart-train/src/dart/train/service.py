@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dart.protocol.bus import Bus, Delivery, KeyValueStore, PullConsumer
-from dart.protocol.errors import ConfigError
+from dart.protocol.errors import ConfigError, DartError
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.store import ArtifactStore, StoreConfig
 from dart.protocol.telemetry import BusyTracker, GpuSampler, Telemetry
@@ -191,7 +191,12 @@ class TrainerService:
             await gpu.start()
         try:
             while not self._stopping.is_set() and (max_batches is None or done < max_batches):
-                deliveries = await self.consumer.fetch(1, timeout=fetch_timeout_s)
+                try:
+                    deliveries = await self.consumer.fetch(1, timeout=fetch_timeout_s)
+                except DartError as exc:  # e.g. a cluster electing the stream's new leader: ask again
+                    log.warning("fetching a batch failed: %s", exc)
+                    await asyncio.sleep(fetch_timeout_s)
+                    continue
                 for delivery in deliveries:
                     await self._handle(delivery)
                     done += 1

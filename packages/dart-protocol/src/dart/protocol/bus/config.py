@@ -70,6 +70,10 @@ class BusConfig(ConfigModel):
     """PEM private key of ``tls_cert_file``."""
     serve_concurrency: int = Field(default=64, ge=1)
     """Default bound on concurrently running handlers of one served subject."""
+    replicas: int = Field(default=1, ge=1, le=5)
+    """Copies of each of the run's streams and buckets in a JetStream cluster (``dart nats --cluster 3``):
+    3 keeps every queue through the loss of one node. More than the cluster has nodes is refused by the
+    server when the topology is created. 1 for a single server."""
     drain_timeout_s: float = Field(default=10.0, gt=0)
     """How long :meth:`Bus.drain` waits for in-flight messages before closing, in seconds."""
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)

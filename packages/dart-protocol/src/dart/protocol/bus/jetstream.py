@@ -156,7 +156,10 @@ def reason(exc: BaseException) -> str:
     if isinstance(exc, nats.js.errors.APIError) and exc.description:
         return f"{exc.description} (err_code {exc.err_code})"
     if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.ServiceUnavailableError):
-        return "JetStream is not answering: is it enabled on the server (nats-server -js)?"
+        return (
+            "JetStream is not answering: a cluster electing the stream's leader (for a moment),"
+            " or a server without JetStream (nats-server -js)"
+        )
     if isinstance(exc, TimeoutError):
         return "JetStream API timed out"
     return f"{type(exc).__name__}: {exc}"

@@ -58,23 +58,27 @@ def _operation(raw: str | None) -> KvOperation:
 
 
 async def open_bucket(
-    js: JetStreamContext, bucket: str, *, history: int, ttl_s: float | None, storage: Storage
+    js: JetStreamContext, bucket: str, *, history: int, ttl_s: float | None, storage: Storage, replicas: int = 1
 ) -> KeyValueStore:
-    """Bind to a bucket, creating it (or updating its history and TTL) as needed; idempotent."""
+    """Bind to a bucket, creating it (or updating its history, TTL and replicas) as needed; idempotent."""
     try:
         try:
             kv = await js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             try:
-                kv = await js.create_key_value(bucket=bucket, history=history, ttl=ttl_s, storage=StorageType(storage))
+                kv = await js.create_key_value(
+                    bucket=bucket, history=history, ttl=ttl_s, storage=StorageType(storage), replicas=replicas
+                )
                 return KeyValueStore(bucket, kv)
             except nats.js.errors.BadRequestError:
                 kv = await js.key_value(bucket)  # created concurrently by another process
         status = await kv.status()
-        if status.history != history or (status.ttl or 0.0) != (ttl_s or 0.0):
-            config = status.stream_info.config
-            await js.update_stream(config.evolve(max_msgs_per_subject=history, max_age=ttl_s or 0.0))
-            log.info("updated KV bucket %s: history=%d ttl_s=%s", bucket, history, ttl_s)
+        config = status.stream_info.config
+        if status.history != history or (status.ttl or 0.0) != (ttl_s or 0.0) or config.num_replicas != replicas:
+            await js.update_stream(
+                config.evolve(max_msgs_per_subject=history, max_age=ttl_s or 0.0, num_replicas=replicas)
+            )
+            log.info("updated KV bucket %s: history=%d ttl_s=%s replicas=%d", bucket, history, ttl_s, replicas)
         return KeyValueStore(bucket, kv)
     except (nats.errors.Error, TimeoutError) as exc:
         raise JetStreamError("kv", bucket, f"{type(exc).__name__}: {exc}") from exc

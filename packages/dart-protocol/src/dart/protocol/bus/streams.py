@@ -240,7 +240,13 @@ class JetStreamMethods:
         return await consumer_state(self._js, self._stream_name(stream), durable)
 
     async def kv(
-        self, bucket: str, *, history: int = 1, ttl_s: float | None = None, storage: Storage = "file"
+        self,
+        bucket: str,
+        *,
+        history: int = 1,
+        ttl_s: float | None = None,
+        storage: Storage = "file",
+        replicas: int = 1,
     ) -> KeyValueStore:
         """Open a KV bucket, creating it (or updating history/TTL) as needed; idempotent.
 
@@ -249,8 +255,9 @@ class JetStreamMethods:
             history: Revisions kept per key (1 to 64).
             ttl_s: Expire values older than this; None keeps them.
             storage: ``file`` or ``memory``.
+            replicas: Copies in a cluster.
         """
-        return await open_bucket(self._js, bucket, history=history, ttl_s=ttl_s, storage=storage)
+        return await open_bucket(self._js, bucket, history=history, ttl_s=ttl_s, storage=storage, replicas=replicas)
 
     # --- internals ----------------------------------------------------------------------------
     def _stream_name(self, stream: str) -> str:
