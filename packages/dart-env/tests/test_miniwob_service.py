@@ -161,3 +161,21 @@ async def test_a_killed_browser_fails_the_episode_and_the_instance_is_replaced(b
     assert evaluation.success
     assert service.backend(lease.instance_id) is not crashed and crashed.state == "closed"
     assert service.stats()[lease.instance_id].restarts == 1
+
+
+async def test_a_browser_past_its_memory_limit_is_recycled_between_episodes(bus: Bus) -> None:
+    """The instance's memory is its browser's (chromedriver and every descendant, from /proc); past
+    ``recycle.max_rss_mib`` it is swapped for a fresh browser after the episode, not during it."""
+    config = EnvServiceConfig(
+        pool=f"mw{uuid.uuid4().hex[:8]}", backend="miniwob", instances=1, recycle={"max_rss_mib": 50.0}
+    )
+    async with EnvService(config, bus) as service:
+        client = Client(bus, config.pool)
+        worn = service.backend(f"{config.pool}-0")
+        assert (await solve_over_nats(client, service, miniwob_task("click-test"), seed=3)).success
+        lease = await client.lease()  # after the swap: a fresh browser, the old one closed
+        stats = service.stats()[lease.instance_id]
+        assert stats.recycles == {"memory": 1} and stats.restarts == 0
+        assert service.backend(lease.instance_id) is not worn and worn.state == "closed"
+        await client.release(lease)
+        assert service.stats()[lease.instance_id].rss_mib > 50.0  # a Chromium is far above 50 MiB

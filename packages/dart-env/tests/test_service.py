@@ -68,6 +68,15 @@ class HangOnWait(SimEnv):
         return await super().step(action)
 
 
+class SlowerEachStep(SimEnv):
+    """A sim env whose every step takes 5 ms longer than the one before, like a browser filling up."""
+
+    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
+        self.delay_s = getattr(self, "delay_s", 0.0) + 0.005
+        await asyncio.sleep(self.delay_s)
+        return await super().step(action)
+
+
 class SlowStartCrashOnWait(CrashOnWait):
     """Takes 2 s to start (like a browser or a desktop) and crashes on ``wait``."""
 
@@ -86,7 +95,9 @@ def _test_backends() -> Iterator[None]:
     ENV_BACKENDS.register(
         "slow-crash-on-wait", lambda cfg, stream: SlowStartCrashOnWait(cfg.sim, stream=stream), replace=True
     )
+    ENV_BACKENDS.register("slower-each-step", lambda cfg, stream: SlowerEachStep(cfg.sim, stream=stream), replace=True)
     yield
+    ENV_BACKENDS.unregister("slower-each-step")
     ENV_BACKENDS.unregister("crash-on-wait")
     ENV_BACKENDS.unregister("hang-on-wait")
     ENV_BACKENDS.unregister("slow-crash-on-wait")
@@ -537,3 +548,79 @@ async def test_a_screenshot_handed_out_is_never_older_than_the_refresh_period(tm
     fresh = ScreenshotOffload(store, 0, refresh_s=600.0)
     await fresh.observation(shot)
     assert (late.stored, fresh.stored) == (1, 0)
+
+
+async def test_an_instance_is_recycled_after_its_episodes_by_a_warm_spare(bus: Bus, tmp_path: Path) -> None:
+    """After ``recycle.after_episodes`` episodes the backend is swapped between leases: the next lease gets
+    the warm spare at once, under the same instance id, and the swap is counted and traced."""
+    telemetry = setup_telemetry("dart-env", version="1", run_id="r", config=TelemetryConfig(run_dir=tmp_path))
+    config = EnvServiceConfig(
+        pool=f"p{uuid.uuid4().hex[:8]}", instances=1, sim=FAST_SIM, warm_spares=1, recycle={"after_episodes": 2}
+    )
+    try:
+        async with EnvService(config, bus, telemetry=telemetry) as service:
+            client = Client(bus, config.pool)
+            instance_id = f"{config.pool}-0"
+            for _ in range(600):  # the spare starts in the background after the pool serves
+                if service.spare_stats().ready == 1:
+                    break
+                await asyncio.sleep(0.05)
+            spare = service._spares.ready[0]
+            first = service.backend(instance_id)
+            for seed in (1, 2):
+                reward, _ = await run_episode(client, service, sim_task("click-button", "easy", seed))
+                assert reward == 1.0
+            lease = await client.lease()  # at once: no backend had to start
+            assert service.backend(instance_id) is spare and first.state == "closed"
+            stats = service.stats()[instance_id]
+            assert (stats.recycles, stats.episodes, stats.restarts, stats.failures) == ({"episodes": 1}, 0, 0, 0)
+            await client.release(lease)
+            reward, _ = await run_episode(client, service, sim_task("click-button", "easy", 3))
+            assert reward == 1.0 and service.stats()[instance_id].episodes == 1
+    finally:
+        telemetry.shutdown()
+    events = [r for r in read_jsonl(telemetry.jsonl_path, types={"event"}) if r["name"] == "env.instance_recycled"]
+    assert [
+        (e["attributes"]["reason"], e["attributes"]["episodes"], e["attributes"]["from_spare"]) for e in events
+    ] == [("episodes", 2, True)]
+
+
+async def test_an_instance_whose_steps_slow_down_is_recycled(bus: Bus, make_service: Callable[..., EnvService]) -> None:
+    """Steps 5 ms slower each time: the mean of the latest 3 over that of the first 3 passes 2.0 and the
+    backend is swapped for a fresh (fast again) one, started since no spare is kept."""
+    async with make_service(
+        backend="slower-each-step", recycle={"max_step_latency_ratio": 2.0, "latency_window": 3}
+    ) as service:
+        client = Client(bus, service.config.pool)
+        instance_id = f"{service.config.pool}-0"
+        first = service.backend(instance_id)
+        for seed in range(1, 20):
+            await run_episode(client, service, sim_task("tick-boxes", "medium", seed))
+            if service.stats()[instance_id].recycles:
+                break
+        await client.release(await client.lease_eventually())  # the fresh one is in
+        assert service.stats()[instance_id].recycles == {"slow_steps": 1}
+        assert service.backend(instance_id) is not first
+        assert service.stats()[instance_id].step_latency_ratio == 1.0  # the fresh backend's own figures
+
+
+@pytest.mark.unit
+def test_memory_counts_a_process_and_all_its_descendants() -> None:
+    import subprocess
+    import sys
+
+    from dart.env.service.health import processes_rss_mib
+
+    # A shell whose child (a Python) holds 100 MiB: the shell's tree is that heavy, the shell alone is not.
+    child = "b = bytearray(100 * 1024 * 1024); import time; time.sleep(60)"
+    proc = subprocess.Popen(["sh", "-c", f"{sys.executable} -c '{child}'; exit 0"])
+    try:
+        deadline = time.monotonic() + 60
+        while processes_rss_mib([proc.pid]) < 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_rss_mib([proc.pid]) >= 100
+        assert processes_rss_mib([]) == 0.0
+    finally:
+        subprocess.run(["pkill", "-P", str(proc.pid)], check=False)
+        proc.kill()
+        proc.wait()

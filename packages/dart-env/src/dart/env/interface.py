@@ -133,6 +133,11 @@ class EnvBackend(ABC):
     async def close(self) -> None:
         """Shut the environment down (idempotent)."""
 
+    def process_ids(self) -> list[int]:
+        """The OS processes this backend runs (a browser's driver, an X server), whose memory, with their
+        descendants', is its health's ``rss_mib``; none for an in-process backend (the default)."""
+        return []
+
     def oracle_action(self) -> tuple[str, Action] | None:
         """The next correct action and a thought, where the backend knows it (demonstrations).
 

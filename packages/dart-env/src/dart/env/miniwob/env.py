@@ -260,6 +260,10 @@ class MiniWoBEnv(EnvBackend):
             await asyncio.to_thread(browser.quit)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def process_ids(self) -> list[int]:
+        """chromedriver, whose descendants are the browser's processes."""
+        return [self._browser.driver_pid] if self._browser is not None else []
+
     def oracle_action(self) -> tuple[str, Action] | None:
         """The next correct ``(thought, action)`` from the page's DOM, or None.
 

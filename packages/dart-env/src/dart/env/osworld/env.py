@@ -299,6 +299,10 @@ class OSWorldEnv(EnvBackend):
         self._executor.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(shutil.rmtree, self._cache_root, True)
 
+    def process_ids(self) -> list[int]:
+        """The provider's local processes (a local desktop's; none for a VM elsewhere)."""
+        return self._provider.process_ids() if self._provider is not None else []
+
     def oracle_action(self) -> tuple[str, Action] | None:
         """The next scripted ``(thought, action)`` of a shipped local-suite task, or None."""
         if self._state != BackendState.IN_EPISODE or self._task is None:

@@ -65,6 +65,10 @@ class VMProvider(ABC):
         """Whether the VM is still running (as far as the provider can tell cheaply)."""
         return True
 
+    def process_ids(self) -> list[int]:
+        """Local processes of the VM whose memory counts as the instance's (none for a VM elsewhere)."""
+        return []
+
     @property
     def home(self) -> str | None:
         """The home directory task paths map onto, or None when the VM has OSWorld's own home."""
@@ -112,6 +116,10 @@ class LocalDesktopProvider(VMProvider):
 
     def alive(self) -> bool:
         return self.desktop is not None and bool(self.desktop.alive())
+
+    def process_ids(self) -> list[int]:
+        """The X server, the window manager and the desktop's server (apps are their descendants)."""
+        return [pid for pid in self.desktop.pids.values() if pid is not None] if self.desktop is not None else []
 
     @property
     def home(self) -> str | None:

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dart.env.miniwob import MiniWoBConfig
 from dart.env.osworld.env import OSWorldConfig
+from dart.env.service.health import RecycleConfig
 from dart.env.sim import SimConfig
 from dart.protocol.config import ConfigModel
 from dart.protocol.subjects import Subjects
@@ -60,6 +61,10 @@ class EnvServiceConfig(ConfigModel):
     """Backends kept started but unleased, to swap in for a crashed instance without a start wait
     (a Chromium or desktop start takes seconds). They are not counted as instances (their idle
     time is not in env utilization) and cost their memory while they wait."""
+    recycle: RecycleConfig = Field(default_factory=RecycleConfig)
+    """When an instance's backend is swapped for a fresh one between leases, before it rots: after a number
+    of episodes, past a memory limit, or when its steps have slowed (:mod:`dart.env.service.health`).
+    No limit by default."""
     inline_max_bytes: int | None = Field(default=16 * 1024, ge=0)
     """Largest screenshot PNG sent inside a reply, bytes. Larger ones are written to the artifact
     store (``<screenshot_prefix>/<sha256>.png``, once per distinct image) and sent as an ``ImageRef``,

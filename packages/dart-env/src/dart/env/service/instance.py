@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dart.env.interface import EnvBackend
+from dart.env.service.health import InstanceHealth
 from dart.env.service.lease import Lease
 from dart.protocol.messages import StepReply
 from dart.protocol.telemetry import BusyTracker
@@ -23,7 +24,7 @@ class SlotState(StrEnum):
     LEASED = "leased"
     """Held by a lease; only calls carrying that lease id are served."""
     REPLACING = "replacing"
-    """The backend crashed; the old one is being closed and a new one started."""
+    """The backend crashed, or reached a recycle limit; it is being swapped for a fresh one."""
     RETIRED = "retired"
     """Crashed or failed to start ``max_consecutive_failures`` times in a row; never leased again."""
     STOPPED = "stopped"
@@ -45,6 +46,10 @@ class InstanceStats:
         evaluations: Evaluations run.
         failures: Crashes (backend errors and timeouts) and failed restarts.
         restarts: Backends replaced after a crash.
+        recycles: Backends replaced before they rotted, by reason (``episodes``, ``memory``, ``slow_steps``).
+        episodes: Episodes released on the current backend.
+        rss_mib: Resident memory of the current backend's processes at the latest release, MiB.
+        step_latency_ratio: The current backend's recent mean step latency over its first.
         leases_granted: Leases granted on this instance.
         leases_released: Leases released by their holder.
         leases_expired: Leases freed because their holder stopped heartbeating.
@@ -60,6 +65,10 @@ class InstanceStats:
     evaluations: int
     failures: int
     restarts: int
+    recycles: dict[str, int]
+    episodes: int
+    rss_mib: float
+    step_latency_ratio: float
     leases_granted: int
     leases_released: int
     leases_expired: int
@@ -74,6 +83,7 @@ class InstanceSlot:
         starting --started--> free --lease--> leased --release / expiry--> free
                                                  |
                                                  +--crash--> replacing --restarted--> free
+                                                 +--released past a recycle limit--> replacing --fresh--> free
                                                                  |
                                                                  +--too many failures--> retired
         any state --service stop--> stopped
@@ -118,6 +128,9 @@ class InstanceSlot:
     evaluations: int = 0
     failures: int = 0
     restarts: int = 0
+    recycles: dict[str, int] = field(default_factory=dict)
+    health: InstanceHealth = field(default_factory=lambda: InstanceHealth(50))
+    rss_mib: float = 0.0
     leases_granted: int = 0
     leases_released: int = 0
     leases_expired: int = 0
@@ -154,6 +167,10 @@ class InstanceSlot:
             evaluations=self.evaluations,
             failures=self.failures,
             restarts=self.restarts,
+            recycles=dict(self.recycles),
+            episodes=self.health.episodes,
+            rss_mib=self.rss_mib,
+            step_latency_ratio=self.health.step_latency_ratio,
             leases_granted=self.leases_granted,
             leases_released=self.leases_released,
             leases_expired=self.leases_expired,

@@ -13,6 +13,7 @@ from typing import TypeVar
 from dart.env.errors import EpisodeStateError, InstanceIdTakenError, LayoutError, TaskParamsError
 from dart.env.interface import ENV_BACKENDS, EnvBackend
 from dart.env.service.config import EnvServiceConfig
+from dart.env.service.health import InstanceHealth, processes_rss_mib, recycle_reason
 from dart.env.service.instance import InstanceSlot, InstanceStats, SlotState
 from dart.env.service.lease import EndReason, Lease
 from dart.env.service.lease_book import LeaseBook
@@ -135,7 +136,8 @@ class EnvService:
                 if self._telemetry is not None
                 else BusyTracker("env", instance_id)
             )
-            slot = InstanceSlot(i, instance_id, self._factory(self.config, i), tracker)
+            health = InstanceHealth(self.config.recycle.latency_window)
+            slot = InstanceSlot(i, instance_id, self._factory(self.config, i), tracker, health=health)
             self._slots[instance_id] = slot
         try:
             await asyncio.gather(*(self._start_backend(slot.backend) for slot in self._slots.values()))
@@ -226,6 +228,10 @@ class EnvService:
                 evaluations=stats.evaluations,
                 failures=stats.failures,
                 restarts=stats.restarts,
+                recycles=stats.recycles,
+                episodes=stats.episodes,
+                rss_mib=round(stats.rss_mib, 1),
+                step_latency_ratio=round(stats.step_latency_ratio, 3),
                 leases_granted=stats.leases_granted,
                 leases_released=stats.leases_released,
                 leases_expired=stats.leases_expired,
@@ -294,6 +300,7 @@ class EnvService:
             observation, instruction = await self._call(slot, "reset", lambda b: b.reset(request.task, request.seed))
             observation = await self.screenshots.observation(observation)
             slot.resets += 1
+            slot.health.episodes += 1
             slot.last_task_id = request.task.task_id
             slot.next_step_index = 0
             slot.last_step = None
@@ -319,9 +326,9 @@ class EnvService:
             observation = await self.screenshots.observation(observation)
             slot.steps += 1
             slot.next_step_index += 1
-            slot.last_step = StepReply(
-                observation=observation, done=done, env_latency_s=time.monotonic() - started, info=info
-            )
+            latency = time.monotonic() - started
+            slot.health.step(latency)
+            slot.last_step = StepReply(observation=observation, done=done, env_latency_s=latency, info=info)
             return slot.last_step
 
     async def _on_evaluate(self, slot: InstanceSlot, request: EvaluateRequest) -> EvaluateReply:
@@ -341,6 +348,7 @@ class EnvService:
             if lease is None:
                 return ReleaseReply(released=False)
             self._leases.end(slot, EndReason.RELEASED)
+            self._recycle_if_due(slot)
             return ReleaseReply(released=True)
 
     async def _on_heartbeat(self, slot: InstanceSlot, request: HeartbeatRequest) -> HeartbeatReply:
@@ -411,6 +419,59 @@ class EnvService:
             )
         self._background(self._replace(slot, slot.backend), f"replace {slot.instance_id}")
 
+    # --- recycling ------------------------------------------------------------------------------
+    def _recycle_if_due(self, slot: InstanceSlot) -> None:
+        """Measure a just-freed instance; past a recycle limit, swap its backend for a fresh one."""
+        slot.rss_mib = processes_rss_mib(slot.backend.process_ids())
+        reason = recycle_reason(slot.health, slot.rss_mib, self.config.recycle)
+        if reason is None or self._stopping or slot.state != SlotState.FREE:
+            return
+        slot.state = SlotState.REPLACING  # not leasable until the fresh backend is in
+        log.info("recycling instance %s (%s)", slot.instance_id, reason)
+        self._background(self._recycle(slot, reason), f"recycle {slot.instance_id}")
+
+    async def _recycle(self, slot: InstanceSlot, reason: str) -> None:
+        started = time.monotonic()
+        worn, health, rss_mib = slot.backend, slot.health, slot.rss_mib
+        fresh = self._spares.take()
+        from_spare = fresh is not None
+        if fresh is None:
+            fresh = self._factory(self.config, slot.index + (slot.generation + 1) * self.config.instances)
+            try:
+                await self._start_backend(fresh)
+            except asyncio.CancelledError:
+                await self._close_backend(fresh)
+                raise
+            except Exception as exc:
+                # The worn backend still works: it serves on, and the next release tries again.
+                log.warning("starting a fresh backend for %s failed: %r; keeping the old one", slot.instance_id, exc)
+                await self._close_backend(fresh)
+                slot.free()
+                return
+        closing = asyncio.create_task(self._close_backend(worn), name=f"close worn {slot.instance_id}")
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        slot.generation += 1
+        slot.backend = fresh
+        slot.recycles[reason] = slot.recycles.get(reason, 0) + 1
+        slot.health = InstanceHealth(self.config.recycle.latency_window)
+        slot.rss_mib = 0.0
+        slot.last_task_id = None
+        slot.free()
+        if self._telemetry is not None:
+            self._telemetry.event(
+                "env.instance_recycled",
+                instance_id=slot.instance_id,
+                backend=self.config.backend,
+                reason=reason,
+                episodes=health.episodes,
+                rss_mib=round(rss_mib, 1),
+                step_latency_ratio=round(health.step_latency_ratio, 3),
+                generation=slot.generation,
+                from_spare=from_spare,
+                took_s=time.monotonic() - started,
+            )
+
     def _background(self, coro: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(coro)
         task.set_name(name)
@@ -419,6 +480,7 @@ class EnvService:
 
     def _replaced(self, slot: InstanceSlot, backend: EnvBackend, started: float, *, spare: bool) -> None:
         slot.backend = backend
+        slot.health = InstanceHealth(self.config.recycle.latency_window)
         slot.restarts += 1
         slot.last_task_id = None
         slot.free()
