@@ -11,7 +11,12 @@ phase, at least ``MIN_GAP_S`` apart, in a random order):
 - ``kill-nats``: SIGKILL of nats-server (``dart run`` restarts it on the same port and JetStream store);
 - ``stop-s3``: the S3 server (SeaweedFS, every process of it) frozen with SIGSTOP for ``S3_OUTAGE_S``
   seconds, then SIGCONT: requests hang, then fail, then go through again;
-- ``kill-engine`` (``--engine vllm`` only): SIGKILL of one vLLM server (the rollout service restarts it).
+- ``kill-engine`` (``--engine vllm`` only): SIGKILL of one vLLM server (the rollout service restarts it);
+- ``kill-backend`` (``--env miniwob`` only): SIGKILL of one headless Chromium under the env service (the
+  episode on it fails as ``env_failed``; the instance is replaced);
+- ``freeze-rollout``: the rollout service (and its engines) frozen with SIGSTOP for ``FREEZE_S`` seconds,
+  longer than its env leases' heartbeats and its work items' ``in_progress`` keepalive, then SIGCONT: its
+  leases expire, its work is redelivered, and the episodes it was running end explicitly when it wakes.
 
 It prints, per fault: when it hit, what was killed, trajectories stored and versions published until the
 next fault, and the time to recover (until a trajectory was ingested AND a version was published after
@@ -22,13 +27,15 @@ and the run completed with nothing lost and nothing duplicated.
 
 Usage::
 
-    uv run python benchmarks/chaos.py --quick          # 240 s of RL, under 15 minutes on 2 cores
+    uv run python benchmarks/chaos.py --quick          # 240 s of RL (more when more faults need room)
+    uv run python benchmarks/chaos.py --quick --engine vllm --env miniwob   # every fault
     uv run python benchmarks/chaos.py --seed 7 --rl-seconds 600 --no-s3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -52,6 +59,9 @@ MIN_GAP_S = 25.0
 """Least time between two faults, seconds (each gets a chance to recover before the next)."""
 S3_OUTAGE_S = 30.0
 """How long the S3 server stays frozen."""
+FREEZE_S = 45.0
+"""How long a frozen service stays stopped: past an env lease's heartbeat ttl (30 s) and a work item's
+``in_progress`` interval."""
 SERVICES = ("env", "data", "train", "rollout")
 
 
@@ -60,7 +70,8 @@ class Fault:
     """One injected fault.
 
     Attributes:
-        kind: ``kill-<service>``, ``kill-nats``, ``stop-s3`` or ``kill-engine``.
+        kind: ``kill-<service>``, ``kill-nats``, ``stop-s3``, ``kill-engine``, ``kill-backend`` or
+            ``freeze-rollout``.
         offset_s: Planned time after the rollout service became ready, seconds.
         at_unix: When it was injected, Unix seconds (None: its target was not found).
         pids: The processes signalled.
@@ -104,6 +115,15 @@ def targets(run_pid: int, kind: str) -> list[int]:
         rollout = targets(run_pid, "kill-rollout")
         servers = [pid for pid, argv in children(rollout[0]) if any("vllm" in a for a in argv)] if rollout else []
         return servers[:1]
+    if kind == "kill-backend":
+        # chromedriver is the env service's child; the browser it started is chromedriver's.
+        env = targets(run_pid, "kill-env")
+        drivers = [pid for pid, argv in children(env[0]) if "chromedriver" in Path(argv[0]).name] if env else []
+        browsers = [pid for pid, argv in children(drivers[0]) if "chrom" in Path(argv[0]).name] if drivers else []
+        return browsers[:1]
+    if kind == "freeze-rollout":
+        rollout = targets(run_pid, "kill-rollout")
+        return rollout + [pid for pid, _ in children(rollout[0])] if rollout else []  # with its engines
     raise ValueError(f"unknown fault {kind}")
 
 
@@ -158,25 +178,28 @@ def inject(run: subprocess.Popen[bytes], runs: Path, faults: list[Fault], earlie
             continue
         fault.at_unix, fault.pids = time.time(), pids
         print(f"[chaos] {fault.kind} at +{fault.offset_s:.0f}s: pids {pids}", file=sys.stderr, flush=True)
-        if fault.kind == "stop-s3":
+        if fault.kind in ("stop-s3", "freeze-rollout"):
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
-            time.sleep(S3_OUTAGE_S)
+            time.sleep(S3_OUTAGE_S if fault.kind == "stop-s3" else FREEZE_S)
             for pid in pids:
-                os.kill(pid, signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
         else:
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
 
 
-def run_config(rl_s: float, s3: bool, engine: str, runs: Path, cache: Path) -> dict[str, Any]:
-    """``examples/smoke.yaml`` for the chaos run."""
-    cfg: dict[str, Any] = yaml.safe_load((REPO / "examples" / "smoke.yaml").read_text())
+def run_config(rl_s: float, s3: bool, engine: str, env: str, runs: Path, cache: Path) -> dict[str, Any]:
+    """``examples/smoke.yaml`` (``examples/miniwob.yaml`` for MiniWoB++) for the chaos run."""
+    base = "miniwob.yaml" if env == "miniwob" else "smoke.yaml"
+    cfg: dict[str, Any] = yaml.safe_load((REPO / "examples" / base).read_text())
     cfg["run"].update(
         {
             "name": "chaos",
             "runs_root": str(runs),
             "rl_duration_s": rl_s,
+            "max_rl_duration_s": rl_s + 600,
             "min_versions": 0,
             "max_restarts": 3,
             "restart_backoff_s": 1.0,
@@ -283,17 +306,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault times and order")
     parser.add_argument("--no-s3", action="store_true", help="artifacts in a local directory (no stop-s3 fault)")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="vllm adds the kill-engine fault")
+    parser.add_argument(
+        "--env", choices=("sim", "miniwob"), default="sim", help="miniwob (Chromium) adds the kill-backend fault"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "chaos", help="output folder")
     args = parser.parse_args()
-    rl_s = args.rl_seconds or (240.0 if args.quick else 600.0)
+    kinds = [f"kill-{s}" for s in SERVICES] + ["kill-nats", "freeze-rollout"]
+    kinds += [] if args.no_s3 else ["stop-s3"]
+    kinds += ["kill-engine"] if args.engine == "vllm" else []
+    kinds += ["kill-backend"] if args.env == "miniwob" else []
+    room = len(kinds) * (MIN_GAP_S + 5) / 0.7  # each fault's slot, with some jitter
+    rl_s = args.rl_seconds or max(240.0 if args.quick else 600.0, room)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     runs = out / "runs"
-    kinds = [f"kill-{s}" for s in SERVICES] + ["kill-nats"]
-    kinds += [] if args.no_s3 else ["stop-s3"]
-    kinds += ["kill-engine"] if args.engine == "vllm" else []
     faults = schedule(kinds, rl_s, args.seed)
-    cfg = run_config(rl_s, not args.no_s3, args.engine, runs, out / "warm-start-cache")
+    cfg = run_config(rl_s, not args.no_s3, args.engine, args.env, runs, out / "warm-start-cache")
     path = out / "chaos.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     started = time.monotonic()
@@ -328,6 +356,7 @@ def main() -> None:
                 "rl_seconds": rl_s,
                 "s3": not args.no_s3,
                 "engine": args.engine,
+                "env": args.env,
                 **result,
                 "run_dir": summary["run_dir"],
                 "error": summary.get("error"),
