@@ -204,6 +204,8 @@ class VLLMServerProcess:
             while True:
                 if self.exited:
                     code = self._proc.returncode if self._proc is not None else None
+                    # Its engine-core processes may outlive it (a server killed while starting): sweep them.
+                    await self.stop()
                     raise EngineStartError(
                         f"vLLM server {self.name} exited with code {code} while starting; see {self.log_path}"
                     )
