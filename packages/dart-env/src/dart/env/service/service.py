@@ -448,16 +448,10 @@ class EnvService:
                 await self._close_backend(fresh)
                 slot.free()
                 return
-        closing = asyncio.create_task(self._close_backend(worn), name=f"close worn {slot.instance_id}")
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
+        self._close_meanwhile(worn, f"close worn {slot.instance_id}")
         slot.generation += 1
-        slot.backend = fresh
         slot.recycles[reason] = slot.recycles.get(reason, 0) + 1
-        slot.health = InstanceHealth(self.config.recycle.latency_window)
-        slot.rss_mib = 0.0
-        slot.last_task_id = None
-        slot.free()
+        self._install(slot, fresh)
         if self._telemetry is not None:
             self._telemetry.event(
                 "env.instance_recycled",
@@ -478,12 +472,23 @@ class EnvService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _replaced(self, slot: InstanceSlot, backend: EnvBackend, started: float, *, spare: bool) -> None:
+    def _install(self, slot: InstanceSlot, backend: EnvBackend) -> None:
+        """Put a started backend in the slot, with a fresh health record, and make the slot leasable."""
         slot.backend = backend
         slot.health = InstanceHealth(self.config.recycle.latency_window)
-        slot.restarts += 1
+        slot.rss_mib = 0.0
         slot.last_task_id = None
         slot.free()
+
+    def _close_meanwhile(self, backend: EnvBackend, name: str) -> None:
+        """Close a backend that left its slot in the background (``stop`` waits for it)."""
+        closing = asyncio.create_task(self._close_backend(backend), name=name)
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    def _replaced(self, slot: InstanceSlot, backend: EnvBackend, started: float, *, spare: bool) -> None:
+        slot.restarts += 1
+        self._install(slot, backend)
         log.info("instance %s replaced (generation %d%s)", slot.instance_id, slot.generation, ", a spare" * spare)
         if self._telemetry is not None:
             self._telemetry.event(
@@ -500,9 +505,7 @@ class EnvService:
         spare = self._spares.take() if slot.consecutive_failures < self.config.max_consecutive_failures else None
         if spare is not None:
             # A warm spare takes the slot at once; the crashed backend is closed meanwhile.
-            closing = asyncio.create_task(self._close_backend(crashed), name=f"close crashed {slot.instance_id}")
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            self._close_meanwhile(crashed, f"close crashed {slot.instance_id}")
             slot.generation += 1
             self._replaced(slot, spare, started, spare=True)
             return
