@@ -84,9 +84,25 @@ def test_docker_compose_validates_the_stack_and_its_offline_variant(tmp_path: Pa
     lines = (DEPLOY / ".env.example").read_text().splitlines()
     env_file.write_text("".join(f"{line}x\n" for line in lines if line.endswith("=")))
     base = ["docker-compose", "--env-file", str(env_file), "-f", str(COMPOSE)]
-    for extra in ([], ["-f", str(DEPLOY / "docker-compose.offline.yml")]):
-        done = subprocess.run([*base, *extra, "config", "--quiet"], capture_output=True, text=True, cwd=DEPLOY)
+    offline = ["-f", str(DEPLOY / "docker-compose.offline.yml")]
+    cluster = ["-f", str(DEPLOY / "docker-compose.cluster.yml")]
+    for extra in ([], offline, cluster, [*offline, *cluster]):
+        done = subprocess.run([*base, *extra, "config"], capture_output=True, text=True, cwd=DEPLOY)
         assert done.returncode == 0, done.stderr
+        if extra[-2:] == cluster:
+            # Three nodes routed to each other; every service knows all three and keeps three copies.
+            services = yaml.safe_load(done.stdout)["services"]
+            nodes = ["nats", "nats-2", "nats-3"]
+            for node in nodes:
+                command = services[node]["command"]
+                routes = command[command.index("--routes") + 1].split(",")
+                assert routes == [f"nats-route://{n}:6222" for n in nodes]
+                assert command[command.index("--name") + 1] == node
+            for name in ("env", "data", "train", "rollout"):
+                environment = services[name]["environment"]
+                assert yaml.safe_load(environment["DART_BUS__URL"]) == [f"nats://{n}:4222" for n in nodes]
+                assert environment["DART_BUS__REPLICAS"] == "3"
+                assert set(nodes) <= set(services[name]["depends_on"])
     # Without the secrets it refuses to start, naming one.
     env_file.write_text("")
     done = subprocess.run([*base, "config", "--quiet"], capture_output=True, text=True, cwd=DEPLOY)

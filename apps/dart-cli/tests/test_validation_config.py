@@ -74,6 +74,15 @@ def test_env_requests_must_outlast_the_env_services_op_timeout() -> None:
     RunConfig(rollout={"runner": {"env_request_timeout_s": 121}}, env={"op_timeout_s": 120})
 
 
+def test_the_rollout_services_stop_fits_within_the_runs_stop_timeout() -> None:
+    # Unset, the finishing window shrinks to leave the abort window (5 s) and 5 s more.
+    assert RunConfig(run={"stop_timeout_s": 30}).rollout.stop_timeout_s == 20
+    assert RunConfig(run={"stop_timeout_s": 600}).rollout.stop_timeout_s == 30  # its own default fits
+    with pytest.raises(ValidationError, match=r"rollout.stop_timeout_s \(25\) must leave room .* at most 20"):
+        RunConfig(run={"stop_timeout_s": 30}, rollout={"stop_timeout_s": 25})
+    assert RunConfig(run={"stop_timeout_s": 30}, rollout={"stop_timeout_s": 20}).rollout.stop_timeout_s == 20
+
+
 def test_in_progress_must_come_well_within_the_work_consumers_ack_wait() -> None:
     from dart.rollout.service.config import RolloutConfig
 

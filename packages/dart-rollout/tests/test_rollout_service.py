@@ -16,6 +16,7 @@ from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import Sampling, Trajectory, TrajectoryStatus, WorkItem
+from dart.protocol.testing import wait_until
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.service import RolloutConfig, RolloutService, RunnerConfig
@@ -154,7 +155,9 @@ async def test_stop_aborts_running_trajectories_and_still_publishes_them(bus: Bu
 async def test_failed_publish_naks_the_work_item_for_redelivery(bus: Bus, nats_url: str) -> None:
     env = await start_env(bus, instances=1)
     engine = ScriptedEngine(["Action: finished(content='done')"])
-    config = RolloutConfig(runners=1, runner=RunnerConfig(pool=env.config.pool), fetch_timeout_s=0.2)
+    config = RolloutConfig(
+        runners=1, runner=RunnerConfig(pool=env.config.pool), fetch_timeout_s=0.2, publish_retry_s=0.5
+    )
     try:
         async with RolloutService(config, bus, engines={"scripted": engine}) as service:
             # No trajectory stream (removed after start, as an operator might): every publish fails.
@@ -172,6 +175,36 @@ async def test_failed_publish_naks_the_work_item_for_redelivery(bus: Bus, nats_u
     finally:
         await env.stop()
     assert await work_left(bus) == 1  # never acked
+
+
+async def test_a_publish_refused_for_a_moment_is_tried_again_and_stored(
+    bus: Bus, nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream that does not answer for a while (a cluster electing its leader) costs no rerun."""
+    env = await start_env(bus, instances=1)
+    engine = ScriptedEngine(["Action: finished(content='done')"])
+    config = RolloutConfig(
+        runners=1, runner=RunnerConfig(pool=env.config.pool), fetch_timeout_s=0.2, publish_retry_s=120.0
+    )
+    name = bus.subjects.stream_name("traj")
+    try:
+        async with RolloutService(config, bus, engines={"scripted": engine}) as service:
+            admin = await nats.connect(nats_url)
+            try:
+                js = admin.jetstream()
+                stream = (await js.stream_info(name)).config
+                await js.delete_stream(name)
+                await publish_work(bus, 1)
+                await wait_until(lambda: any("publishing traj-" in r.getMessage() for r in caplog.records))
+                await js.add_stream(config=stream)  # the stream answers again
+                await wait_until(lambda: service.stats.trajectories.get("ok", 0) == 1)
+                assert service.stats.publish_failures == 0
+                assert (await js.stream_info(name)).state.messages == 1
+            finally:
+                await admin.close()
+    finally:
+        await env.stop()
+    assert await work_left(bus) == 0  # acked once stored
 
 
 async def test_an_evaluation_request_runs_on_one_engine_held_at_the_version_while_the_other_updates(

@@ -28,6 +28,9 @@ from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLoraConfig
 from dart.rollout.service.config import EngineConfig, RolloutConfig
 from dart.train.config import LoraSettings, TrainerConfig
 
+_STOP_MARGIN_S = 5.0
+"""What the rollout service's stop needs beyond its finishing and abort windows (closing engines), seconds."""
+
 ServiceName = Literal["env", "rollout", "data", "train"]
 SERVICES: tuple[ServiceName, ...] = ("env", "data", "train", "rollout")
 """Start order: envs and data first (they own state), the trainer, then rollout (it pulls work)."""
@@ -185,6 +188,24 @@ class RunConfig(ConfigModel):
             raise ValueError(
                 f"rollout.runner.env_request_timeout_s ({request}) must exceed env.op_timeout_s ({op}): the env "
                 "service answers a slow step with env_failed only after its op timeout"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_stops_before_it_is_killed(self) -> RunConfig:
+        # dart run kills a service still running run.stop_timeout_s after asking it to stop; the rollout
+        # service first lets running trajectories finish (rollout.stop_timeout_s), then publishes the
+        # aborted ones (its abort window). Unset, the finishing window shrinks to fit.
+        rollout, limit = self.rollout, self.run.stop_timeout_s
+        room = limit - rollout.abort_window_s - _STOP_MARGIN_S
+        if "stop_timeout_s" not in rollout.model_fields_set:
+            if rollout.stop_timeout_s > room:
+                self.rollout = rollout.model_copy(update={"stop_timeout_s": max(0.0, room)})
+        elif rollout.stop_timeout_s > room:
+            raise ValueError(
+                f"rollout.stop_timeout_s ({rollout.stop_timeout_s:g}) must leave room within run.stop_timeout_s "
+                f"({limit:g}) for the abort window ({rollout.abort_window_s:g} s) and {_STOP_MARGIN_S:g} s more: "
+                f"at most {max(0.0, room):g}, or raise run.stop_timeout_s"
             )
         return self
 

@@ -236,7 +236,9 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=_STACK_DUMP_S)
             log.warning("%s did not stop within %.0f s: killed (its stacks end its log)", _named(proc), timeout_s)
-            os.killpg(proc.pid, signal.SIGKILL)
+            # Its group may be gone already: it can end while writing its stacks.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return int(proc.returncode)
 

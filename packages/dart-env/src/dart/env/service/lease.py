@@ -44,6 +44,8 @@ class Lease:
         ttl_s: Lifetime without a heartbeat, seconds.
         deadline: Monotonic time after which the lease is void.
         granted_at: Monotonic time of the grant.
+        calls_received: Reset, step and evaluate requests on the lease that reached the service.
+        calls_answered: Of those, how many were answered (a reply or an error reply).
     """
 
     lease_id: str
@@ -51,6 +53,8 @@ class Lease:
     ttl_s: float
     deadline: float
     granted_at: float = field(default_factory=time.monotonic)
+    calls_received: int = 0
+    calls_answered: int = 0
 
     def touch(self, now: float | None = None) -> None:
         """Push the deadline to ``now + ttl_s`` (a heartbeat, or any successful call)."""

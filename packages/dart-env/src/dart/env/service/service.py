@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TypeVar
 
@@ -271,13 +272,16 @@ class EnvService:
         iid = slot.instance_id
 
         async def reset(request: ResetRequest) -> ResetReply:
-            return await self._on_reset(slot, request)
+            with _counted(slot, request.lease_id):
+                return await self._on_reset(slot, request)
 
         async def step(request: StepRequest) -> StepReply:
-            return await self._on_step(slot, request)
+            with _counted(slot, request.lease_id):
+                return await self._on_step(slot, request)
 
         async def evaluate(request: EvaluateRequest) -> EvaluateReply:
-            return await self._on_evaluate(slot, request)
+            with _counted(slot, request.lease_id):
+                return await self._on_evaluate(slot, request)
 
         async def release(request: ReleaseRequest) -> ReleaseReply:
             return await self._on_release(slot, request)
@@ -356,7 +360,9 @@ class EnvService:
         lease = self._leases.authorize(slot, request.lease_id)
         assert lease is not None
         lease.touch()
-        return HeartbeatReply(expires_at=lease.expires_at)
+        return HeartbeatReply(
+            expires_at=lease.expires_at, calls_received=lease.calls_received, calls_answered=lease.calls_answered
+        )
 
     # --- leases ---------------------------------------------------------------------------------
     async def _reap_forever(self) -> None:
@@ -566,3 +572,20 @@ class EnvService:
         for instance_id, is_taken in zip(ids, await asyncio.gather(*map(taken, ids)), strict=True):
             if is_taken:
                 raise InstanceIdTakenError(instance_id)
+
+
+@contextlib.contextmanager
+def _counted(slot: InstanceSlot, lease_id: str) -> Iterator[None]:
+    """Count a call on the lease it names: received on entry, answered on the way out.
+
+    Entered before the handler's first await and left just before the bus sends the reply, so a heartbeat
+    answered later never reports a call that has not arrived, nor one answered whose reply is not on its way.
+    """
+    lease = slot.lease if slot.lease is not None and slot.lease.lease_id == lease_id else None
+    if lease is not None:
+        lease.calls_received += 1
+    try:
+        yield
+    finally:
+        if lease is not None:
+            lease.calls_answered += 1

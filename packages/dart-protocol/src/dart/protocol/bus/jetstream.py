@@ -319,7 +319,12 @@ async def js_publish(
         try:
             ack = await js.publish(subject, data, timeout=timeout, stream=stream, headers=headers)
         except nats.js.errors.NoStreamResponseError as exc:
-            raise JetStreamError("js_publish", subject, "no stream stores this subject: ensure_stream first") from exc
+            raise JetStreamError(
+                "js_publish",
+                subject,
+                "no stream answered for this subject: none stores it (ensure_stream first), or the cluster "
+                "is electing its leader (for a moment)",
+            ) from exc
         except nats.errors.MaxPayloadError as exc:
             raise PayloadTooLargeError(subject, len(data), max_payload) from exc
         except (nats.errors.Error, TimeoutError) as exc:

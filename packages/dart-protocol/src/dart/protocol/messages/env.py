@@ -54,10 +54,17 @@ class HeartbeatRequest(Message):
 
 
 class HeartbeatReply(Message):
-    """The lease's new expiry."""
+    """The lease's new expiry, and how far the service has got with the holder's calls."""
 
     kind: Literal["env.heartbeat.reply"] = "env.heartbeat.reply"
     expires_at: NonNegFloat
+    calls_received: int | None = Field(default=None, ge=0)
+    """Reset, step and evaluate requests on this lease that reached the service (answered, running or
+    queued). Below what the holder sent, a request of its was lost on the way (a broker node died under
+    it); None from a service that does not count."""
+    calls_answered: int | None = Field(default=None, ge=0)
+    """Of those, how many the service has answered. Up to what the holder sent while it still waits,
+    the reply was lost on the way back."""
 
 
 class ResetRequest(Message):

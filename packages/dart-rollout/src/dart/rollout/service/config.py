@@ -198,6 +198,12 @@ class RunnerConfig(ConfigModel):
     (its env service died) and the call in flight ends ``env_failed``, seconds."""
     env_gone_probe_s: float = Field(default=0.5, gt=0.0)
     """Heartbeat pause while the instance is unserved, seconds (instead of the lease's interval)."""
+    env_call_check_s: float = Field(default=3.0, gt=0.0)
+    """Once a reset/step/evaluate has waited this long, heartbeats come this often and check that the env
+    service received it and that its reply is not lost, seconds (a broker node that dies loses the
+    requests and replies on it)."""
+    env_call_resends: int = Field(default=2, ge=0)
+    """How many times a call the bus lost is sent again before the lease counts as lost."""
     engine_wait_s: float = Field(default=600.0, gt=0.0)
     """How long a step waits for any serving engine before the trajectory fails, seconds."""
     min_version_wait_s: float = Field(default=5.0, ge=0.0)
@@ -262,7 +268,16 @@ class RolloutConfig(ConfigModel):
     """How often GPU utilization and memory are sampled through NVML into telemetry, seconds; None
     disables it. Without a GPU (or NVML) nothing is sampled."""
     stop_timeout_s: float = Field(default=30.0, ge=0.0)
-    """On stop, how long running trajectories may finish before they are aborted, seconds."""
+    """On stop, how long running trajectories may finish before they are aborted, seconds (then
+    :attr:`abort_window_s` more for the aborted ones to be published)."""
+    publish_retry_s: float = Field(default=30.0, ge=0.0)
+    """How long a trajectory's publish is tried again while JetStream refuses it (a stream electing its
+    leader after a node died) before its work item is handed back, seconds."""
+
+    @property
+    def abort_window_s(self) -> float:
+        """On stop, how long aborted trajectories have to be published after the finishing window, seconds."""
+        return max(5.0, self.fetch_timeout_s * 2)
 
     @model_validator(mode="after")
     def _in_progress_within_the_ack_wait(self) -> RolloutConfig:

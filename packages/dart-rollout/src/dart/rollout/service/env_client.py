@@ -14,6 +14,15 @@ The heartbeat also watches the instance while a call is in flight: when the serv
 over, or nobody has served the instance for ``env_gone_after_s`` (its env service died; a restarted one
 does not know the lease), the call in flight ends at once with :class:`EnvFailed` instead of waiting
 out ``env_request_timeout_s``.
+
+And it finds calls the bus lost. Core NATS delivers a request at most once: a broker node that dies
+with a request or its reply on it loses it, and the caller would wait ``env_request_timeout_s``. Every
+heartbeat reply says how many of the lease's calls the service has received and answered. Once a call
+has waited ``env_call_check_s``, heartbeats come that often; one that finds the call never received (a
+heartbeat sent after it got there first), or answered with no reply here on two checks in a row, sends
+the call again (at most ``env_call_resends`` times, then the lease counts as lost). Sending again is
+safe: a step carries its index, and the service answers a repeated index with its first reply; a reset
+or an evaluate whose reply never arrived was not seen by the runner.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import contextlib
 import logging
 import time
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -94,6 +103,11 @@ class EnvClient:
         self._lost: EnvFailed | None = None
         self._lost_event = asyncio.Event()
         self._next_step = 0
+        self._calls_sent = 0  # reset/step/evaluate requests sent on this lease, resends included
+        self._in_flight: asyncio.Future[Any] | None = None  # the call waiting for its reply
+        self._in_flight_sent = 0.0  # monotonic time it was sent
+        self._reply_missing_since: float | None = None  # a heartbeat found it answered, its reply not here
+        self._send_again = asyncio.Event()
 
     @property
     def lease_reply(self) -> LeaseReply | None:
@@ -134,6 +148,7 @@ class EnvClient:
             detail = exc.message if isinstance(exc, RemoteError) else str(exc)
             raise EnvFailed(None, ErrorCode.UNAVAILABLE, f"no instance of pool {pool!r}: {detail}") from exc
         self._lease, self._lost, self._next_step = reply, None, 0
+        self._calls_sent = 0
         self._lost_event = asyncio.Event()
         self._heartbeat = asyncio.create_task(self._heartbeat_forever(reply), name=f"heartbeat-{reply.lease_id}")
         return reply
@@ -214,22 +229,23 @@ class EnvClient:
     async def _call(self, op: EnvOp, request: Message, reply_type: type[R]) -> R:
         lease = self._require()
         subject = self._bus.subjects.env_instance(lease.instance_id, op)
-        call = asyncio.ensure_future(
-            self._bus.request(subject, request, reply_type, timeout=self._config.env_request_timeout_s)
-        )
-        lost = asyncio.ensure_future(self._lost_event.wait())
-        try:
-            await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-            if not call.done():
-                call.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await call
-        if call.cancelled():
-            # The heartbeat found the lease over (or the instance unserved) while the call was in flight.
-            assert self._lost is not None
-            raise self._lost
+        resends = 0
+        while True:
+            call = await self._send(subject, request, reply_type)
+            if not call.cancelled():
+                break
+            if self._lost is not None:
+                # The heartbeat found the lease over (or the instance unserved) while the call was in flight.
+                raise self._lost
+            if resends == self._config.env_call_resends:
+                failure = EnvFailed(
+                    lease.instance_id,
+                    "lost_on_bus",
+                    f"{op} on {lease.instance_id} was lost on the bus {resends + 1} times",
+                )
+                self._mark_lost(failure)
+                raise failure
+            resends += 1
         try:
             return call.result()
         except RemoteError as exc:
@@ -247,17 +263,78 @@ class EnvClient:
             self._mark_lost(failure)
             raise failure from exc
 
+    async def _send(self, subject: str, request: Message, reply_type: type[R]) -> asyncio.Task[R]:
+        """Send one call and wait for its reply, the lease's loss, or the heartbeat's word that the bus
+        lost it; returns the call's task, cancelled in the last two cases."""
+        self._calls_sent += 1
+        self._send_again.clear()
+        self._reply_missing_since = None
+        call = asyncio.ensure_future(
+            self._bus.request(subject, request, reply_type, timeout=self._config.env_request_timeout_s)
+        )
+        self._in_flight, self._in_flight_sent = call, time.monotonic()
+        lost = asyncio.ensure_future(self._lost_event.wait())
+        again = asyncio.ensure_future(self._send_again.wait())
+        try:
+            await asyncio.wait({call, lost, again}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._in_flight = None
+            lost.cancel()
+            again.cancel()
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+        return call
+
+    def _check_call(self, reply: HeartbeatReply, beat_sent: float) -> None:
+        """Compare a heartbeat's counts with the call in flight; ask ``_send`` to send it again when the
+        bus lost it."""
+        call = self._in_flight
+        if call is None or call.done() or reply.calls_received is None or reply.calls_answered is None:
+            return
+        if beat_sent - self._in_flight_sent < self._config.env_call_check_s:
+            return  # too fresh to judge
+        what = f"call {self._calls_sent} on {self.instance_id}"
+        if reply.calls_received < self._calls_sent:
+            # The heartbeat was sent after the call on the same connection, and got there first.
+            log.warning("%s never reached the env service (lost on the bus): sending it again", what)
+            self._calls_sent = reply.calls_received
+            self._send_again.set()
+        elif reply.calls_answered >= self._calls_sent:
+            # Its reply went out before this heartbeat's; give a reply on its way a check's time to land.
+            now = time.monotonic()
+            if self._reply_missing_since is None:
+                self._reply_missing_since = now
+            elif now - self._reply_missing_since >= self._config.env_call_check_s:
+                log.warning("the reply to %s was lost on the bus: sending the call again", what)
+                self._send_again.set()
+        else:
+            self._reply_missing_since = None  # received, still running
+
+    def _call_overdue(self, now: float) -> bool:
+        call = self._in_flight
+        return call is not None and not call.done() and now - self._in_flight_sent >= self._config.env_call_check_s
+
     async def _heartbeat_forever(self, lease: LeaseReply) -> None:
         subject = self._bus.subjects.env_instance(lease.instance_id, "heartbeat")
         unserved_since: float | None = None  # first heartbeat that found nobody serving the instance
+        last_beat = time.monotonic()
         while True:
-            pause = lease.heartbeat_interval_s
+            # Wake often enough to check a call that has waited env_call_check_s; beat when it is time.
+            pause = min(lease.heartbeat_interval_s, self._config.env_call_check_s)
             if unserved_since is not None:
                 pause = min(pause, self._config.env_gone_probe_s)
             await asyncio.sleep(pause)
+            now = time.monotonic()
+            due = now - last_beat >= lease.heartbeat_interval_s
+            if not (due or unserved_since is not None or self._call_overdue(now)):
+                continue
+            last_beat = now
             try:
-                await self._bus.request(subject, HeartbeatRequest(lease_id=lease.lease_id), HeartbeatReply)
+                reply = await self._bus.request(subject, HeartbeatRequest(lease_id=lease.lease_id), HeartbeatReply)
                 unserved_since = None
+                self._check_call(reply, beat_sent=now)
             except RemoteError as exc:
                 if exc.code in LOST_LEASE_CODES:
                     self._mark_lost(EnvFailed(lease.instance_id, exc.code, exc.message))

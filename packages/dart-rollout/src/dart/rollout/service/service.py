@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from dart.protocol.bus import Bus, Delivery, PullConsumer, Service
-from dart.protocol.errors import DartError, ServiceError
+from dart.protocol.errors import DartError, JetStreamError, ServiceError
 from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, Trajectory, WorkItem
+from dart.protocol.retry import Backoff, retry
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
@@ -215,7 +216,7 @@ class RolloutService:
             for task in list(self._running.values()):
                 task.cancel()  # -> ABORTED trajectories, which the loops still publish
             if pending:
-                await asyncio.wait(pending, timeout=max(5.0, self.config.fetch_timeout_s * 2))
+                await asyncio.wait(pending, timeout=self.config.abort_window_s)
             await cancel_and_wait(self._loops)
             self._loops = []
         for consumer in self._consumers:
@@ -259,20 +260,32 @@ class RolloutService:
         with delivery.span():
             task = asyncio.create_task(runner.run(delivery.message), name=f"{runner.runner_id}-traj")
             self._running[runner.runner_id] = task
+            # Kept in progress until the trajectory is stored, publishing retries included.
             keepalive = asyncio.create_task(self._keep_in_progress(delivery))
             try:
-                trajectory = await asyncio.shield(task)
+                try:
+                    trajectory = await asyncio.shield(task)
+                finally:
+                    self._running.pop(runner.runner_id, None)
+                await self._publish(trajectory, delivery)
             finally:
                 keepalive.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await keepalive
-                self._running.pop(runner.runner_id, None)
-            await self._publish(trajectory, delivery)
 
     async def _publish(self, trajectory: Trajectory, delivery: Delivery[WorkItem]) -> None:
         subject = self._bus.subjects.stream_subject("traj")
         try:
-            await self._bus.js_publish(subject, trajectory, msg_id=trajectory.trajectory_id)
+            # A stream electing its leader (a cluster node died) refuses for a moment; the trajectory id
+            # dedupes a publish stored whose ack was lost.
+            await retry(
+                lambda: self._bus.js_publish(subject, trajectory, msg_id=trajectory.trajectory_id),
+                backoff=Backoff(0.5, max_s=5.0),
+                retryable=lambda exc: isinstance(exc, JetStreamError),
+                what=f"publishing {trajectory.trajectory_id}",
+                timeout_s=self.config.publish_retry_s,
+                logger=log,
+            )
         except DartError as exc:
             self._stats.publish_failures += 1
             log.error("publishing %s failed, handing its work item back: %s", trajectory.trajectory_id, exc)
