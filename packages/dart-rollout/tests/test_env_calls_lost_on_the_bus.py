@@ -11,8 +11,10 @@ dying with the bytes on it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Literal
 from urllib.parse import urlparse
 
 import pytest
@@ -101,59 +103,57 @@ RUNNER = {
 }
 
 
-async def test_a_step_that_never_reached_the_env_service_is_sent_again(nats_url: str, proxy: CuttingProxy) -> None:
+@contextlib.asynccontextmanager
+async def leased(
+    nats_url: str, proxy: CuttingProxy, behind_proxy: Literal["client", "service"]
+) -> AsyncIterator[tuple[EnvService, EnvClient, str]]:
+    """An env service on the sim and a client holding a lease on its instance, reset to a task; one of the
+    two talks to nats-server through the proxy. Yields the service, the client and the instance id."""
     run, pool = f"r{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:8]}"
     proxied = await proxy.start()
-    async with await Bus.connect(bus_config(nats_url, run)) as service_bus:
+    service_url, client_url = (nats_url, proxied) if behind_proxy == "client" else (proxied, nats_url)
+    async with await Bus.connect(bus_config(service_url, run)) as service_bus:
         service = EnvService(EnvServiceConfig(pool=pool, instances=1, sim=FAST_SIM), service_bus)
         await service.start()
         try:
             async with (
-                await Bus.connect(bus_config(proxied, run)) as client_bus,
+                await Bus.connect(bus_config(client_url, run)) as client_bus,
                 EnvClient(client_bus, "runner-0", RunnerConfig(pool=pool, **RUNNER)) as env,
             ):
                 lease = await env.lease()
                 await env.reset(sim_task("click-button", "easy", 1))
-                proxy.swallow = True
-                step = asyncio.create_task(env.step(Wait(seconds=0.0)))
-                await wait_until(lambda: f".{lease.instance_id}.step".encode() in proxy.swallowed)
-                proxy.cut()  # the request dies with the connection
-
-                reply = await step
-                assert isinstance(reply, StepReply)
-                assert service.stats()[lease.instance_id].steps == 1
-                # The episode goes on where it was: the next step index is accepted.
-                assert isinstance(await env.step(Wait(seconds=0.0)), StepReply)
-                assert service.stats()[lease.instance_id].steps == 2
+                yield service, env, lease.instance_id
         finally:
             await service.stop()
+
+
+async def test_a_step_that_never_reached_the_env_service_is_sent_again(nats_url: str, proxy: CuttingProxy) -> None:
+    async with leased(nats_url, proxy, behind_proxy="client") as (service, env, instance):
+        proxy.swallow = True  # what the client sends goes nowhere
+        step = asyncio.create_task(env.step(Wait(seconds=0.0)))
+        await wait_until(lambda: f".{instance}.step".encode() in proxy.swallowed)
+        proxy.cut()  # the request dies with the connection
+
+        reply = await step
+        assert isinstance(reply, StepReply)
+        assert service.stats()[instance].steps == 1
+        # The episode goes on where it was: the next step index is accepted.
+        assert isinstance(await env.step(Wait(seconds=0.0)), StepReply)
+        assert service.stats()[instance].steps == 2
 
 
 async def test_a_step_whose_reply_never_came_back_is_answered_again_without_acting_twice(
     nats_url: str, proxy: CuttingProxy
 ) -> None:
-    run, pool = f"r{uuid.uuid4().hex[:8]}", f"p{uuid.uuid4().hex[:8]}"
-    proxied = await proxy.start()
-    async with await Bus.connect(bus_config(proxied, run)) as service_bus:
-        service = EnvService(EnvServiceConfig(pool=pool, instances=1, sim=FAST_SIM), service_bus)
-        await service.start()
-        try:
-            async with (
-                await Bus.connect(bus_config(nats_url, run)) as client_bus,
-                EnvClient(client_bus, "runner-0", RunnerConfig(pool=pool, **RUNNER)) as env,
-            ):
-                lease = await env.lease()
-                await env.reset(sim_task("click-button", "easy", 1))
-                proxy.swallow = True  # what the env service sends (its replies) goes nowhere
-                step = asyncio.create_task(env.step(Wait(seconds=0.0)))
-                await wait_until(lambda: service.stats()[lease.instance_id].steps == 1)
-                await wait_until(lambda: b"env.step.reply" in proxy.swallowed)
-                proxy.cut()
+    async with leased(nats_url, proxy, behind_proxy="service") as (service, env, instance):
+        proxy.swallow = True  # what the env service sends (its replies) goes nowhere
+        step = asyncio.create_task(env.step(Wait(seconds=0.0)))
+        await wait_until(lambda: service.stats()[instance].steps == 1)
+        await wait_until(lambda: b"env.step.reply" in proxy.swallowed)
+        proxy.cut()
 
-                reply = await step
-                assert isinstance(reply, StepReply)
-                assert service.stats()[lease.instance_id].steps == 1  # answered again from the step's cache
-                assert isinstance(await env.step(Wait(seconds=0.0)), StepReply)
-                assert service.stats()[lease.instance_id].steps == 2
-        finally:
-            await service.stop()
+        reply = await step
+        assert isinstance(reply, StepReply)
+        assert service.stats()[instance].steps == 1  # answered again from the step's cache
+        assert isinstance(await env.step(Wait(seconds=0.0)), StepReply)
+        assert service.stats()[instance].steps == 2
