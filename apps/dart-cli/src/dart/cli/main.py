@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module exposing ``register(app)``, which adds its command (or a
 sub-app with ``app.add_typer``) to :data:`app`; adding one (``run``, ``serve``, ``report``,
-``model``, ``env``) means writing the module and listing it in :data:`COMMAND_MODULES`.
+``view``, ``model``, ``env``) means writing the module and listing it in :data:`COMMAND_MODULES`.
 Modules import heavy dependencies (torch, services) inside their commands, so ``dart --help``
 stays fast.
 """
@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from dart.cli import doctor, env_command, eval_command, model, nats_server, report, run_command
+from dart.cli import doctor, env_command, eval_command, model, nats_server, report, run_command, view
 from dart.cli.versions import version_text
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     run_command,
     eval_command,
     report,
+    view,
     doctor,
     nats_server,
     model,

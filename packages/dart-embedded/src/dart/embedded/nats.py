@@ -69,12 +69,16 @@ class NatsTls:
         key_file: PEM private key of ``cert_file``.
         ca_file: PEM CA that signed client certificates; with ``verify`` clients must present one.
         verify: Require and verify client certificates.
+        handshake_timeout_s: How long a client has for its TLS handshake (and its authentication, which
+            nats-server bounds by the same time), seconds. The server's own 2 s closes connections
+            of a busy machine's clients mid-connect.
     """
 
     cert_file: Path
     key_file: Path
     ca_file: Path | None = None
     verify: bool = False
+    handshake_timeout_s: float = 10.0
 
 
 def _hash_password(password_file: Path) -> str:
@@ -229,7 +233,11 @@ class EmbeddedNats:
         if self.users:
             config["authorization"] = {"users": [_user_entry(u) for u in self.users]}
         if self.tls is not None:
-            tls: dict[str, Any] = {"cert_file": str(self.tls.cert_file), "key_file": str(self.tls.key_file)}
+            tls: dict[str, Any] = {
+                "cert_file": str(self.tls.cert_file),
+                "key_file": str(self.tls.key_file),
+                "timeout": self.tls.handshake_timeout_s,
+            }
             if self.tls.ca_file is not None:
                 tls["ca_file"] = str(self.tls.ca_file)
             if self.tls.verify:

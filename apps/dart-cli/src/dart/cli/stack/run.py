@@ -28,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config, warm_start_on
+from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import build_summary
@@ -455,11 +456,6 @@ async def _stop_services(
     return heldout, codes
 
 
-EMBEDDED_S3_URI = "s3://dart/artifacts"
-"""Where ``run.artifacts: embedded_s3`` puts a run's artifacts."""
-S3_ACCESS_ENV, S3_SECRET_ENV = "DART_S3_ACCESS_KEY", "DART_S3_SECRET_KEY"
-
-
 def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[str, Any]:
     """The store's size when the run ends: ``store_uri``, ``store_bytes``, ``store_objects``,
     ``store_weights_bytes`` (published weights, after retention) and ``store_bytes_by_kind`` (bytes per
@@ -503,11 +499,7 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     nats = EmbeddedNats(store_dir=run_dir / "nats", users=users) if config.run.embedded_nats else None
     s3 = None
     if config.store is None and config.run.artifacts == "embedded_s3":
-        from dart.embedded.s3 import EmbeddedS3
-
-        # Room for real checkpoints: 1,024 volumes of 256 MiB (256 GiB; a volume's file grows with what
-        # it holds). The server's default of 64 x 64 MiB refuses writes past 4 GiB: one 3B version in fp32.
-        s3 = EmbeddedS3(data_dir=run_dir / "s3", volume_size_limit_mb=256, max_volumes=1024)
+        s3 = embedded_s3_server(run_dir)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if nats is not None:
@@ -549,9 +541,9 @@ def _use_embedded_s3(s3: EmbeddedS3, config: RunConfig) -> RunConfig:
     """Start the embedded S3 server; ``config`` with the run's store on it."""
     s3.start()
     # Keys travel to the services in their environment, never in config.yaml.
-    os.environ[S3_ACCESS_ENV], os.environ[S3_SECRET_ENV] = s3.access_key, s3.secret_key
-    console.log(f"embedded S3 at {s3.url}: artifacts in {EMBEDDED_S3_URI}")
-    return config.model_copy(update={"store": StoreConfig(uri=EMBEDDED_S3_URI, endpoint=s3.url, region=s3.region)})
+    store = embedded_s3_store(s3)
+    console.log(f"embedded S3 at {s3.url}: artifacts in {store.uri}")
+    return config.model_copy(update={"store": store})
 
 
 def _summary(

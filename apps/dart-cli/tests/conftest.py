@@ -1,0 +1,179 @@
+"""Run directories for the ``dart view`` tests, written by dart-data itself: its index
+(:class:`~dart.data.index.TrajectoryIndex`) and its blobs (:class:`~dart.data.blobs.TrajectoryBlobs`) in a
+local store, trajectories built from the real message models."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dart.data.blobs import StoredTrajectory, TrajectoryBlobs
+from dart.data.index import TrajectoryIndex, trajectory_row
+from dart.protocol import messages as m
+from dart.protocol.store import LocalStore
+
+SCREEN = (320, 180)
+"""Observation screenshots' size (the screen the env acted on)."""
+FED = (64, 36)
+"""The images fed to the policy (resized, as a runner records them)."""
+
+
+def png(width: int, height: int, shade: int) -> bytes:
+    """A PNG of one grey level (``shade`` tells steps apart, so each has its own stored image)."""
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (shade, shade, 255 - shade)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def make_step(index: int, version: int, action: m.Action, *, shade: int) -> m.StepRecord:
+    """A step with an observation screenshot at :data:`SCREEN` and its :data:`FED` copy fed to the prompt."""
+    shot = m.InlineImage(png=png(*SCREEN, shade), width=SCREEN[0], height=SCREEN[1])
+    fed = m.InlineImage(png=png(*FED, shade), width=FED[0], height=FED[1])
+    return m.StepRecord(
+        index=index,
+        policy_version=version,
+        observation=m.Observation(screenshot=shot, text="Click OK"),
+        prompt_token_ids=[1, 2, 3, index],
+        prompt_images=[fed],
+        response_token_ids=[40, 41, 42],
+        response_logprobs=[-0.01, -1.5, -4.0],
+        response_entropy=[0.1, 0.9, 2.0],
+        response_text=f"Thought: step {index}.\nAction: {action.kind}",
+        action=action,
+        timings=m.StepTimings(generate_s=0.25, env_s=0.05, total_s=0.31),
+    )
+
+
+def make_traj(
+    tid: str,
+    gid: str,
+    idx: int,
+    *,
+    reward: float = 0.0,
+    version: int = 1,
+    task_id: str = "sim/click/1",
+    status: m.TrajectoryStatus = m.TrajectoryStatus.OK,
+    actions: tuple[m.Action, ...] = (m.Click(x=0.25, y=0.75),),
+    size: int = 4,
+) -> m.Trajectory:
+    """A trajectory with one step per action; ``success`` is ``reward > 0``."""
+    task = m.TaskSpec(task_id=task_id, backend="sim", instruction="Click the OK button.")
+    return m.Trajectory(
+        trajectory_id=tid,
+        work_id=f"w-{tid}",
+        task=task,
+        group_id=gid,
+        rollout_index=idx,
+        group_size=size,
+        steps=[make_step(i, version, a, shade=(7 * idx + 31 * i) % 256) for i, a in enumerate(actions)],
+        status=status,
+        reward=reward,
+        success=reward > 0,
+        min_policy_version=version,
+        max_policy_version=version,
+        started_at=1_790_000_000.0 + idx,
+        finished_at=1_790_000_004.5 + idx,
+        runner_id="runner-1",
+        env_instance_id="sim-0",
+    )
+
+
+@dataclass
+class ViewRun:
+    """A run directory being written: its index and store, and what was stored."""
+
+    run_dir: Path
+    index: TrajectoryIndex
+    blobs: TrajectoryBlobs
+    stored: dict[str, StoredTrajectory] = field(default_factory=dict)
+
+    def add(self, traj: m.Trajectory) -> StoredTrajectory:
+        """Ingest ``traj`` as the data manager does: blobs first, then the index row."""
+        stored = self.blobs.put(traj)
+        self.index.store_trajectory(trajectory_row(stored), None, self.blobs.shared_image_keys(stored.trajectory))
+        self.stored[traj.trajectory_id] = stored
+        return stored
+
+    def path_of(self, key: str) -> Path:
+        """The file of a store key."""
+        return self.run_dir / "artifacts" / key
+
+
+def new_run(run_dir: Path, database_url: str | None = None) -> ViewRun:
+    """An empty run directory (config.yaml, index, local store); the index at ``database_url`` when given."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text("run:\n  name: view-test\n")
+    index = TrajectoryIndex(database_url or f"sqlite:///{run_dir / 'data.sqlite3'}")
+    index.migrate()
+    return ViewRun(run_dir, index, TrajectoryBlobs(LocalStore(run_dir / "artifacts")))
+
+
+GROUP_REWARDS = (1.0, 0.0, 0.0, 1.0)
+"""Rewards of group ``g-a``'s four stored rollouts."""
+
+
+def fill_standard(run: ViewRun) -> None:
+    """Group ``g-a`` (five work items, four rollouts stored, two successes, every action kind in rollout 0),
+    group ``g-b`` (one aborted, one failed, one truncated at version 2 of another task), a pooled success,
+    a pruned trajectory and two rejections."""
+    items = [
+        m.WorkItem(
+            work_id=f"w-traj-g-a-{i}",
+            task=m.TaskSpec(task_id="sim/click/1", backend="sim", instruction="Click the OK button."),
+            group_id="g-a",
+            rollout_index=i,
+            group_size=5,
+            max_steps=8,
+            created_at=1_790_000_000.0,
+        )
+        for i in range(5)  # the fifth rollout never arrives
+    ]
+    run.index.record_work(items)
+    all_actions: tuple[m.Action, ...] = (
+        m.Click(x=0.25, y=0.75),
+        m.Drag(x1=0.1, y1=0.2, x2=0.6, y2=0.8),
+        m.Type(text="hello\n"),
+        m.Hotkey(keys=("ctrl", "c")),
+        m.Scroll(x=0.5, y=0.5, direction=m.ScrollDirection.DOWN, amount=3),
+        m.Finished(content="done"),
+    )
+    for i, reward in enumerate(GROUP_REWARDS):
+        actions = all_actions if i == 0 else (m.Click(x=0.25, y=0.75),)
+        run.add(make_traj(f"traj-g-a-{i}", "g-a", i, reward=reward, actions=actions, size=5))
+    run.add(make_traj("traj-g-b-0", "g-b", 0, status=m.TrajectoryStatus.ABORTED, actions=()))
+    run.add(make_traj("traj-g-b-1", "g-b", 1, status=m.TrajectoryStatus.FAILED, actions=()))
+    run.add(make_traj("traj-g-b-2", "g-b", 2, status=m.TrajectoryStatus.TRUNCATED, version=2, task_id="sim/type/2"))
+    run.index.add_to_pool("traj-g-a-3", "sim/click/1", keep=4)
+    run.index.mark_pruned(["traj-g-a-2"])
+    run.index.record_rejection("trajectories", 7, "unknown_work", "never emitted", trajectory_id="x")
+    run.index.record_rejection("trajectories", 8, "unknown_work", "never emitted", trajectory_id="y")
+
+
+@pytest.fixture
+def view_run(tmp_path: Path) -> ViewRun:
+    """A run directory holding :func:`fill_standard`'s trajectories."""
+    run = new_run(tmp_path / "run")
+    fill_standard(run)
+    return run
+
+
+@dataclass(frozen=True)
+class ViewKit:
+    """This module's builders and sizes, for the test modules (which cannot import a conftest)."""
+
+    new_run: Callable[..., ViewRun] = new_run
+    make_traj: Callable[..., m.Trajectory] = make_traj
+    fill_standard: Callable[[ViewRun], None] = fill_standard
+    screen: tuple[int, int] = SCREEN
+    fed: tuple[int, int] = FED
+    group_rewards: tuple[float, ...] = GROUP_REWARDS
+
+
+@pytest.fixture
+def kit() -> ViewKit:
+    return ViewKit()

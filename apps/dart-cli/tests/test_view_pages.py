@@ -1,0 +1,206 @@
+"""``dart view``'s pages on a run directory written by dart-data itself, served with starlette's TestClient."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from dart.cli.view.app import create_app
+from dart.cli.view.source import open_run
+from dart.data.advantages import group_advantages
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def client(view_run: Any) -> Iterator[TestClient]:
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+        yield c
+
+
+def _ids(html: str) -> list[str]:
+    return re.findall(r'<a class="trajectory" href="/trajectories/[^"]+">([^<]+)</a>', html)
+
+
+def test_overview_counts_from_the_index(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200
+    html = page.text
+    by_status = html[html.index('id="by-status"') : html.index("</table>", html.index('id="by-status"'))]
+    assert re.findall(r">(\w+)</a></td><td class=\"n\">(\d+)<", by_status) == [
+        ("ok", "4"),
+        ("aborted", "1"),
+        ("failed", "1"),
+        ("truncated", "1"),
+    ]
+    # Trainable and not pooled, as the run summary counts: 3 of g-a (one pooled) and the truncated one.
+    assert "success rate (1 of 4 trainable)" in html
+    assert '<td>unknown_work</td><td class="n">2</td>' in html
+    assert re.search(r'<div class="big">1</div>in the experience pool', html)
+    assert re.search(r'<div class="big">1</div>pruned by retention', html)
+    assert re.search(r'<div class="big">2</div>latest policy version seen', html)
+    assert 'id="no-summary"' in html and "still going, or it crashed" in html
+
+
+def test_overview_shows_the_summary_when_the_run_wrote_one(view_run: Any) -> None:
+    (view_run.run_dir / "summary.json").write_text(json.dumps({"versions_published": 7, "heldout": [{"v": 1}]}))
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+        html = c.get("/").text
+    assert "<tr><th>versions_published</th><td>7</td></tr>" in html
+    assert 'id="no-summary"' not in html
+
+
+def test_filters_narrow_the_list(client: TestClient) -> None:
+    assert len(_ids(client.get("/trajectories").text)) == 7
+    assert _ids(client.get("/trajectories?status=aborted").text) == ["traj-g-b-0"]
+    assert _ids(client.get("/trajectories?success=yes").text) == ["traj-g-a-0", "traj-g-a-3"]
+    assert _ids(client.get("/trajectories?task=sim/type/2").text) == ["traj-g-b-2"]
+    assert _ids(client.get("/trajectories?min_version=2").text) == ["traj-g-b-2"]
+    assert len(_ids(client.get("/trajectories?max_version=1").text)) == 6
+    assert _ids(client.get("/trajectories?group=g-b&status=failed").text) == ["traj-g-b-1"]
+    assert "0 matching trajectories" in client.get("/trajectories?group=nope").text
+    # Each row links to its trajectory and its group.
+    assert 'href="/groups/g-a"' in client.get("/trajectories?group=g-a").text
+
+
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [("status=done", "not a trajectory status"), ("success=maybe", "use yes or no"), ("min_version=x", "whole")],
+)
+def test_a_bad_filter_is_a_400_page_saying_why(client: TestClient, query: str, said: str) -> None:
+    page = client.get(f"/trajectories?{query}")
+    assert page.status_code == 400 and said in page.text
+
+
+def test_pages_of_fifty_walk_forward_and_back(tmp_path: Path, kit: Any) -> None:
+    run = kit.new_run(tmp_path / "run")
+    for i in range(120):
+        run.add(kit.make_traj(f"traj-{i:04d}", f"g-{i // 4}", i % 4, actions=()))
+    with open_run(run.run_dir) as source, TestClient(create_app(source)) as c:
+        first = c.get("/trajectories?status=ok").text
+        assert "120 matching trajectories" in first
+        assert _ids(first) == [f"traj-{i:04d}" for i in range(50)]
+        assert 'id="prev-page"' not in first
+        next_url = re.search(r'id="next-page" rel="next" href="([^"]+)"', first)
+        assert next_url is not None
+        second = c.get(next_url.group(1).replace("&amp;", "&")).text
+        assert _ids(second) == [f"traj-{i:04d}" for i in range(50, 100)]
+        third = c.get(re.findall(r'id="next-page" rel="next" href="([^"]+)"', second)[0].replace("&amp;", "&")).text
+        assert _ids(third) == [f"traj-{i:04d}" for i in range(100, 120)]
+        assert 'id="next-page"' not in third
+        back = c.get(re.findall(r'id="prev-page" rel="prev" href="([^"]+)"', third)[0].replace("&amp;", "&")).text
+        assert _ids(back) == [f"traj-{i:04d}" for i in range(50, 100)]
+        assert "status=ok" in re.findall(r'id="prev-page" rel="prev" href="([^"]+)"', back)[0]  # filters kept
+
+
+def test_group_page_shows_each_rollout_with_the_data_managers_advantage(client: TestClient, kit: Any) -> None:
+    page = client.get("/groups/g-a")
+    assert page.status_code == 200
+    shown = [float(a) for a in re.findall(r'<td class="n advantage">([-\d.]+)</td>', page.text)]
+    assert shown == pytest.approx(group_advantages(list(kit.group_rewards)), abs=1e-3)
+    assert page.text.count('class="rollout status-ok"') == 4
+    assert "Rollouts never stored: 4." in page.text
+    # Rollouts that are not trainable get no advantage; the others are normalized among themselves.
+    other = client.get("/groups/g-b").text
+    assert re.findall(r'<td class="n advantage">([^<]+)</td>', other) == ["-", "-", "0.000"]
+    assert "no row for this group" in other
+
+
+def test_trajectory_page_shows_every_step_with_its_action_drawn(client: TestClient, kit: Any) -> None:
+    page = client.get("/trajectories/traj-g-a-0")
+    assert page.status_code == 200
+    html, screen, fed = page.text, kit.screen, kit.fed
+    assert html.count('<section class="step"') == 6
+    # The click: a circle on the pixel the env clicked, on the fed image and on the observation.
+    step0 = html[html.index('id="step-0"') : html.index('id="step-1"')]
+    assert f'viewBox="0 0 {fed[0]} {fed[1]}"' in step0 and f'viewBox="0 0 {screen[0]} {screen[1]}"' in step0
+    circles = re.findall(r'<circle class="mark click" cx="([\d.]+)" cy="([\d.]+)"', step0)
+    assert [(float(x), float(y)) for x, y in circles] == [
+        pytest.approx((0.25 * fed[0], 0.75 * fed[1])),
+        pytest.approx((0.25 * screen[0], 0.75 * screen[1])),
+    ]
+    step1 = html[html.index('id="step-1"') : html.index('id="step-2"')]
+    assert f'x1="{0.1 * screen[0]}" y1="{0.2 * screen[1]}" x2="{0.6 * screen[0]}" y2="{0.8 * screen[1]}"' in step1
+    assert "type: hello⏎</text>" in html and "keys: ctrl + c</text>" in html and "scroll down x3</text>" in html
+    assert "finished: done</text>" in html
+    # Log-prob heat map: one coloured cell per response token, its values on hover.
+    assert html.count('class="tok"') == 6 * 3 and "log-prob -1.500, entropy 0.900 nats" in html
+    assert "Thought: step 0." in html and "policy version 1" in html
+    assert 'rel="next" href="/trajectories/traj-g-a-1"' in html and "<script>" in html
+
+
+def test_images_come_from_the_store_with_a_content_type(client: TestClient, view_run: Any, kit: Any) -> None:
+    html = client.get("/trajectories/traj-g-a-1").text
+    sources = re.findall(r'<img src="(/images/[^"]+)" width="(\d+)"', html)
+    assert [int(w) for _, w in sources] == [kit.fed[0], kit.screen[0]]
+    for src, _ in sources:
+        image = client.get(src)
+        assert image.status_code == 200 and image.headers["content-type"] == "image/png"
+        assert image.content == view_run.path_of(src.removeprefix("/images/")).read_bytes()
+
+
+def test_unknown_trajectory_group_and_path_are_404_pages(client: TestClient) -> None:
+    for url, said in [
+        ("/trajectories/traj-nope", "the index has no such trajectory"),
+        ("/groups/g-nope", "the index has no such group"),
+        ("/nowhere", "Not Found"),
+        ("/images/trajectories/none.png", "it is not in the store"),
+        ("/images/..%2Fconfig.yaml", "not a store key"),
+    ]:
+        page = client.get(url)
+        assert page.status_code == 404, url
+        assert said in page.text, (url, page.text)
+
+
+def test_a_pruned_trajectory_says_retention_deleted_it(client: TestClient, view_run: Any) -> None:
+    blob = view_run.path_of(view_run.stored["traj-g-a-2"].blob_key)
+    blob.unlink()  # what retention does once it marked the trajectory pruned
+    page = client.get("/trajectories/traj-g-a-2")
+    assert page.status_code == 404
+    assert "retention deleted this trajectory&#39;s objects" in page.text
+    assert 'href="/groups/g-a"' in page.text  # the index row still leads on
+    assert client.get("/").status_code == 200
+
+
+def test_a_missing_blob_a_blob_that_does_not_parse_and_a_corrupted_one(client: TestClient, view_run: Any) -> None:
+    view_run.path_of(view_run.stored["traj-g-a-1"].blob_key).unlink()
+    missing = client.get("/trajectories/traj-g-a-1")
+    assert missing.status_code == 404 and "it is not in the store" in missing.text
+    # Stored as it is (its digest recorded): read back whole, it is no trajectory.
+    view_run.blobs.store.put(view_run.stored["traj-g-b-2"].blob_key, b'{"kind": "trajectory", "steps": 3}')
+    bad = client.get("/trajectories/traj-g-b-2")
+    assert bad.status_code == 500 and "does not parse as a trajectory" in bad.text
+    # Changed behind the store's back: its bytes no longer match their digest.
+    view_run.path_of(view_run.stored["traj-g-b-1"].blob_key).write_bytes(b"{}")
+    corrupted = client.get("/trajectories/traj-g-b-1")
+    assert corrupted.status_code == 500 and "is corrupted" in corrupted.text
+    assert client.get("/trajectories/traj-g-a-0").status_code == 200
+
+
+def test_a_missing_image_is_named_on_the_page(client: TestClient, view_run: Any) -> None:
+    html = client.get("/trajectories/traj-g-a-3").text
+    src = re.findall(r'<img src="/images/([^"]+)"', html)[1]
+    view_run.path_of(src).unlink()
+    page = client.get("/trajectories/traj-g-a-3")
+    assert page.status_code == 200
+    assert f"Image not shown: {src} is not in the store" in page.text
+    assert client.get(f"/images/{src}").status_code == 404
+
+
+def test_a_deployment_config_reads_its_database_and_store(tmp_path: Path, postgres_url: str, kit: Any) -> None:
+    run = kit.new_run(tmp_path / "run", postgres_url)
+    kit.fill_standard(run)
+    config = tmp_path / "run.yaml"
+    store = (run.run_dir / "artifacts").as_uri()
+    config.write_text(f"run: {{name: dart}}\nstore: {{uri: '{store}'}}\ndata: {{database_url: '{postgres_url}'}}\n")
+    with open_run(config=config) as source, TestClient(create_app(source)) as c:
+        assert "success rate (1 of 4 trainable)" in c.get("/").text
+        assert "a deployment&#39;s services write no summary.json" in c.get("/").text
+        assert _ids(c.get("/trajectories?success=yes").text) == ["traj-g-a-0", "traj-g-a-3"]
+        assert c.get("/trajectories/traj-g-a-0").text.count('<section class="step"') == 6
