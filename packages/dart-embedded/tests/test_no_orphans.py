@@ -99,3 +99,67 @@ def test_without_the_guard_a_child_would_outlive_its_parent() -> None:
         assert not _wait_gone(pids["child"], limit_s=1.0)
     finally:
         os.kill(pids["child"], signal.SIGKILL)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid``, from /proc."""
+    members = []
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit():
+            continue
+        try:
+            with open(f"/proc/{stat}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat))
+    return members
+
+
+def _wait_group_gone(pgid: int, limit_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if not _group_members(pgid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_reaped_group_dies_with_its_killed_parent_grandchildren_included() -> None:
+    """A launcher in its own session whose children stay in its group (chromedriver and Chromium)."""
+    parent, pids = _start_parent(
+        """
+        import json, subprocess, time
+        from dart.protocol.lifetime import reap_group_with_this_process
+        launcher = subprocess.Popen(["sh", "-c", "sleep 600 & exec sleep 600"], start_new_session=True)
+        reap_group_with_this_process(launcher.pid)
+        print(json.dumps({"group": launcher.pid}), flush=True)
+        time.sleep(600)
+        """
+    )
+    deadline = time.monotonic() + 60
+    while len(_group_members(pids["group"])) < 2:  # the launcher and the child it left running
+        assert time.monotonic() < deadline, _group_members(pids["group"])
+        time.sleep(0.05)
+    _kill(parent)
+    assert _wait_group_gone(pids["group"]), "the group outlived the SIGKILLed process that registered it"
+
+
+def test_a_released_group_is_left_alone() -> None:
+    parent, pids = _start_parent(
+        """
+        import json, subprocess, time
+        from dart.protocol.lifetime import reap_group_with_this_process, release_group
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        reap_group_with_this_process(child.pid)
+        release_group(child.pid)
+        print(json.dumps({"group": child.pid}), flush=True)
+        time.sleep(600)
+        """
+    )
+    _kill(parent)
+    try:
+        assert not _wait_group_gone(pids["group"], limit_s=1.0)
+    finally:
+        os.killpg(pids["group"], signal.SIGKILL)

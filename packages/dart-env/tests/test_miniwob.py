@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -194,3 +199,35 @@ async def test_train_and_heldout_splits_share_task_types_on_disjoint_seeds(env: 
     for task in held:
         _, instruction = await env.reset(task)
         assert instruction == task.instruction, task.task_id
+
+
+def _browser_processes(group: int) -> list[str]:
+    """Live (not zombie) processes of process group ``group``: ``pid command`` lines from ps."""
+    out = subprocess.run(["ps", "-eo", "pgid=,stat=,pid=,comm="], capture_output=True, text=True, check=True).stdout
+    rows = [line.split(None, 3) for line in out.splitlines()]
+    return [f"{r[2]} {r[3]}" for r in rows if len(r) == 4 and int(r[0]) == group and not r[1].startswith("Z")]
+
+
+@needs_chromium
+def test_a_killed_process_leaves_no_browser_behind() -> None:
+    """An env service SIGKILLed (a crash, a supervisor's kill) takes its browsers along."""
+    code = (
+        "import json, time\n"
+        "from dart.env.miniwob.browser import Browser\n"
+        f"browser = Browser({CHROME!r}, {DRIVER!r}, 1, 60.0)\n"
+        "print(json.dumps(browser.driver_pid), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert parent.stdout is not None
+    line = parent.stdout.readline()
+    assert line, f"the browser did not start (exit {parent.wait()})"
+    group = json.loads(line)
+    assert any("chrom" in p for p in _browser_processes(group))
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    parent.stdout.close()
+    deadline = time.monotonic() + 60
+    while _browser_processes(group):
+        assert time.monotonic() < deadline, f"outlived the killed process: {_browser_processes(group)}"
+        time.sleep(0.1)

@@ -14,6 +14,12 @@ Usage::
 Caveat (documented by prctl(2)): the signal fires when the *thread* that forked the child exits.
 Start children from a thread that lives as long as they should (the main thread, or the asyncio
 loop's thread), not from a short-lived worker thread.
+
+A child that is a launcher of others (chromedriver starting Chromium) takes its descendants with it only
+if someone kills its whole group. :func:`reap_group_with_this_process` hands a process group to a
+sidecar (started once per process, in its own session) that holds the read end of a pipe: when this
+process ends, however (SIGKILL included), the kernel closes the write end, and the sidecar kills every
+group still registered. :func:`release_group` unregisters a group this process stopped itself.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import subprocess
 import sys
+import threading
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -68,3 +76,68 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+_REAPER_CODE = """
+import os, signal, sys
+groups = set()
+for line in sys.stdin:
+    sign, group = line[:1], line[1:].strip()
+    if group.isdigit():
+        (groups.add if sign == "+" else groups.discard)(int(group))
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+"""The sidecar: registers ``+PGID`` and unregisters ``-PGID`` lines until EOF, then kills what is left."""
+
+
+class _GroupReaper:
+    """The sidecar process and the write end of its pipe (never inherited by children: O_CLOEXEC)."""
+
+    def __init__(self) -> None:
+        read_end, self._write_end = os.pipe()
+        try:
+            # Its own session: a kill of this process's group (a supervisor stopping it) spares the sidecar.
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _REAPER_CODE],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(read_end)
+        self._lock = threading.Lock()
+
+    def send(self, line: str) -> None:
+        with self._lock:
+            os.write(self._write_end, line.encode())
+
+
+_reaper: _GroupReaper | None = None
+_reaper_lock = threading.Lock()
+
+
+def reap_group_with_this_process(pgid: int) -> None:
+    """Have process group ``pgid`` killed (SIGKILL) once this process has ended, however it ends.
+
+    For a child started in its own session (``start_new_session=True``) whose descendants stay in its
+    group. Call :func:`release_group` once this process has stopped the group itself.
+    """
+    global _reaper
+    with _reaper_lock:
+        if _reaper is None or _reaper.process.poll() is not None:
+            _reaper = _GroupReaper()
+        reaper = _reaper
+    reaper.send(f"+{pgid}\n")
+
+
+def release_group(pgid: int) -> None:
+    """Forget ``pgid`` (this process stopped it): the sidecar will not kill a group that may reuse the id."""
+    with _reaper_lock:
+        reaper = _reaper
+    if reaper is not None and reaper.process.poll() is None:
+        reaper.send(f"-{pgid}\n")

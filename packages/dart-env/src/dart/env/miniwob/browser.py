@@ -7,9 +7,11 @@ URL, so no network is needed beyond chromedriver on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from selenium.webdriver.common.keys import Keys
 
 from dart.env.miniwob.dom import SNAPSHOT_JS, DomSnapshot
 from dart.env.miniwob.errors import BrowserError
+from dart.protocol.lifetime import reap_group_with_this_process, release_group
 
 TASK_WIDTH = 160
 """Width of the MiniWoB++ task area (instruction bar and task), CSS pixels."""
@@ -132,11 +135,15 @@ class Browser:
         self.episode_max_time_s = episode_max_time_s
         self.subdomain: str | None = None
         self._pages = html_dir()
+        # chromedriver leads a group of its own that Chromium's processes join, and that group is killed
+        # when this process ends, however it ends: a killed env service leaves no browser behind.
+        service = ChromeService(executable_path=chromedriver, popen_kw={"start_new_session": True})
         try:
             # Both paths given: Selenium Manager never runs (it would try to download a driver).
-            self.driver: Any = webdriver.Chrome(service=ChromeService(executable_path=chromedriver), options=options)
+            self.driver: Any = webdriver.Chrome(service=service, options=options)
         except Exception as exc:
             raise BrowserError(f"cannot start {chrome} with {chromedriver}: {exc}") from exc
+        reap_group_with_this_process(self.driver_pid)
         self.driver.set_script_timeout(10)
 
     @property
@@ -245,11 +252,15 @@ class Browser:
         self._call(ActionChains(self.driver, duration=_MOVE_MS).scroll_from_origin(origin, dx, dy).perform)
 
     def quit(self) -> None:
-        """End the browser and chromedriver (best effort, idempotent)."""
+        """End the browser and chromedriver (best effort, idempotent): whatever of their group is left is killed."""
+        group = self.driver_pid
         try:
             self.driver.quit()
         except Exception:  # a crashed browser cannot quit cleanly; its driver process is gone anyway
             pass
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+        release_group(group)
 
     def _script(self, script: str) -> Any:
         return self._call(self.driver.execute_script, script)
