@@ -5,7 +5,7 @@ local store, trajectories built from the real message models."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,11 +155,12 @@ def fill_standard(run: ViewRun) -> None:
 
 
 @pytest.fixture
-def view_run(tmp_path: Path) -> ViewRun:
-    """A run directory holding :func:`fill_standard`'s trajectories."""
+def view_run(tmp_path: Path) -> Iterator[ViewRun]:
+    """A run directory holding :func:`fill_standard`'s trajectories (its writing index closed afterwards)."""
     run = new_run(tmp_path / "run")
     fill_standard(run)
-    return run
+    yield run
+    run.index.close()
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ def test_pages_of_fifty_walk_forward_and_back(tmp_path: Path, kit: Any) -> None:
         back = c.get(re.findall(r'id="prev-page" rel="prev" href="([^"]+)"', third)[0].replace("&amp;", "&")).text
         assert _ids(back) == [f"traj-{i:04d}" for i in range(50, 100)]
         assert "status=ok" in re.findall(r'id="prev-page" rel="prev" href="([^"]+)"', back)[0]  # filters kept
+    run.index.close()
 
 
 def test_group_page_shows_each_rollout_with_the_data_managers_advantage(client: TestClient, kit: Any) -> None:
@@ -204,3 +205,4 @@ def test_a_deployment_config_reads_its_database_and_store(tmp_path: Path, postgr
         assert "a deployment&#39;s services write no summary.json" in c.get("/").text
         assert _ids(c.get("/trajectories?success=yes").text) == ["traj-g-a-0", "traj-g-a-3"]
         assert c.get("/trajectories/traj-g-a-0").text.count('<section class="step"') == 6
+    run.index.close()

@@ -40,7 +40,9 @@ def test_the_index_is_opened_read_only_and_left_as_it_was(view_run: Any) -> None
 
 
 def test_a_postgresql_index_is_read_in_read_only_transactions(postgres_url: str) -> None:
-    TrajectoryIndex(postgres_url).migrate()
+    writer = TrajectoryIndex(postgres_url)
+    writer.migrate()
+    writer.close()
     index = RunIndex(read_only_engine(postgres_url))
     index.check_schema()
     assert index.overview().total == 0
@@ -77,6 +79,8 @@ def test_keyset_pages_follow_the_primary_key_whatever_the_filter(tmp_path: Path,
     assert index.neighbours("t-050") == ("t-049", "t-051") and index.neighbours("t-000")[0] is None
     both = index.page(TrajectoryFilter(group_id="g-3", success=True, min_version=1, max_version=1))
     assert [r["trajectory_id"] for r in both.rows] == ["t-031", "t-033", "t-035", "t-037", "t-039"]
+    index.close()
+    run.index.close()
 
 
 def test_the_query_plans_use_the_indexes(view_run: Any) -> None:
