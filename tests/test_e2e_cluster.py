@@ -100,12 +100,13 @@ def cluster_run(
             "a version published with a node down",
         )
         seen["stored_while_down"] = stored(run_dir) - stored_at_kill
+
         # The live nodes' monitoring may name the dead leader for a moment after the election.
-        seen["new_leader"] = wait_for(
-            run,
-            lambda: next((n for n in [stream_leader(cluster.nodes, "_TRAJ")] if n not in (None, leader)), None),
-            "the trajectory stream's new leader",
-        )
+        def new_leader() -> str | None:
+            named = stream_leader(cluster.nodes, "_TRAJ")
+            return named if named != leader else None
+
+        seen["new_leader"] = wait_for(run, new_leader, "the trajectory stream's new leader")
         cluster.restart(victim)
         seen["published_at_restart"] = len(events(run_dir, "train", "trainer.published"))
 
