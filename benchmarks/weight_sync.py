@@ -82,16 +82,20 @@ def _arch(shape: str) -> Any:
     raise ValueError(shape)
 
 
-def write_shape(shape: str, path: Path) -> None:
-    """A random checkpoint of ``shape`` at ``path`` (bf16; the tiny policy in its own writer's dtype)."""
+def write_shape(shape: str, path: Path, device: str = "cpu") -> None:
+    """A random checkpoint of ``shape`` at ``path`` (bf16; the tiny policy in its own writer's dtype), its
+    weights initialized on ``device`` (a 7B model's random init takes minutes on CPU, seconds on a GPU)."""
     if shape == "tiny":
         from dart.rollout.model.tiny import write_tiny_checkpoint
 
         write_tiny_checkpoint(path)
     else:
+        import torch
+
         from dart.rollout.model.random_init import write_checkpoint
 
-        write_checkpoint(path, _arch(shape), dtype="bfloat16")
+        with torch.device(device):
+            write_checkpoint(path, _arch(shape), dtype="bfloat16")
 
 
 def trainer_state(checkpoint: Path, device: str) -> dict[str, Any]:
@@ -350,7 +354,7 @@ async def run_shape(shape: str, args: argparse.Namespace, work: Path, server: An
 
     checkpoint = work / f"ckpt-{shape}"
     started = time.perf_counter()
-    await asyncio.to_thread(write_shape, shape, checkpoint)
+    await asyncio.to_thread(write_shape, shape, checkpoint, args.device)
     print(f"[{shape}] checkpoint written in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
     state = await asyncio.to_thread(trainer_state, checkpoint, args.device)
     params = sum(t.numel() for t in {t.data_ptr(): t for t in state.values()}.values())  # tied names once

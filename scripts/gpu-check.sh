@@ -16,7 +16,8 @@
 # run: installs .whl/*.whl into $GPU_CHECK_SITE (default /tmp/gpu-check-site) with pip --target, puts it
 #   and every packages/*/src and apps/*/src directory on PYTHONPATH (DART's dart.* namespace packages run
 #   from source; `dart run` starts its services as `python -m dart.cli serve`, so no console script is
-#   needed), puts the wheels' executables (nats-server) on PATH, then runs
+#   needed; scripts/source_dist_info.py gives each a dist-info in the site holding its entry points, which its
+#   registries read), puts the wheels' executables (nats-server) on PATH, then runs
 #   `python benchmarks/gpu_check.py --out $OUT/gpu_check.json` with the remaining arguments
 #   (OUT defaults to /tmp). $PYTHON picks the interpreter (default python3).
 # bench SCRIPT [options]: the same set-up, then another benchmark script, e.g.
@@ -110,6 +111,7 @@ torchvision==${TORCHVISION:-0.26.0}"
 setup() {
   local site="${GPU_CHECK_SITE:-/tmp/gpu-check-site}"
   "$PYTHON" -m pip install --quiet --upgrade --no-index --no-deps --target "$site" "$WHEELS"/*.whl
+  "$PYTHON" "$ROOT/scripts/source_dist_info.py" "$site"  # DART's entry points, which its registries read
   local path="$site"
   for src in "$ROOT"/packages/*/src "$ROOT"/apps/*/src; do path="$path:$src"; done
   export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
