@@ -6,8 +6,11 @@
   package); ``postgres_url`` is a fresh database on it per test. Skipped, with the reason, only
   where the server binaries are absent; ``DART_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) turns
   that skip into a failure.
+- ``browser``: headless Chromium driven by selenium (Debian's chromium and chromedriver), its console log
+  kept; ``no_js_errors(browser, page)`` fails a test on any console error.
 - ``built_images``: the compose stack's images (``scripts/build-images.sh``), built in the background from
-  the moment ``tests/test_stack.py`` is collected.
+  the moment ``tests/test_stack.py`` or a test using the fixture (the docker VM provider's) is collected;
+  such tests run last.
 - Guards: no connection beyond loopback; no callback may block an event loop for longer than
   ``BLOCKING_LIMIT_S`` (time spent waiting for a CPU on a busy machine excluded; see the guard).
 """
@@ -87,10 +90,17 @@ catches a hung run, not a slow one."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """End-to-end tests get :data:`E2E_TIMEOUT_S` unless they set their own timeout."""
+    """End-to-end tests get :data:`E2E_TIMEOUT_S` unless they set their own timeout. Tests that use the
+    built images go last (in their order), so the build started at collection runs beside the others
+    instead of being waited for; the stack test goes after them, since it removes the images when it ends."""
     for item in items:
         if item.get_closest_marker("e2e") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
+    items.sort(key=lambda item: 2 if item.nodeid.startswith(STACK_TEST) else int(_uses_built_images(item)))
+
+
+def _uses_built_images(item: pytest.Item) -> bool:
+    return "built_images" in getattr(item, "fixturenames", ())
 
 
 ROOT = Path(__file__).resolve().parent
@@ -111,7 +121,8 @@ def _can_build_images() -> bool:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start building the compose stack's images as soon as its test is collected: the build (about 4 minutes)
     mostly waits on the disk and the network, so it runs beside the tests that come first."""
-    if not any(item.nodeid.startswith(STACK_TEST) for item in session.items) or not _can_build_images():
+    wanted = any(item.nodeid.startswith(STACK_TEST) or _uses_built_images(item) for item in session.items)
+    if not wanted or not _can_build_images():
         return
     log = Path(tempfile.mkdtemp(prefix="dart-build-images-")) / "build-images.log"
     with log.open("wb") as out:
@@ -125,6 +136,44 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if proc is not None and proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+BROWSER_WINDOW = (1280, 800)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium (selenium); its console messages are kept for :func:`no_js_errors`."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as ChromeService
+
+    from dart.env.miniwob.browser import CHROME_FLAGS
+
+    chrome, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+    assert chrome and driver, "Chromium and chromedriver are needed (apt-get install chromium chromium-driver)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chrome
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--window-size={BROWSER_WINDOW[0]},{BROWSER_WINDOW[1]}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # Both paths given: Selenium Manager never runs (it would try to download a driver).
+    session = webdriver.Chrome(service=ChromeService(executable_path=driver), options=options)
+    try:
+        yield session
+    finally:
+        session.quit()
+
+
+@pytest.fixture
+def no_js_errors() -> Callable[[Any, str], None]:
+    """``check(browser, page)``: fails when the browser's console has logged an error since the last check."""
+
+    def check(browser: Any, page: str) -> None:
+        severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert severe == [], f"{page}: {severe}"
+
+    return check
 
 
 @pytest.fixture(scope="session")

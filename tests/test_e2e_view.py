@@ -1,11 +1,12 @@
 """End to end: `dart view` on the session's smoke run (1920x1080 on an embedded S3 store; the root conftest's
 ``smoke_run``, shared with tests/test_e2e_run.py), looked at in headless Chromium: overview -> trajectories ->
 one trajectory, its screenshot shown with the click marker on the pixel the env clicked, a status filter
-narrowing the list, keyboard navigation, and no JavaScript error. Screenshots of the pages go to the test's
-tmp dir and to docs/img/view-*.png."""
+narrowing the list, keyboard navigation, and no JavaScript error; then `dart report`'s static pages of the
+same run, read from file://. Screenshots of the pages go to the test's tmp dir and to docs/img/view-*.png."""
 
 from __future__ import annotations
 
+import json
 import selectors
 import shutil
 import sqlite3
@@ -15,38 +16,38 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from dart.cli.view.artifacts import RunArtifacts
 from dart.cli.view.source import open_run
-from dart.env.miniwob.browser import CHROME_FLAGS
 from dart.protocol.messages import Click, Trajectory
 from dart.protocol.store import open_store
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-WINDOW = (1280, 800)
 
 
-def _pick(run_dir: Path) -> tuple[Trajectory, int]:
+def _pick(run_dir: Path, among: set[str] | None = None) -> tuple[Trajectory, int]:
     """A stored trajectory of two or more steps with a click whose screenshot is still in the store, whose
-    successor in list order is stored too (so moving on to it shows a page, not a 404); and the click's step."""
+    successor in list order is stored too (so moving on to it shows a page, not a 404); and the click's step.
+    ``among``: only these trajectories."""
     db = sqlite3.connect(f"{(run_dir / 'data.sqlite3').as_uri()}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT blob_key, pruned_at FROM trajectories ORDER BY trajectory_id").fetchall()
+        rows = db.execute(
+            "SELECT blob_key, pruned_at, trajectory_id FROM trajectories ORDER BY trajectory_id"
+        ).fetchall()
     finally:
         db.close()
     with open_run(run_dir) as source:
         artifacts = RunArtifacts(open_store(source.store))
         try:
-            for (key, pruned), following in zip(rows, rows[1:], strict=False):
-                if pruned is not None or following[1] is not None:
+            for (key, pruned, trajectory_id), following in zip(rows, rows[1:], strict=False):
+                if pruned is not None or following[1] is not None or (among is not None and trajectory_id not in among):
                     continue
                 traj = artifacts.trajectory({"blob_key": key, "pruned_at": None})
                 for step in traj.steps if len(traj.steps) >= 2 else []:
@@ -95,29 +96,6 @@ def viewer(smoke_run: tuple[dict[str, Any], Path], picked: tuple[Trajectory, int
     assert not subprocess.run(["pgrep", "-f", f"weed .*{run_dir}/s3"], capture_output=True).stdout
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    chrome, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-    assert chrome and driver, "Chromium and chromedriver are needed (apt-get install chromium chromium-driver)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chrome
-    for flag in CHROME_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--window-size={WINDOW[0]},{WINDOW[1]}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # Both paths given: Selenium Manager never runs (it would try to download a driver).
-    session = webdriver.Chrome(service=ChromeService(executable_path=driver), options=options)
-    try:
-        yield session
-    finally:
-        session.quit()
-
-
-def _no_errors(browser: Any, page: str) -> None:
-    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-    assert severe == [], f"{page}: {severe}"
-
-
 def _snap(browser: Any, tmp_path: Path, name: str) -> None:
     shot = tmp_path / f"view-{name}.png"
     browser.save_screenshot(str(shot))
@@ -126,14 +104,16 @@ def _snap(browser: Any, tmp_path: Path, name: str) -> None:
     shutil.copyfile(shot, target)
 
 
-def test_a_run_in_the_browser(picked: tuple[Trajectory, int], viewer: str, browser: Any, tmp_path: Path) -> None:
+def test_a_run_in_the_browser(
+    picked: tuple[Trajectory, int], viewer: str, browser: Any, no_js_errors: Any, tmp_path: Path
+) -> None:
     traj, click_step = picked
     wait = WebDriverWait(browser, 30)
 
     browser.get(viewer)
     assert browser.find_element(By.TAG_NAME, "h1").text == "Overview"
     assert "trajectories stored" in browser.page_source
-    _no_errors(browser, "overview")
+    no_js_errors(browser, "overview")
     _snap(browser, tmp_path, "overview")
 
     browser.find_element(By.LINK_TEXT, "Trajectories").click()
@@ -147,14 +127,14 @@ def test_a_run_in_the_browser(picked: tuple[Trajectory, int], viewer: str, brows
     narrowed = browser.find_element(By.ID, "count").text
     assert int(narrowed.split()[0]) < int(every.split()[0])
     assert {e.text for e in browser.find_elements(By.CSS_SELECTOR, "#trajectories td.status")} == {"truncated"}
-    _no_errors(browser, "trajectories")
+    no_js_errors(browser, "trajectories")
     _snap(browser, tmp_path, "trajectories")
 
     browser.get(f"{viewer}trajectories?group={traj.group_id}")
     browser.find_element(By.LINK_TEXT, traj.trajectory_id).click()
     wait.until(lambda b: b.current_url.endswith(f"/trajectories/{traj.trajectory_id}"))
     _check_click_marker(browser, traj, click_step)
-    _no_errors(browser, "trajectory")
+    no_js_errors(browser, "trajectory")
     browser.execute_script("window.scrollTo(0, 0)")
     _snap(browser, tmp_path, "trajectory")
 
@@ -166,12 +146,54 @@ def test_a_run_in_the_browser(picked: tuple[Trajectory, int], viewer: str, brows
     browser.find_element(By.TAG_NAME, "body").send_keys("n")
     wait.until(lambda b: f"/trajectories/{traj.trajectory_id}" not in b.current_url)
     assert "/trajectories/" in browser.current_url
-    _no_errors(browser, "next trajectory")
+    no_js_errors(browser, "next trajectory")
 
     browser.get(f"{viewer}groups/{traj.group_id}")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#rollouts .rollout")) >= 2
-    _no_errors(browser, "group")
+    no_js_errors(browser, "group")
     _snap(browser, tmp_path, "group")
+
+
+@pytest.fixture
+def report(smoke_run: tuple[dict[str, Any], Path], tmp_path: Path) -> Path:
+    """`dart report RUN_DIR --out DIR --trajectories 30`; the overview's path."""
+    _, run_dir = smoke_run
+    argv = [sys.executable, "-m", "dart.cli", "report", str(run_dir), "--out", str(tmp_path / "report")]
+    done = subprocess.run([*argv, "--trajectories", "30"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads(done.stdout.strip().splitlines()[-1])
+    assert written["pages"] > 30 and written["images"] > 0 and written["plots"] >= 4, written
+    return Path(written["report"])
+
+
+def test_the_static_report_in_the_browser(
+    smoke_run: tuple[dict[str, Any], Path], report: Path, browser: Any, no_js_errors: Any, tmp_path: Path
+) -> None:
+    """The same pages as files: the overview with its plots, the list, a trajectory with its screenshot and
+    the click drawn where the env clicked, read from file:// with no server."""
+    rendered = {
+        unquote(p.name.removeprefix("trajectory-").removesuffix(".html"))
+        for p in report.parent.glob("trajectory-*.html")
+    }
+    traj, click_step = _pick(smoke_run[1], among=rendered)
+    wait = WebDriverWait(browser, 30)
+
+    browser.get(report.as_uri())
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Overview"
+    plots = browser.find_elements(By.CSS_SELECTOR, "#plots img")
+    assert len(plots) >= 4
+    wait.until(lambda b: all(b.execute_script("return arguments[0].naturalWidth", i) > 0 for i in plots))
+    assert browser.find_elements(By.CSS_SELECTOR, "#utilization td.util-env")
+    no_js_errors(browser, "report overview")
+    _snap(browser, tmp_path, "report")
+
+    browser.find_element(By.LINK_TEXT, "Trajectories").click()
+    wait.until(lambda b: b.current_url.endswith("/trajectories.html"))
+    assert browser.find_element(By.ID, "static-note")
+    browser.find_element(By.LINK_TEXT, traj.trajectory_id).click()
+    wait.until(lambda b: b.find_element(By.TAG_NAME, "h1").text == traj.trajectory_id)
+    _check_click_marker(browser, traj, click_step)
+    no_js_errors(browser, "report trajectory")
 
 
 def _check_click_marker(browser: Any, traj: Trajectory, index: int) -> None:

@@ -15,6 +15,8 @@ and checks:
 - NATS refuses a client without credentials and one with another role's password;
 - Prometheus scrapes all four services and has DART metrics from each; every expression of the Grafana
   dashboard parses, and those not about held-out validation return data;
+- `dart view --config deploy/dart/run.yaml` serves the running job (headless Chromium): its overview
+  updates itself, a trajectory's page shows its screenshots;
 - nothing is lost: the rollout service stops first (exit 0), the data manager takes every trajectory on
   the bus, the others stop (exit 0), and PostgreSQL's index holds each trajectory on the bus exactly once.
 
@@ -30,6 +32,7 @@ import asyncio
 import json
 import os
 import secrets
+import selectors
 import shutil
 import signal
 import socket
@@ -87,10 +90,10 @@ class Stack:
         self.passwords = {role: secrets.token_hex(16) for role in ROLES}
         self.ports = {name: _free_port() for name in ("NATS", "S3", "POSTGRES", "PROMETHEUS")}
         self.postgres_password = secrets.token_hex(16)
+        self.s3_keys = {"DART_S3_ACCESS_KEY": secrets.token_hex(10), "DART_S3_SECRET_KEY": secrets.token_hex(20)}
         values = {f"DART_NATS_{role.upper()}_PASSWORD": pw for role, pw in self.passwords.items()}
         values |= {
-            "DART_S3_ACCESS_KEY": secrets.token_hex(10),
-            "DART_S3_SECRET_KEY": secrets.token_hex(20),
+            **self.s3_keys,
             "DART_POSTGRES_PASSWORD": self.postgres_password,
             "DART_GRAFANA_PASSWORD": secrets.token_hex(10),
             "DART_OTLP_TRACES_ENDPOINT": "",  # no collector here
@@ -234,7 +237,53 @@ async def _drained(stack: Stack, until: float) -> int:
             await asyncio.sleep(1.0)
 
 
-def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack) -> None:
+def _the_viewer_on_the_running_stack(stack: Stack, browser: Any, no_js_errors: Any) -> None:
+    """`dart view --config deploy/dart/run.yaml` from this host (the published ports and the stack's
+    credentials in the environment, as the services take them): the overview updates itself while the job
+    runs, and a trajectory's page shows its steps and screenshots, read from PostgreSQL and S3."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    env = {
+        **os.environ,
+        **stack.s3_keys,
+        "DART_DATA__DATABASE_URL": f"postgresql+psycopg://dart@127.0.0.1:{stack.ports['POSTGRES']}/dart",
+        "PGPASSWORD": stack.postgres_password,
+        "DART_STORE__ENDPOINT": f"http://127.0.0.1:{stack.ports['S3']}",
+    }
+    argv = [sys.executable, "-m", "dart.cli", "view", "--config", str(DEPLOY / "dart" / "run.yaml"), "--port", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            assert sel.select(120), "dart view printed no URL in 120 s"
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (url, proc.poll())
+        wait = WebDriverWait(browser, 180)
+        browser.get(url)
+        assert browser.find_element(By.ID, "live")
+        stored = int(browser.find_element(By.ID, "stored").text)
+        # The page fetches itself again every few seconds: the count grows with no reload.
+        wait.until(lambda b: int(b.find_element(By.ID, "stored").text) > stored)
+        assert int(browser.execute_script("return document.body.dataset.refreshed")) >= 1
+        no_js_errors(browser, "overview of the running stack")
+        browser.get(url + "trajectories")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#trajectories tr[class^=status-]")
+        stepped = [r for r in rows if int(r.find_elements(By.TAG_NAME, "td")[7].text.split()[0]) > 0]
+        assert stepped, "no stored trajectory of the running job has a step"
+        stepped[0].find_element(By.CSS_SELECTOR, "a.trajectory").click()
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "section.step figure.observation img"))
+        image = browser.find_element(By.CSS_SELECTOR, "section.step figure.observation img")
+        wait.until(lambda b: b.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image))
+        no_js_errors(browser, "a trajectory of the running stack")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack, browser: Any, no_js_errors: Any) -> None:
     until = time.monotonic() + JOB_LIMIT_S
     try:
         version = asyncio.run(_wait_for_version(stack, 2, until, used=1))
@@ -276,6 +325,8 @@ def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack) -> None:
     while (dashboards := subprocess.run(check, capture_output=True, text=True, timeout=120)).returncode != 0:
         assert time.monotonic() < until, dashboards.stdout[-3000:] + dashboards.stderr[-2000:]
         time.sleep(5.0)
+
+    _the_viewer_on_the_running_stack(stack, browser, no_js_errors)
 
     # Stop the producer first, let the data manager take what is in flight, then the rest.
     stack.compose("stop", "--timeout", "300", "rollout", timeout=400)

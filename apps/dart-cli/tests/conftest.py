@@ -5,6 +5,7 @@ local store, trajectories built from the real message models."""
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from dart.data.blobs import StoredTrajectory, TrajectoryBlobs
 from dart.data.index import TrajectoryIndex, trajectory_row
 from dart.protocol import messages as m
 from dart.protocol.store import LocalStore
+from dart.protocol.telemetry import BusyTracker, Telemetry, TelemetryConfig, setup_telemetry
 
 SCREEN = (320, 180)
 """Observation screenshots' size (the screen the env acted on)."""
@@ -154,6 +156,92 @@ def fill_standard(run: ViewRun) -> None:
     run.index.record_rejection("trajectories", 8, "unknown_work", "never emitted", trajectory_id="y")
 
 
+class FakeClock:
+    """Unix ns that only moves when told to, starting now (so it brackets the real events)."""
+
+    def __init__(self) -> None:
+        self.now = time.time_ns()
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+
+def write_telemetry(run_dir: Path, clock: FakeClock) -> None:
+    """40 s of a run's telemetry in ``run_dir/telemetry``, written by the services' own writer: 3 env
+    instances, an engine and a trainer busy on a fake clock, 10 trainer steps, 5 versions published, two
+    held-out evaluations, engine updates and the data manager's stats."""
+
+    def tel(service: str) -> Telemetry:
+        config = TelemetryConfig(jsonl_path=run_dir / "telemetry" / f"{service}.jsonl")
+        return setup_telemetry(f"dart-{service}", version="0", run_id="r1", config=config)
+
+    env, rollout, data, train = tel("env"), tel("rollout"), tel("data"), tel("train")
+    validation = tel("validation")
+    # Held-out evaluations at versions 0 and 5, as dart run's validator writes them.
+    validation.event("validation.heldout", version=0, success=0.25, ci95_low=0.13, ci95_high=0.42, n=32, errors=0)
+    validation.event("validation.heldout", version=5, success=0.5, ci95_low=0.34, ci95_high=0.66, n=32, errors=0)
+    envs = [BusyTracker("env", f"env-{i}", env, clock=clock) for i in range(3)]
+    engine = BusyTracker("engine", "engine-0", rollout, clock=clock)
+    trainer = BusyTracker("trainer", "trainer", train, clock=clock)
+    t0 = clock.now / 1e9
+    for step in range(1, 11):
+        tokens = [e.begin("step") for e in envs[: 1 + step % 3]]
+        gen = engine.begin("generate")
+        clock.advance(2.0)
+        for e, tok in zip(envs, tokens, strict=False):
+            e.end(tok)
+        engine.end(gen)
+        with trainer.busy("train_step"):
+            clock.advance(1.0)
+        clock.advance(1.0)
+        data.event("data.batch", batch_id=f"b{step}", samples=8, groups=2, staleness=step % 3)
+        train.event(
+            "trainer.step",
+            step=step,
+            loss=1.0 / step,
+            clip_fraction=0.1,
+            tis_weight_mean=0.95,
+            tis_truncated_fraction=0.01,
+            grad_norm=2.0,
+            rollout_mismatch=0.02,
+            entropy=1.5 - step / 10,
+            max_policy_lag=step % 2,
+        )
+        if step % 2 == 0:
+            version = step // 2
+            train.event(
+                "trainer.published",
+                version=version,
+                uri=f"file:///w/{version}",
+                sha256="0",
+                step=step,
+                bytes=59_792,
+                kind="lora adapter",
+                adapter_rank=8,
+            )
+            at = clock.now / 1e9
+            for engine_id in ("engine-0", "engine-1"):
+                rollout.event("engine.update.start", engine_id=engine_id, version=version, ts=at)
+                rollout.event(
+                    "engine.update.end",
+                    engine_id=engine_id,
+                    version=version,
+                    ts=at + 0.5,
+                    started_at=at,
+                    ok=engine_id == "engine-0" or version < 5,
+                    error="",
+                )
+    # An update the run ended in the middle of: drawn up to the end of the run.
+    rollout.event("engine.update.start", engine_id="engine-1", version=6, ts=clock.now / 1e9 - 4.0)
+    data.event("data.stats", received=42, stored=40, duplicates=2, drops={"stale": 3}, outstanding=0)
+    assert clock.now / 1e9 - t0 == pytest.approx(40.0)
+    for t in (env, rollout, data, train):
+        t.shutdown()
+
+
 @pytest.fixture
 def view_run(tmp_path: Path) -> Iterator[ViewRun]:
     """A run directory holding :func:`fill_standard`'s trajectories (its writing index closed afterwards)."""
@@ -173,6 +261,8 @@ class ViewKit:
     screen: tuple[int, int] = SCREEN
     fed: tuple[int, int] = FED
     group_rewards: tuple[float, ...] = GROUP_REWARDS
+    clock: Callable[[], FakeClock] = FakeClock
+    write_telemetry: Callable[[Path, FakeClock], None] = write_telemetry
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -57,6 +58,23 @@ def test_network_flag_supports_downloads(corpus: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["network"] is True and summary["steps"]["download"]["supported"] is True
+
+
+def test_provider_docker_audits_against_the_osworld_vm_image(corpus: Path) -> None:
+    def audit(*extra: str) -> dict[str, Any]:
+        result = CliRunner().invoke(cli(), ["env", "osworld-audit", str(corpus), "--json", *extra])
+        assert result.exit_code == 0, result.output
+        return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+    local, docker, remote = audit("--provider", "local"), audit("--provider", "docker"), audit("--provider", "remote")
+    assert local["platform"] == "local" and docker["platform"] == remote["platform"] == "vm"
+    assert docker["totals"] == remote["totals"]
+    # The VM image has the applications: office, browser and image-editor tasks are no longer dropped for them.
+    for app in ("libreoffice", "chrome", "gimp"):
+        assert docker["apps"][app]["supported"] is True
+    assert docker["totals"]["runnable"] > local["totals"]["runnable"]
+    bad = CliRunner().invoke(cli(), ["env", "osworld-audit", str(corpus), "--provider", "kvm"])
+    assert bad.exit_code == 2 and "kvm" in bad.output
 
 
 def test_bad_task_file_exits_1_naming_it(tmp_path: Path) -> None:

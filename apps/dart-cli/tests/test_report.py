@@ -1,12 +1,14 @@
-"""``dart report``: a synthetic run directory written with the real telemetry writers and schema."""
+"""``dart report``: the viewer's pages as static files, on a synthetic run directory written with the real
+telemetry writers and schema."""
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 import pytest
 import typer
@@ -16,21 +18,14 @@ from typer.testing import CliRunner
 from dart.cli import report
 from dart.cli.report.load import load_run
 from dart.cli.report.plots import Plot, kind_timeline, plot_utilization, rolling_rate
+from dart.cli.stack.summary import utilization_by_kind
 from dart.data.schema import migrate, trajectories
-from dart.protocol.telemetry import BusyInterval, BusyTracker, Telemetry, TelemetryConfig, setup_telemetry
+from dart.protocol.telemetry import BusyInterval, observed_window
 
 pytestmark = pytest.mark.unit
 
-SECTIONS = (
-    "Summary",
-    "Configuration",
-    "Success rate",
-    "Held-out validation",
-    "Utilization",
-    "Staleness",
-    "Training",
-    "Weight updates",
-)
+PLOT_TITLES = 7
+"""The plots of a run with every piece (two success plots, held-out, utilization, staleness, training, updates)."""
 
 
 def _app() -> typer.Typer:
@@ -48,88 +43,6 @@ def _app() -> typer.Typer:
 def invoke(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(_app(), ["report", *args])
     return result.exit_code, result.stdout, result.stderr
-
-
-class FakeClock:
-    """Unix ns that only moves when told to, starting now (so it brackets the real events)."""
-
-    def __init__(self) -> None:
-        self.now = time.time_ns()
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * 1e9)
-
-
-def _write_telemetry(run_dir: Path, clock: FakeClock) -> None:
-    def tel(service: str) -> Telemetry:
-        config = TelemetryConfig(jsonl_path=run_dir / "telemetry" / f"{service}.jsonl")
-        return setup_telemetry(f"dart-{service}", version="0", run_id="r1", config=config)
-
-    env, rollout, data, train = tel("env"), tel("rollout"), tel("data"), tel("train")
-    validation = tel("validation")
-    # Held-out evaluations at versions 0 and 5, as dart run's validator writes them.
-    validation.event("validation.heldout", version=0, success=0.25, ci95_low=0.13, ci95_high=0.42, n=32, errors=0)
-    validation.event("validation.heldout", version=5, success=0.5, ci95_low=0.34, ci95_high=0.66, n=32, errors=0)
-    envs = [BusyTracker("env", f"env-{i}", env, clock=clock) for i in range(3)]
-    engine = BusyTracker("engine", "engine-0", rollout, clock=clock)
-    trainer = BusyTracker("trainer", "trainer", train, clock=clock)
-    t0 = clock.now / 1e9
-    for step in range(1, 11):
-        tokens = [e.begin("step") for e in envs[: 1 + step % 3]]
-        gen = engine.begin("generate")
-        clock.advance(2.0)
-        for e, tok in zip(envs, tokens, strict=False):
-            e.end(tok)
-        engine.end(gen)
-        with trainer.busy("train_step"):
-            clock.advance(1.0)
-        clock.advance(1.0)
-        data.event("data.batch", batch_id=f"b{step}", samples=8, groups=2, staleness=step % 3)
-        train.event(
-            "trainer.step",
-            step=step,
-            loss=1.0 / step,
-            clip_fraction=0.1,
-            tis_weight_mean=0.95,
-            tis_truncated_fraction=0.01,
-            grad_norm=2.0,
-            rollout_mismatch=0.02,
-            entropy=1.5 - step / 10,
-            max_policy_lag=step % 2,
-        )
-        if step % 2 == 0:
-            version = step // 2
-            train.event(
-                "trainer.published",
-                version=version,
-                uri=f"file:///w/{version}",
-                sha256="0",
-                step=step,
-                bytes=59_792,
-                kind="lora adapter",
-                adapter_rank=8,
-            )
-            at = clock.now / 1e9
-            for engine_id in ("engine-0", "engine-1"):
-                rollout.event("engine.update.start", engine_id=engine_id, version=version, ts=at)
-                rollout.event(
-                    "engine.update.end",
-                    engine_id=engine_id,
-                    version=version,
-                    ts=at + 0.5,
-                    started_at=at,
-                    ok=engine_id == "engine-0" or version < 5,
-                    error="",
-                )
-    # An update the run ended in the middle of: drawn up to the end of the run.
-    rollout.event("engine.update.start", engine_id="engine-1", version=6, ts=clock.now / 1e9 - 4.0)
-    data.event("data.stats", received=42, stored=40, duplicates=2, drops={"stale": 3}, outstanding=0)
-    assert clock.now / 1e9 - t0 == pytest.approx(40.0)
-    for t in (env, rollout, data, train):
-        t.shutdown()
 
 
 def _write_index(run_dir: Path, t0: float) -> None:
@@ -168,40 +81,81 @@ def _write_index(run_dir: Path, t0: float) -> None:
 
 
 @pytest.fixture
-def run_dir(tmp_path: Path) -> Iterator[Path]:
+def run_dir(tmp_path: Path, kit: Any) -> Iterator[Path]:
     root = tmp_path / "run-1"
     root.mkdir()
-    (root / "config.yaml").write_text("run_id: r1\ntrain:\n  lr: 1.0e-06\n  publish_every: 2\n")
+    (root / "config.yaml").write_text("run:\n  name: r1\ntrain:\n  lr: 1.0e-06\n  publish_every: 2\n")
     (root / "summary.json").write_text(json.dumps({"versions_published": 5, "ok": True}))
-    clock = FakeClock()
+    clock = kit.clock()
     t0 = clock.now / 1e9
-    _write_telemetry(root, clock)
+    kit.write_telemetry(root, clock)
     _write_index(root, t0)
     yield root
+
+
+def _links(page: Path) -> list[str]:
+    """Every href and src of a page that is not an anchor or a data URI."""
+    found = re.findall(r'(?:href|src)="([^"#]+)"', page.read_text())
+    return [link for link in found if not link.startswith("data:")]
 
 
 def test_full_report(run_dir: Path) -> None:
     code, out, err = invoke(str(run_dir))
     assert code == 0, err
-    target = run_dir / "report.html"
+    target = run_dir / "report" / "index.html"
     assert out.splitlines()[0] == str(target)
-    assert json.loads(out.strip().splitlines()[-1]) == {"report": str(target), "plots": 7}
+    # The overview, the list, 40 trajectories and their 10 groups; no image (the blobs are not in the store).
+    written = {"report": str(target), "pages": 52, "images": 0, "plots": PLOT_TITLES, "missing_images": 0}
+    assert json.loads(out.strip().splitlines()[-1]) == written
     page = target.read_text()
-    for title in SECTIONS:
-        assert f"<h2>{title}</h2>" in page
-    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', page)) == 7
-    assert "<th>held-out success (greedy)</th><td>v0 25.0% [13%, 42%] -&gt; v5 50.0% [34%, 66%] (n=32)</td>" in page
-    assert 'class="note"' not in page  # every piece is present
-    assert "publish_every: 2" in page and "versions_published" in page
-    assert "<th>versions published</th><td>5 (latest v5)</td>" in page
-    assert "<th>a version is</th><td>lora adapter (rank 8); the last is 59,792 bytes</td>" in page
-    assert "<th>trajectories produced</th><td>40</td>" in page
-    assert "<th>trajectories lost (aborted/failed)</th><td>8</td>" in page
-    assert "stale: 3" in page
-    # Trainable (ok/truncated, not pooled) successes: none in the first quarter, all in the last.
-    assert "<th>success, first quarter</th><td>0.0%</td>" in page
-    assert "<th>success, last quarter</th><td>100.0%</td>" in page
-    assert re.search(r"<th>env utilization</th><td>\d+\.\d% \(mean of 3\)</td>", page)
+    assert len(re.findall(r'<img src="plots/\d+.png"', page)) == PLOT_TITLES
+    assert "<tr><th>versions_published</th><td>5</td></tr>" in page
+    # Held-out success by version, with intervals; the latest on its card.
+    assert '<td class="n">5</td><td class="n">50.0%</td><td class="n">34.0%–66.0%</td><td class="n">32</td>' in page
+    assert "held-out success of v5 (n=32; 95% CI 34.0%–66.0%)" in page
+    # Utilization over the span the telemetry covers (the summary recorded no RL window): the summary's function.
+    assert "the span the telemetry covers" in page
+    window = observed_window(run_dir / "telemetry")
+    assert window is not None
+    expected = utilization_by_kind(run_dir / "telemetry", *window)
+    for kind in ("env", "engine", "trainer"):
+        assert f'<td class="n util-{kind}">{100 * expected[kind]:.1f}%</td>' in page
+    assert "latest version published (5 published)" in page
+    # Static pages: no filter form, and every link is a file of the report.
+    listing = (run_dir / "report" / "trajectories.html").read_text()
+    assert 'id="filters"' not in listing and 'id="static-note"' in listing
+    for html in (run_dir / "report").glob("*.html"):
+        for link in _links(html):
+            assert not link.startswith("/") and "?" not in link, (html.name, link)
+            assert (run_dir / "report" / unquote(link)).is_file(), (html.name, link)
+    # A trajectory whose blob is not in the store is a page saying so, with the index's row.
+    traj = (run_dir / "report" / "trajectory-t3.html").read_text()
+    assert 'id="error"' in traj and "status aborted" in traj
+
+
+def test_a_report_of_trajectories_with_screenshots(view_run: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, stdout, err = invoke(str(view_run.run_dir), "--out", str(out), "--trajectories", "3")
+    assert code == 0, err
+    figures = json.loads(stdout.strip().splitlines()[-1])
+    assert figures["images"] > 0 and figures["missing_images"] == 0
+    pages = sorted(p.name for p in out.glob("trajectory-*.html"))
+    assert len(pages) == 3
+    for page in pages:
+        shots = [link for link in _links(out / page) if link.startswith("images/")]
+        assert shots, page
+        for link in shots:  # the store's bytes, copied
+            key = unquote(unquote(link).removeprefix("images/"))  # a file named by its quoted key
+            assert (out / unquote(link)).read_bytes() == view_run.path_of(key).read_bytes()
+    # A second report into the same directory replaces the first one's pages.
+    code, _, err = invoke(str(view_run.run_dir), "--out", str(out), "--trajectories", "1")
+    assert code == 0, err
+    assert len(list(out.glob("trajectory-*.html"))) == 1
+
+
+def test_a_deployment_report_needs_somewhere_to_write(tmp_path: Path) -> None:
+    code, _, err = invoke("--config", str(tmp_path / "run.yaml"))
+    assert code == 2 and "give --out DIR with --config" in err
 
 
 def test_loads_what_was_written(run_dir: Path) -> None:
@@ -219,15 +173,15 @@ def test_loads_what_was_written(run_dir: Path) -> None:
 def test_missing_pieces_give_notes_not_crashes(tmp_path: Path) -> None:
     root = tmp_path / "crashed"
     root.mkdir()
-    (root / "config.yaml").write_text("run_id: crashed\n")
-    out_file = tmp_path / "elsewhere" / "r.html"
-    code, out, err = invoke(str(root), "--out", str(out_file))
+    (root / "config.yaml").write_text("run:\n  name: crashed\n")
+    migrate(create_engine(f"sqlite:///{root / 'data.sqlite3'}"))
+    out_dir = tmp_path / "elsewhere"
+    code, out, err = invoke(str(root), "--out", str(out_dir))
     assert code == 0, err
-    assert json.loads(out.strip().splitlines()[-1]) == {"report": str(out_file), "plots": 0}
-    page = out_file.read_text()
-    for title in SECTIONS:
-        assert f"<h2>{title}</h2>" in page
-    assert "No trainer.step events" in page and "no data.sqlite3" in page and "no summary.json" in page
+    assert json.loads(out.strip().splitlines()[-1])["plots"] == 0
+    page = (out_dir / "index.html").read_text()
+    assert "No trainer.step events" in page and "no summary.json" in page
+    assert "telemetry does not exist" in page
 
 
 def test_unreadable_database_is_noted(tmp_path: Path) -> None:
@@ -240,9 +194,9 @@ def test_unreadable_database_is_noted(tmp_path: Path) -> None:
 
 def test_not_a_run_dir_exits_2(tmp_path: Path) -> None:
     code, _, err = invoke(str(tmp_path))
-    assert code == 2 and "holds none of" in err
+    assert code == 2 and "it has no config.yaml" in err
     code, _, err = invoke(str(tmp_path / "absent"))
-    assert code == 2 and "not a directory" in err
+    assert code == 2 and "no such directory" in err
 
 
 def test_rolling_rate() -> None:

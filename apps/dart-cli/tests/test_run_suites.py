@@ -9,7 +9,10 @@ import pytest
 
 from dart.cli.stack.config import RunConfig, load_run_config, load_tasks
 from dart.env.osworld.suites import load_local_suite
+from dart.env.osworld.support import provider_features
+from dart.protocol.capabilities import runnable_tasks
 from dart.protocol.errors import ConfigError
+from dart.protocol.messages import EnvCapabilities
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +27,8 @@ def test_the_osworld_example_runs_the_shipped_local_suite_on_the_osworld_backend
     assert len(tasks) >= 8 and all(t.backend == "osworld" for t in tasks)
 
 
-def test_an_osworld_directory_keeps_the_tasks_the_local_desktop_runs(tmp_path: Path) -> None:
+def test_an_osworld_directory_gives_every_task_with_what_it_requires(tmp_path: Path) -> None:
+    """The suite keeps every task; which run is the env pool's to say (the data manager asks it)."""
     # Two tasks in OSWorld's layout: one runs on the local desktop, one needs Chrome's debugging port.
     runnable = {
         "id": "11111111-0000-0000-0000-000000000001",
@@ -48,8 +52,11 @@ def test_an_osworld_directory_keeps_the_tasks_the_local_desktop_runs(tmp_path: P
     for task in (runnable, blocked):
         (tmp_path / "os" / f"{task['id']}.json").write_text(json.dumps(task))
     config = RunConfig(suite=f"osworld:{tmp_path}", env={"pool": "osworld", "backend": "osworld"})
-    (task,) = load_tasks(config)
-    assert task.task_id == f"osworld/os/{runnable['id']}" and task.backend == "osworld"
+    tasks = load_tasks(config)
+    assert [t.task_id for t in tasks] == [f"osworld/os/{runnable['id']}", f"osworld/os/{blocked['id']}"]
+    assert "step:chrome_open_tabs" in tasks[1].requires and "app:terminal" in tasks[0].requires
+    local = EnvCapabilities(pool="osworld", backend="osworld", features=tuple(provider_features(config.env.osworld)))
+    assert [t.task_id for t in runnable_tasks(tasks, local).tasks] == [tasks[0].task_id]
 
     with pytest.raises(ConfigError, match="env.backend is 'sim'"):
         load_tasks(config.model_copy(update={"env": config.env.model_copy(update={"backend": "sim"})}))
@@ -72,3 +79,10 @@ def test_dart_run_refuses_a_database_url_it_would_ignore_and_writes_nothing(tmp_
     with pytest.raises(ConfigError, match="data.database_url"):
         run(config)
     assert not runs.exists()
+
+
+def test_the_data_manager_asks_the_runs_env_pool() -> None:
+    config = RunConfig(env={"pool": "osworld", "backend": "osworld"})
+    assert config.data.env_pool == "osworld"
+    with pytest.raises(ValueError, match=r"data.env_pool \('other'\) must be env.pool \('osworld'\)"):
+        RunConfig(env={"pool": "osworld", "backend": "osworld"}, data={"env_pool": "other"})

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from collections.abc import Iterator
+from html import escape
 from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from dart.cli.stack.summary import RL_WINDOW_FILE, utilization_by_kind
 from dart.cli.view.app import create_app
+from dart.cli.view.figures import QUIET_S
 from dart.cli.view.source import open_run
 from dart.data.advantages import group_advantages
+from dart.protocol.telemetry import observed_window
 
 pytestmark = pytest.mark.unit
 
@@ -40,11 +46,11 @@ def test_overview_counts_from_the_index(client: TestClient) -> None:
         ("truncated", "1"),
     ]
     # Trainable and not pooled, as the run summary counts: 3 of g-a (one pooled) and the truncated one.
-    assert "success rate (1 of 4 trainable)" in html
+    assert "training success (1 of 4 trainable" in html
     assert '<td>unknown_work</td><td class="n">2</td>' in html
     assert re.search(r'<div class="big">1</div>in the experience pool', html)
     assert re.search(r'<div class="big">1</div>pruned by retention', html)
-    assert re.search(r'<div class="big">2</div>latest policy version seen', html)
+    assert re.search(r'<div class="big" id="versions">2</div>latest policy version seen', html)
     assert 'id="no-summary"' in html and "still going, or it crashed" in html
 
 
@@ -54,6 +60,55 @@ def test_overview_shows_the_summary_when_the_run_wrote_one(view_run: Any) -> Non
         html = c.get("/").text
     assert "<tr><th>versions_published</th><td>7</td></tr>" in html
     assert 'id="no-summary"' not in html
+
+
+def _utilization(html: str) -> dict[str, str]:
+    return dict(re.findall(r'<td class="n util-(\w+)">([^<]+)</td>', html))
+
+
+def test_a_finished_runs_utilization_is_the_summarys_over_the_same_window(view_run: Any, kit: Any) -> None:
+    clock = kit.clock()
+    kit.write_telemetry(view_run.run_dir, clock)
+    telemetry = view_run.run_dir / "telemetry"
+    # The RL window: the last 30 of the telemetry's 40 s, as dart run records it in the summary.
+    start, end = clock.now - 30_000_000_000, clock.now
+    (view_run.run_dir / "summary.json").write_text(json.dumps({"rl_start_unix_ns": start, "rl_end_unix_ns": end}))
+    expected = utilization_by_kind(telemetry, start, end)
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+        html = c.get("/").text
+    assert _utilization(html) == {k: f"{100 * expected[k]:.1f}%" for k in ("env", "engine", "trainer")}
+    assert "the RL window dart run recorded (as the summary)" in html and "(0.5 min)" in html
+    assert 'id="live"' not in html and "fetch(location.href" not in html
+
+
+def test_a_run_in_progress_updates_itself(view_run: Any, kit: Any) -> None:
+    clock = kit.clock()
+    start = clock.now
+    kit.write_telemetry(view_run.run_dir, clock)  # written now: the services are writing
+    (view_run.run_dir / RL_WINDOW_FILE).write_text(json.dumps({"rl_start_unix_ns": start}))
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+        html = c.get("/").text
+    assert 'id="live"' in html and "fetch(location.href" in html
+    assert "the RL window dart run recorded, up to now" in html
+    assert set(_utilization(html)) == {"env", "engine", "trainer"}
+    assert "latest version published (5 published)" in html
+
+
+def test_a_run_whose_services_went_quiet_without_a_summary_has_ended(view_run: Any, kit: Any) -> None:
+    clock = kit.clock()
+    start = clock.now
+    kit.write_telemetry(view_run.run_dir, clock)
+    (view_run.run_dir / RL_WINDOW_FILE).write_text(json.dumps({"rl_start_unix_ns": start}))
+    quiet = time.time() - 2 * QUIET_S
+    for path in (view_run.run_dir / "telemetry").rglob("*.jsonl"):
+        os.utime(path, (quiet, quiet))
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+        html = c.get("/").text
+    assert 'id="live"' not in html and "up to the last record" in html
+    window = observed_window(view_run.run_dir / "telemetry")
+    assert window is not None
+    expected = utilization_by_kind(view_run.run_dir / "telemetry", start, window[1])
+    assert _utilization(html)["env"] == f"{100 * expected['env']:.1f}%"
 
 
 def test_filters_narrow_the_list(client: TestClient) -> None:
@@ -136,6 +191,33 @@ def test_trajectory_page_shows_every_step_with_its_action_drawn(client: TestClie
     assert 'rel="next" href="/trajectories/traj-g-a-1"' in html and "<script>" in html
 
 
+def test_tokens_are_shown_as_the_policys_tokenizer_writes_them(tmp_path: Path, kit: Any) -> None:
+    from dart.rollout.model.loading import load_tokenizer
+    from dart.rollout.model.tiny import write_tiny_checkpoint
+
+    run = kit.new_run(tmp_path / "old-place")
+    kit.fill_standard(run)
+    run.index.close()
+    write_tiny_checkpoint(run.run_dir / "model" / "sft")
+    # The config as dart run writes it: absolute paths under the run directory, which then moved.
+    old = run.run_dir.resolve()
+    config = f"run: {{name: view-test, run_dir: '{old}'}}\nrollout: {{engine: {{model_path: '{old}/model/sft'}}}}\n"
+    (run.run_dir / "config.yaml").write_text(config)
+    moved = run.run_dir.rename(tmp_path / "new-place")
+    expected = [load_tokenizer(moved / "model" / "sft").decode([i], skip_special_tokens=False) for i in (40, 41, 42)]
+    with open_run(moved) as source, TestClient(create_app(source)) as c:
+        html = c.get("/trajectories/traj-g-a-0").text
+    cells = re.findall(r'<span class="tok" [^>]*>([^<]*)</span>', html)
+    assert cells[:3] == [escape(t.replace("\n", "⏎")) or "∅" for t in expected]
+    assert "Token ids, not text" not in html
+
+
+def test_tokens_are_ids_where_no_tokenizer_can_be_read(client: TestClient) -> None:
+    html = client.get("/trajectories/traj-g-a-0").text
+    assert re.findall(r'<span class="tok" [^>]*>([^<]*)</span>', html)[:3] == ["40", "41", "42"]
+    assert "Token ids, not text: the run&#39;s config names no policy checkpoint." in html
+
+
 def test_images_come_from_the_store_with_a_content_type(client: TestClient, view_run: Any, kit: Any) -> None:
     html = client.get("/trajectories/traj-g-a-1").text
     sources = re.findall(r'<img src="(/images/[^"]+)" width="(\d+)"', html)
@@ -199,10 +281,22 @@ def test_a_deployment_config_reads_its_database_and_store(tmp_path: Path, postgr
     kit.fill_standard(run)
     config = tmp_path / "run.yaml"
     store = (run.run_dir / "artifacts").as_uri()
-    config.write_text(f"run: {{name: dart}}\nstore: {{uri: '{store}'}}\ndata: {{database_url: '{postgres_url}'}}\n")
+    # As a deployment's services read it: NATS credentials from their environment, which the viewer lacks.
+    bus = "bus: {url: 'nats://nats:4222', password_env: DART_NATS_PASSWORD}\n"
+    config.write_text(
+        f"run: {{name: dart}}\n{bus}store: {{uri: '{store}'}}\ndata: {{database_url: '{postgres_url}'}}\n"
+    )
     with open_run(config=config) as source, TestClient(create_app(source)) as c:
-        assert "success rate (1 of 4 trainable)" in c.get("/").text
+        assert "training success (1 of 4 trainable" in c.get("/").text
         assert "a deployment&#39;s services write no summary.json" in c.get("/").text
+        assert "no telemetry directory: start dart view with --telemetry DIR" in c.get("/").text
         assert _ids(c.get("/trajectories?success=yes").text) == ["traj-g-a-0", "traj-g-a-3"]
         assert c.get("/trajectories/traj-g-a-0").text.count('<section class="step"') == 6
+        assert 'id="live"' in c.get("/").text  # a deployment goes on: its index keeps changing
+    # Its services' telemetry, where they write it to a directory this host reads.
+    kit.write_telemetry(tmp_path / "shared", kit.clock())
+    with open_run(config=config, telemetry=tmp_path / "shared" / "telemetry") as source:
+        with TestClient(create_app(source)) as c:
+            html = c.get("/").text
+    assert set(_utilization(html)) == {"env", "engine", "trainer"} and "the span the telemetry covers" in html
     run.index.close()

@@ -167,7 +167,7 @@ def test_the_command_prints_its_url_serves_and_stops(view_run: Any) -> None:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:") and url.endswith("/"), proc.stderr
-        assert "success rate (1 of 4 trainable)" in httpx.get(url, timeout=30).text
+        assert "training success (1 of 4 trainable" in httpx.get(url, timeout=30).text
         assert httpx.get(url + "trajectories/traj-g-a-0", timeout=30).status_code == 200
     finally:
         proc.terminate()

@@ -203,7 +203,9 @@ async def test_killed_xvfb_fails_the_step() -> None:
 
 
 def test_service_config_registers_the_backend() -> None:
-    config = EnvServiceConfig(backend="osworld", osworld={"provider": "remote", "remote_url": "http://127.0.0.1:1"})
+    config = EnvServiceConfig(
+        backend="osworld", osworld={"provider": "remote", "remote": {"acquire_command": ["true"]}}
+    )
     backend = ENV_BACKENDS.get("osworld")(config, 0)
     assert isinstance(backend, OSWorldEnv) and backend.config.provider == "remote"
     asyncio.run(backend.close())

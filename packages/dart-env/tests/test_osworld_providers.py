@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
 from dart.env.osworld.errors import ProviderError
@@ -15,6 +16,7 @@ from dart.env.osworld.providers import (
     DockerProvider,
     DockerProviderConfig,
     RemoteProvider,
+    RemoteProviderConfig,
     container_run_kwargs,
     docker_client,
     kvm_available,
@@ -65,10 +67,21 @@ def test_unreachable_docker_daemon_is_a_clear_error(tmp_path: Path, monkeypatch:
         DockerProvider(DockerProviderConfig(disk_image=tmp_path / "x.qcow2")).start()
 
 
-def test_remote_provider_needs_a_url() -> None:
-    env = OSWorldEnv(OSWorldConfig(provider="remote"))
-    with pytest.raises(ProviderError, match="remote_url"):
-        env.make_provider()
-    provider = OSWorldEnv(OSWorldConfig(provider="remote", remote_url="http://127.0.0.1:5000/")).make_provider()
-    assert isinstance(provider, RemoteProvider) and provider.start() == "http://127.0.0.1:5000"
-    assert provider.home is None  # a real VM: no path rewriting
+def test_remote_provider_config_needs_a_clean_state_per_episode() -> None:
+    with pytest.raises(ValidationError, match="osworld.remote"):
+        OSWorldConfig(provider="remote")
+    with pytest.raises(ValidationError, match="must be reverted between episodes"):
+        RemoteProviderConfig(url="http://127.0.0.1:5000")  # a fixed VM that nothing reverts
+    with pytest.raises(ValidationError, match="exactly one of url"):
+        RemoteProviderConfig(url="http://h:5000", acquire_command=["get-vm"], revert_command=["x"])
+    with pytest.raises(ValidationError, match="at most one of revert_url"):
+        RemoteProviderConfig(url="http://h:5000", revert_url="{url}/r", revert_command=["x"])
+    with pytest.raises(ValidationError, match="release_command"):
+        RemoteProviderConfig(url="http://h:5000", revert_url="{url}/r", release_command=["x"])
+    fixed = RemoteProviderConfig(url="http://127.0.0.1:5000/", revert_url="{url}/dart/revert")
+    provider = OSWorldEnv(OSWorldConfig(provider="remote", remote=fixed)).make_provider()
+    assert isinstance(provider, RemoteProvider) and provider.can_revert and provider.home is None
+    single = RemoteProvider(RemoteProviderConfig(acquire_command=["get-vm"]))
+    assert not single.can_revert
+    with pytest.raises(ProviderError, match="not started"):
+        single.revert()

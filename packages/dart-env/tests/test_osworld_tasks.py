@@ -23,7 +23,20 @@ from dart.env.osworld import (
     load_task_file,
     to_task_spec,
 )
-from dart.env.osworld.support import getter_support, metric_support, required_apps, step_support
+from dart.env.osworld.support import (
+    OSWORLD_VM_APPS,
+    Platform,
+    VMImage,
+    getter_support,
+    metric_support,
+    platform_features,
+    required_apps,
+    step_support,
+    task_requirements,
+)
+from dart.protocol.capabilities import runnable_tasks
+from dart.protocol.errors import NoRunnableTaskError
+from dart.protocol.messages import EnvCapabilities
 
 pytestmark = pytest.mark.unit
 
@@ -208,16 +221,60 @@ def test_task_spec_and_suites(corpus: Path) -> None:
     assert spec.instruction == file.task.instruction and spec.params == file.raw and spec.tags == ("os",)
     suite = load_osworld_suite(corpus)
     assert suite.name == "osworld" and len(suite.tasks) == len(load_task_dir(corpus))
-    assert suite.by_id(spec.task_id) == spec
+    loaded = suite.by_id(spec.task_id)
+    assert loaded.model_copy(update={"requires": ()}) == spec
+    # Every task carries what it needs; the env pool's features decide, not this host.
+    assert loaded.requires == task_requirements(file.task)
+    assert "getter:vm_terminal_output" in loaded.requires and "app:terminal" in loaded.requires
     bare = LocalDesktop(which=nothing_installed)
-    local = load_osworld_suite(corpus, runnable_only=True, desktop=bare)
+    local = load_osworld_suite(corpus, platform=bare)
     runnable = audit_dir(corpus, bare).runnable
-    assert local.name == "osworld-local" and len(local.tasks) == len(runnable)
+    assert local.name == "osworld" and len(local.tasks) == len(runnable)
     assert {t.task_id for t in local.tasks} == {f"osworld/{t.domain}/{t.id}" for t in runnable}
 
 
-def test_runnable_only_with_nothing_runnable(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "platform",
+    [
+        LocalDesktop(which=nothing_installed),
+        LocalDesktop(network=True, which=everything_installed),
+        VMImage(),
+        VMImage(network=True),
+        VMImage(apps=frozenset({"terminal", "text_editor", "libreoffice"})),
+    ],
+    ids=["bare-local", "full-local", "osworld-vm", "osworld-vm-network", "vm-without-chrome"],
+)
+def test_pool_features_keep_exactly_the_tasks_the_audit_finds_runnable(corpus: Path, platform: Platform) -> None:
+    """What the data manager keeps (task requirements against the pool's features) is the audit's verdict."""
+    suite = load_osworld_suite(corpus)
+    caps = EnvCapabilities(pool="p", backend="osworld", features=tuple(sorted(platform_features(platform))))
+    kept = runnable_tasks(suite.tasks, caps)
+    report = audit_dir(corpus, platform)
+    assert {t.task_id for t in kept.tasks} == {f"osworld/{t.domain}/{t.id}" for t in report.runnable}
+    assert kept.excluded == report.total - len(report.runnable)
+    if kept.excluded:
+        assert kept.excluded_by and max(kept.excluded_by.values()) <= kept.excluded
+
+
+def test_the_osworld_vm_runs_the_apps_the_local_desktop_lacks(corpus: Path) -> None:
+    files = load_task_dir(corpus)
+    local = audit(files, LocalDesktop(which=nothing_installed))
+    vm = audit(files, VMImage())
+    assert vm.platform == "vm" and local.platform == "local"
+    assert {t.id for t in local.runnable} < {t.id for t in vm.runnable}
+    assert vm.usage("app", "libreoffice").supported and vm.usage("app", "chrome").supported
+    assert not local.usage("app", "libreoffice").supported
+    # DART's own limits stay: a metric it does not implement blocks a task on any VM.
+    assert not vm.usage("metric", "compare_table").supported
+    no_chrome = VMImage(apps=OSWORLD_VM_APPS - {"chrome"})
+    assert not audit(files, no_chrome).usage("app", "chrome").supported
+
+
+def test_platform_filter_with_nothing_runnable(tmp_path: Path) -> None:
     doc = {**GOOD, "config": [{"type": "download", "parameters": {"files": []}}]}
     write_task(tmp_path, doc)
     with pytest.raises(OSWorldTaskError, match="no task is runnable"):
-        load_osworld_suite(tmp_path, runnable_only=True, desktop=LocalDesktop(which=nothing_installed))
+        load_osworld_suite(tmp_path, platform=LocalDesktop(which=nothing_installed))
+    caps = EnvCapabilities(pool="p", backend="osworld", provider="local", features=("app:terminal",))
+    with pytest.raises(NoRunnableTaskError, match="step:download"):
+        runnable_tasks(load_osworld_suite(tmp_path).tasks, caps)

@@ -1,8 +1,9 @@
-"""``dart env``: inspect environment task sets (``osworld-audit``: what of OSWorld runs locally)."""
+"""``dart env``: inspect environment task sets (``osworld-audit``: what of OSWorld a provider's VMs run)."""
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,6 +17,15 @@ if TYPE_CHECKING:
 
 env_app = typer.Typer(help="Inspect environment task sets.", no_args_is_help=True)
 
+
+class AuditProvider(StrEnum):
+    """What ``osworld-audit`` audits against: this host's local desktop, or OSWorld's VM image."""
+
+    LOCAL = "local"
+    DOCKER = "docker"
+    REMOTE = "remote"
+
+
 _KIND_TITLES = {"step": "Setup steps", "getter": "Evaluator getters", "metric": "Metrics", "app": "Apps and programs"}
 
 
@@ -28,17 +38,24 @@ def osworld_audit(
         bool, typer.Option("--json", help="Also print the report as one JSON object (last line).")
     ] = False,
     network: Annotated[
-        bool, typer.Option(help="Count download steps and cloud files as supported (the host reaches the internet).")
+        bool, typer.Option(help="Count download steps and cloud files as supported (the VMs reach the internet).")
     ] = False,
+    provider: Annotated[
+        AuditProvider,
+        typer.Option(
+            help="Whose VMs: local (this host's desktop, probed here), docker or remote (OSWorld's VM image, "
+            "with every application its tasks use)."
+        ),
+    ] = AuditProvider.LOCAL,
 ) -> None:
-    """Parse every OSWorld task and report which the local desktop can run, and why the rest cannot."""
+    """Parse every OSWorld task and report which a provider's VMs can run, and why the rest cannot."""
     from dart.env.osworld.audit import audit_dir
     from dart.env.osworld.errors import OSWorldTaskError
-    from dart.env.osworld.support import LocalDesktop
+    from dart.env.osworld.support import audit_platform
 
     console = Console(highlight=False)
     try:
-        report = audit_dir(directory, LocalDesktop(network=network))
+        report = audit_dir(directory, audit_platform(provider.value, network=network))
     except OSWorldTaskError as exc:
         console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
@@ -59,7 +76,7 @@ def render(report: AuditReport, console: Console) -> None:
             table.add_row(escape(u.name), str(u.tasks), str(u.uses), mark, escape(u.reason))
         console.print(table)
     table = Table(title="Tasks by domain", title_justify="left")
-    for column in ("domain", "tasks", "runnable locally"):
+    for column in ("domain", "tasks", "runnable"):
         table.add_column(column, justify="left" if column == "domain" else "right")
     runnable = report.runnable_ids()
     for domain, ids in runnable.items():
@@ -68,7 +85,8 @@ def render(report: AuditReport, console: Console) -> None:
     console.print(table)
     console.print(
         f"parsed {report.total} task(s) from {escape(report.root)}; "
-        f"[bold]{len(report.runnable)}[/] runnable on the local desktop"
+        f"[bold]{len(report.runnable)}[/] runnable on "
+        f"{'the local desktop' if report.platform == 'local' else 'the OSWorld VM image'}"
         f"{'' if report.network else ' (no network)'}"
     )
 

@@ -194,6 +194,12 @@ class DataConfig(ConfigModel):
     """Artifact-store key prefix of trajectory blobs (``<prefix>/<trajectory_id>/...``)."""
     stats_interval_s: float = Field(default=10.0, gt=0)
     """How often a ``data.stats`` telemetry event is written, seconds."""
+    env_pool: str = Field(default="sim", pattern=r"^[A-Za-z0-9_-]+$")
+    """The env pool whose capabilities decide which of the suite's tasks are emitted, when the tasks name
+    requirements (OSWorld tasks: ``app:chrome`` ...); in a run config it is ``env.pool``."""
+    capabilities_timeout_s: float = Field(default=120.0, gt=0)
+    """How long to wait at start for the env pool to say what it runs, seconds (its env service may still be
+    starting its VMs)."""
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     grouping: GroupingConfig = Field(default_factory=GroupingConfig)
     curation: CurationConfig = Field(default_factory=CurationConfig)

@@ -1,7 +1,8 @@
 """``dart-data serve --config FILE``: the data manager alone (this package's dependencies only).
 
 Reads the run config's shared sections, ``data`` and ``suite`` (see :mod:`dart.protocol.serving` and
-:func:`dart.data.tasks.resolve_tasks`).
+:func:`dart.data.tasks.resolve_tasks`); where the suite's tasks name requirements, the env pool
+``data.env_pool`` is asked which it runs (:func:`dart.data.tasks.runnable_on_pool`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pydantic import Field
 from dart.data import __version__
 from dart.data.config import DataConfig
 from dart.data.service import DataService
-from dart.data.tasks import resolve_tasks
+from dart.data.tasks import resolve_tasks, runnable_on_pool
 from dart.protocol.bus import Bus
 from dart.protocol.serving import ServeConfig, serve_until_stopped, service_main
 from dart.protocol.store import open_store
@@ -31,8 +32,21 @@ class DataServeConfig(ServeConfig):
 
 
 async def run_data(config: DataServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
-    """Serve the data manager until ``stop`` is set."""
-    service = DataService(config.data, bus, open_store(config.store_config()), resolve_tasks(config.suite), telemetry)
+    """Serve the data manager until ``stop`` is set (first asking the env pool which tasks it runs, where the
+    suite's tasks name requirements)."""
+    data = config.data
+    tasks = await runnable_on_pool(
+        bus, resolve_tasks(config.suite), data.env_pool, timeout_s=data.capabilities_timeout_s
+    )
+    service = DataService(
+        data,
+        bus,
+        open_store(config.store_config()),
+        tasks.tasks,
+        telemetry,
+        tasks_excluded=tasks.excluded,
+        tasks_excluded_by=tasks.excluded_by,
+    )
     await serve_until_stopped(service, "data", telemetry, stop)
 
 

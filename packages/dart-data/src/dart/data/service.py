@@ -21,7 +21,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,10 @@ class DataStats:
         pruned_objects: Objects retention deleted (trajectory JSON and images, shared screenshots).
         pruned_bytes: Their size.
         pruned_screenshots: Shared screenshots among them.
+        tasks: Tasks work is emitted for (the suite's, less those the env pool does not run).
+        tasks_excluded: The suite's tasks left out because the env pool does not run them.
+        tasks_excluded_by: Requirement the env pool lacks -> tasks it kept out (a task lacking several
+            counts under each), most first (see :mod:`dart.protocol.capabilities`).
     """
 
     received: int = 0
@@ -110,6 +114,9 @@ class DataStats:
     pruned_objects: int = 0
     pruned_bytes: int = 0
     pruned_screenshots: int = 0
+    tasks: int = 0
+    tasks_excluded: int = 0
+    tasks_excluded_by: dict[str, int] = field(default_factory=dict)
 
 
 def _pooled_success_rate(stats: Iterable[TaskStats]) -> float:
@@ -137,6 +144,8 @@ class DataService:
         telemetry: Telemetry | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        tasks_excluded_by: Mapping[str, int] | None = None,
+        tasks_excluded: int = 0,
     ) -> None:
         """Create the service (nothing runs until :meth:`start`).
 
@@ -147,10 +156,16 @@ class DataService:
             tasks: Tasks to emit work for, in seeded shuffled passes (the orchestrator loads the suite).
             telemetry: Where ``data.*`` events go; None writes none.
             clock: Monotonic seconds for group and work timeouts (injectable for tests).
+            tasks_excluded: How many of the suite's tasks were left out because the env pool does not run
+                them (:func:`dart.data.tasks.runnable_on_pool`); reported in the stats.
+            tasks_excluded_by: Those tasks by the requirement the pool lacks.
         """
         self.config = config
         self.bus = bus
         self.state = DataState(config, store, telemetry, clock)
+        self._task_count = len(tasks)
+        self._tasks_excluded = tasks_excluded
+        self._tasks_excluded_by = dict(tasks_excluded_by or {})
         emission = config.emission
         coupled = emission.mode == "coupled"
         self.former = BatchFormer(self.state, bus, flush_when_full=not coupled)
@@ -274,6 +289,9 @@ class DataService:
             pruned_objects=c["pruned_objects"],
             pruned_bytes=c["pruned_bytes"],
             pruned_screenshots=c["pruned_screenshots"],
+            tasks=self._task_count,
+            tasks_excluded=self._tasks_excluded,
+            tasks_excluded_by=dict(self._tasks_excluded_by),
         )
 
     # --- model version and telemetry ------------------------------------------------------------
@@ -328,4 +346,7 @@ class DataService:
             pruned_objects=s.pruned_objects,
             pruned_bytes=s.pruned_bytes,
             pruned_screenshots=s.pruned_screenshots,
+            tasks=s.tasks,
+            tasks_excluded=s.tasks_excluded,
+            tasks_excluded_by=s.tasks_excluded_by,
         )

@@ -133,6 +133,24 @@ class EnvBackend(ABC):
     async def close(self) -> None:
         """Shut the environment down (idempotent)."""
 
+    @property
+    def spent(self) -> bool:
+        """Whether the backend cannot start another clean episode (a VM that cannot revert after serving one):
+        the env service then replaces it before the next lease. False by default."""
+        return False
+
+    @property
+    def provider_name(self) -> str | None:
+        """Where the backend's machines come from (osworld: ``local``, ``docker``, ``remote``); None by default."""
+        return None
+
+    def features(self) -> frozenset[str]:
+        """What this backend can run, as the requirement names tasks carry (:attr:`TaskSpec.requires
+        <dart.protocol.messages.TaskSpec.requires>`, e.g. ``app:chrome``); the env service reports them to the
+        data manager, which keeps the tasks whose requirements they cover. None by default (tasks of a backend
+        without requirements need none)."""
+        return frozenset()
+
     def process_ids(self) -> list[int]:
         """The OS processes this backend runs (a browser's driver, an X server), whose memory, with their
         descendants', is its health's ``rss_mib``; none for an in-process backend (the default)."""

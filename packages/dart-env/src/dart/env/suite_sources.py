@@ -35,14 +35,15 @@ def builtin(name: str) -> TaskSuite:
 
 
 def osworld(directory: str) -> TaskSuite:
-    """The suite source ``osworld:``: the tasks of an OSWorld task directory that this host's local desktop runs.
+    """The suite source ``osworld:``: every task of an OSWorld task directory, each with its requirements
+    (``app:chrome``, ``metric:compare_table``): the data manager keeps those the env pool reports it runs.
 
     Raises:
-        ConfigError: The directory cannot be read, or holds no task this host runs (field ``suite``).
+        ConfigError: The directory cannot be read, or holds no task (field ``suite``).
     """
     from dart.env.osworld import OSWorldTaskError, load_osworld_suite
 
     try:
-        return load_osworld_suite(directory, runnable_only=True)
+        return load_osworld_suite(directory)
     except OSWorldTaskError as exc:
         raise ConfigError("run config", "suite", str(exc)) from None

@@ -345,3 +345,36 @@ class StoreUnavailableError(StoreError):
             f"cannot reach the artifact store at {endpoint}: {detail}. Is the S3 server running, and are "
             "store.endpoint and store.secure right?"
         )
+
+
+class EnvPoolUnreachableError(DartError):
+    """No env service of a pool answered the capability query in time.
+
+    Attributes:
+        pool: The env pool asked.
+        timeout_s: How long it was asked, seconds.
+    """
+
+    def __init__(self, pool: str, timeout_s: float, last: str) -> None:
+        self.pool = pool
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no env service of pool {pool!r} said what it runs within {timeout_s:g}s ({last}): start the env "
+            f"service (dart serve env) on the same bus and prefix, or check data.env_pool"
+        )
+
+
+class NoRunnableTaskError(DartError):
+    """An env pool runs none of a suite's tasks.
+
+    Attributes:
+        pool: The env pool.
+        excluded_by: Requirement -> number of tasks that needed it and the pool lacks.
+    """
+
+    def __init__(self, pool: str, provider: str | None, excluded_by: dict[str, int]) -> None:
+        self.pool = pool
+        self.excluded_by = excluded_by
+        top = ", ".join(f"{name} ({n})" for name, n in list(excluded_by.items())[:5])
+        where = f" (provider {provider})" if provider else ""
+        super().__init__(f"env pool {pool!r}{where} runs none of the suite's tasks; most missing: {top}")

@@ -7,6 +7,7 @@ share a NATS server without seeing each other's traffic.
 Layout (prefix ``P``)::
 
     P.env.<pool>.lease                 request: lease an env instance from a pool
+    P.env.<pool>.capabilities          request: what a pool runs (its backend, the task requirements it meets)
     P.env.inst.<instance>.<op>         request: reset / step / evaluate / release / heartbeat
     P.work.<run>                       JetStream: work items (one trajectory each)
     P.traj.<run>                       JetStream: finished trajectories
@@ -67,6 +68,10 @@ class Subjects:
     def env_lease(self, pool: str) -> str:
         """Subject on which an env pool answers lease requests."""
         return f"{self.prefix}.env.{_check_token(pool, 'pool')}.lease"
+
+    def env_capabilities(self, pool: str) -> str:
+        """Subject on which an env pool says what it runs (:class:`~dart.protocol.messages.EnvCapabilities`)."""
+        return f"{self.prefix}.env.{_check_token(pool, 'pool')}.capabilities"
 
     def env_instance(self, instance_id: str, op: EnvOp) -> str:
         """Subject of one operation on one leased env instance."""

@@ -94,6 +94,10 @@ def _env_messages() -> list[m.Message]:
         m.EvaluateReply(reward=1.0, success=True, env_latency_s=0.0),
         m.ReleaseRequest(lease_id="l1", reason="done"),
         m.ReleaseReply(released=True),
+        m.CapabilitiesRequest(),
+        m.EnvCapabilities(
+            pool="osworld", backend="osworld", provider="docker", features=("app:chrome", "step:execute")
+        ),
     ]
 
 

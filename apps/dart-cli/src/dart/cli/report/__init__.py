@@ -1,11 +1,12 @@
-"""``dart report RUN_DIR``: one self-contained HTML file with the figures and plots of a run.
+"""``dart report RUN_DIR`` / ``dart report --config FILE --out DIR``: the viewer's pages as static files.
 
-It reads what ``dart run`` left in the run directory (config, summary, the SQLite trajectory index
-and the JSONL telemetry, see :mod:`dart.cli.report.load`), draws the plots
-(:mod:`dart.cli.report.plots`) and writes the page (:mod:`dart.cli.report.html`), by default to
-``RUN_DIR/report.html``. Missing pieces get a note in their section; the command fails (exit 2)
-only when the path is not a run directory. The last stdout line is JSON:
-``{"report": PATH, "plots": N}``.
+It opens the run as ``dart view`` does (:func:`dart.cli.view.source.open_run`: a run directory, its
+embedded S3 server started again when it has one, or a deployment's index and store) and writes the
+overview, the newest ``--trajectories`` trajectories step by step, their groups and their screenshots to
+one directory (:mod:`dart.cli.report.static`), by default ``RUN_DIR/report``; a run directory's overview
+also gets the plots of its telemetry (:mod:`dart.cli.report.plots`). It prints the overview's path, and
+as the last line JSON: ``{"report": PATH, "pages": N, "images": N, "plots": N, "missing_images": N}``.
+Exit code 2 when the path is not a run.
 """
 
 from __future__ import annotations
@@ -16,32 +17,51 @@ from typing import Annotated
 
 import typer
 
+from dart.cli.view import ConfigOption, RunDirArgument, TelemetryOption
+
 
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="The run directory `dart run` wrote.", show_default=False)],
+    run_dir: RunDirArgument = None,
+    config: ConfigOption = None,
+    telemetry: TelemetryOption = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Where to write the HTML (default: RUN_DIR/report.html).")
+        Path | None, typer.Option("--out", "-o", help="Directory to write (default: RUN_DIR/report).")
     ] = None,
+    trajectories: Annotated[
+        int, typer.Option("--trajectories", min=0, help="How many of the newest trajectories to render.")
+    ] = 50,
 ) -> None:
-    """Write an HTML report with plots of a training run."""
+    """Write a run's overview, plots and newest trajectories as static HTML pages."""
     # Imported here: matplotlib is slow to import and `dart --help` must stay fast.
     import matplotlib
 
     matplotlib.use("Agg")
-    from dart.cli.report.html import render_report
-    from dart.cli.report.load import NotARunDirError, load_run
+    from dart.cli.report.static import write_report
+    from dart.cli.view.errors import NotARunError
+    from dart.cli.view.source import open_run
 
+    if out is None and run_dir is None:
+        typer.echo("error: give --out DIR with --config (a deployment has no run directory to write into)", err=True)
+        raise typer.Exit(2)
+    target = out if out is not None else Path(run_dir or ".") / "report"
     try:
-        data = load_run(run_dir)
-    except NotARunDirError as exc:
+        with open_run(run_dir, config, telemetry) as source:
+            written = write_report(source, target, trajectories)
+    except NotARunError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    page, plots = render_report(data)
-    target = out if out is not None else run_dir / "report.html"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(page, encoding="utf-8")
-    typer.echo(str(target))
-    typer.echo(json.dumps({"report": str(target), "plots": plots}))
+    typer.echo(str(written.index))
+    typer.echo(
+        json.dumps(
+            {
+                "report": str(written.index),
+                "pages": written.pages,
+                "images": written.images,
+                "plots": written.plots,
+                "missing_images": written.missing_images,
+            }
+        )
+    )
 
 
 def register(app: typer.Typer) -> None:

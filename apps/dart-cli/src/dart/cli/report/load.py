@@ -25,28 +25,13 @@ from typing import Any
 
 import yaml
 
+from dart.cli.view.errors import NotARunError
 from dart.protocol.telemetry import BusyInterval, load_busy_intervals, observed_window, read_jsonl
 
 TRAINABLE_STATUSES = frozenset({"ok", "truncated"})
 """Trajectory statuses whose outcome counts towards success rates (aborted/failed are infra losses)."""
 
 _MARKERS = ("config.yaml", "summary.json", "data.sqlite3", "telemetry")
-
-
-class NotARunDirError(Exception):
-    """The path is not a DART run directory.
-
-    Attributes:
-        path: The path given.
-        reason: What is wrong with it.
-    """
-
-    def __init__(self, path: Path, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(
-            f"{path}: {reason}; pass the directory `dart run` wrote (it holds config.yaml, telemetry/ and data.sqlite3)"
-        )
 
 
 @dataclass(frozen=True)
@@ -194,14 +179,14 @@ def load_run(run_dir: str | Path) -> RunData:
         run_dir: The directory ``dart run`` wrote.
 
     Raises:
-        NotARunDirError: The path is not a directory, or holds none of ``config.yaml``,
+        NotARunError: The path is not a directory, or holds none of ``config.yaml``,
             ``summary.json``, ``data.sqlite3`` and ``telemetry/``.
     """
     root = Path(run_dir)
     if not root.is_dir():
-        raise NotARunDirError(root, "not a directory")
+        raise NotARunError(root, "not a directory")
     if not any((root / m).exists() for m in _MARKERS):
-        raise NotARunDirError(root, "holds none of " + ", ".join(_MARKERS))
+        raise NotARunError(root, "holds none of " + ", ".join(_MARKERS))
     data = RunData(run_dir=root)
 
     config_path = root / "config.yaml"

@@ -244,6 +244,18 @@ class RunConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _data_asks_the_env_pool(self) -> RunConfig:
+        # env.pool owns the name: the data manager asks that pool which of the suite's tasks it runs.
+        if "env_pool" not in self.data.model_fields_set:
+            self.data = self.data.model_copy(update={"env_pool": self.env.pool})
+        elif self.data.env_pool != self.env.pool:
+            raise ValueError(
+                f"data.env_pool ({self.data.env_pool!r}) must be env.pool ({self.env.pool!r}): the data manager "
+                "emits the tasks the run's env pool runs"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _validation_pool_is_its_own(self) -> RunConfig:
         if self.validation.enabled and self.validation.pool == self.env.pool:
             raise ValueError(

@@ -31,7 +31,7 @@ from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tas
 from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
-from dart.cli.stack.summary import build_summary
+from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import HeldOutValidator, heldout_summary
 from dart.protocol.bus import Bus, KeyValueStore
@@ -337,6 +337,7 @@ async def monitor(
         if config.validation.enabled and failed is None:
             validator = await _start_validator(config, state, credentials, validation_buses)
         start_ns = time.time_ns()
+        (run_dir / RL_WINDOW_FILE).write_text(json.dumps({"rl_start_unix_ns": start_ns}) + "\n")
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
         failed = await _watch_rl_phase(config, supervisor, bus, state, progress, failed)
         end_ns = time.time_ns()

@@ -10,6 +10,8 @@
 - idle breakdown: where each resource kind's time went over the RL window
   (:mod:`dart.cli.analytics.idle`), resource counts from the run's ``config.yaml``;
 - GPU: mean NVML utilization of the rollout and train services' samples, or ``"no GPU"``;
+- tasks: how many the data manager emitted work for, and how many of the suite's it left out because the
+  env pool does not run them, by what the pool lacks (its latest ``data.stats`` event);
 - staleness: the largest policy lag of any sample the trainer trained on (``trainer.step``
   events; experience-pool replays apart), the samples it dropped as too stale
   (``trainer.stale_dropped``) and the pauses of work emission on the trainer's backlog
@@ -26,6 +28,10 @@ import yaml
 
 from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
 from dart.protocol.telemetry import gpu_summary, read_jsonl
+
+RL_WINDOW_FILE = "rl_window.json"
+"""Written in the run directory when the RL window opens (``{"rl_start_unix_ns": N}``), so what reads a run
+in progress (``dart view``) uses the window the summary will use; the summary records both ends."""
 
 
 def trajectory_outcomes(db_path: Path) -> list[tuple[float, bool, int]]:
@@ -183,6 +189,24 @@ def retention_figures(telemetry_dir: Path) -> dict[str, int]:
     return totals
 
 
+def task_figures(telemetry_dir: Path) -> dict[str, Any]:
+    """The tasks work was emitted for and the suite's tasks the env pool does not run, from the data manager's
+    latest ``data.stats`` event: ``{"emitted": N, "excluded": M, "excluded_by": {requirement: tasks}}``
+    (None before any such event)."""
+    last: dict[str, Any] | None = None
+    events = read_jsonl(telemetry_dir, types={"event"}) if telemetry_dir.is_dir() else iter(())
+    for record in events:
+        if record.get("name") == "data.stats":
+            last = record.get("attributes") or {}
+    if last is None or "tasks" not in last:
+        return {"emitted": None, "excluded": None, "excluded_by": {}}
+    return {
+        "emitted": last.get("tasks"),
+        "excluded": last.get("tasks_excluded", 0),
+        "excluded_by": dict(last.get("tasks_excluded_by") or {}),
+    }
+
+
 def build_summary(
     run_dir: Path,
     *,
@@ -220,6 +244,7 @@ def build_summary(
         "gpu": gpu,
         **staleness_figures(run_dir / "telemetry"),
         "retention_deleted": retention_figures(run_dir / "telemetry"),
+        "tasks": task_figures(run_dir / "telemetry"),
         "rl_seconds": round(rl_seconds, 1),
         "trajectories_per_minute": round(produced / rl_seconds * 60, 2) if rl_seconds > 0 else None,
         **extra,

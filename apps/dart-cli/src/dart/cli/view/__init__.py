@@ -6,8 +6,14 @@ stopped when the viewer exits) and serves the pages of :mod:`dart.cli.view.app` 
 stdout line is the URL it serves on (``--port 0`` picks a free port). Exit code 2 when the path is not
 a run (no config, no index, an index of another schema version) or the port cannot be bound.
 
-Modules: ``source`` (where the index and store are), ``queries`` (the SQL), ``artifacts`` (blobs and
-images), ``overlay`` (an action as shapes over a screenshot), ``render`` (templates), ``app`` (routes).
+The overview adds the services' telemetry figures over the run summary's window (``figures``); a run in
+progress gets a page that fetches itself again every few seconds. ``dart report`` writes the same pages
+as files (:mod:`dart.cli.report`).
+
+Modules: ``source`` (where the index and store are), ``queries`` (the SQL), ``figures`` (utilization,
+versions, held-out success and staleness from telemetry), ``artifacts`` (blobs and images), ``overlay``
+(an action as shapes over a screenshot), ``tokens`` (token texts from the policy's tokenizer), ``links``
+(where links point: routes or a report's files), ``render`` (templates), ``app`` (the pages and routes).
 """
 
 from __future__ import annotations
@@ -20,15 +26,22 @@ from typing import Annotated
 
 import typer
 
+RunDirArgument = Annotated[Path | None, typer.Argument(help="The run directory `dart run` wrote.", show_default=False)]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="A deployment's run config instead: its data.database_url and store."),
+]
+TelemetryOption = Annotated[
+    Path | None,
+    typer.Option("--telemetry", help="The services' telemetry JSONL directory (default: RUN_DIR/telemetry)."),
+]
+"""How ``dart view`` and ``dart report`` name the run they read."""
+
 
 def view(
-    run_dir: Annotated[
-        Path | None, typer.Argument(help="The run directory `dart run` wrote.", show_default=False)
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="A deployment's run config instead: its data.database_url and store."),
-    ] = None,
+    run_dir: RunDirArgument = None,
+    config: ConfigOption = None,
+    telemetry: TelemetryOption = None,
     host: Annotated[str, typer.Option(help="Address to serve on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on; 0 picks a free one.")] = 8765,
 ) -> None:
@@ -44,7 +57,7 @@ def view(
     # embedded S3 server) rather than end the process on the spot.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with open_run(run_dir, config) as source:
+        with open_run(run_dir, config, telemetry) as source:
             app = create_app(source)
             try:
                 listener = socket.create_server((host, port), family=_family(host))

@@ -30,12 +30,16 @@ from starlette.routing import Route
 
 from dart.cli.view.artifacts import RunArtifacts
 from dart.cli.view.errors import BadRequestError, NotFoundError, PageError, UnreadableError
-from dart.cli.view.queries import PAGE_SIZE, RunIndex, TrajectoryFilter, read_only_engine
+from dart.cli.view.figures import RESOURCE_KINDS, FiguresCache
+from dart.cli.view.links import Links
+from dart.cli.view.queries import PAGE_SIZE, Page, RunIndex, TrajectoryFilter, read_only_engine
 from dart.cli.view.render import STYLESHEET, environment, step_views
 from dart.cli.view.source import RunSource
+from dart.cli.view.tokens import TokenText
 from dart.data.advantages import group_advantages
 from dart.protocol.messages import TRAINABLE_STATUSES, TrajectoryStatus
 from dart.protocol.store import open_store
+from dart.rollout.eval.stats import wilson_interval
 
 T = TypeVar("T")
 
@@ -44,41 +48,69 @@ _TRAINABLE = {s.value for s in TRAINABLE_STATUSES}
 
 
 class Viewer:
-    """The pages of one run: its index, its store and the templates."""
+    """The pages of one run: its index, its store, its telemetry's figures and the templates.
 
-    def __init__(self, source: RunSource, index: RunIndex, artifacts: RunArtifacts) -> None:
+    The ``*_page`` methods render a page from plain arguments; the routes of :func:`create_app` call them
+    with a request's, and ``dart report`` with :class:`~dart.cli.view.links.StaticLinks` to write files.
+    """
+
+    def __init__(self, source: RunSource, index: RunIndex, artifacts: RunArtifacts, link: Links | None = None) -> None:
         self.source = source
         self.index = index
         self.artifacts = artifacts
+        self.link = link or Links()
         self.templates = environment()
+        self.figures = FiguresCache(source.telemetry, source.run_dir, lambda: source.summary()[0])
+        self.token_text = TokenText(source.policy)
 
     def close(self) -> None:
         """Release the index's connections and the store."""
         self.index.close()
         self.artifacts.close()
 
+    def render(self, template: str, **values: Any) -> str:
+        """A page's HTML."""
+        return self.templates.get_template(template).render(run=self.source.label, link=self.link, **values)
+
     def page(self, template: str, status: int = 200, **values: Any) -> HTMLResponse:
-        """A rendered page."""
-        body = self.templates.get_template(template).render(run=self.source.label, **values)
-        return HTMLResponse(body, status_code=status)
+        """A rendered page as a response."""
+        return HTMLResponse(self.render(template, **values), status_code=status)
 
-    def overview(self, request: Request) -> Response:
-        """``/``: counts, success rates, rejections, the pool, and the summary when there is one."""
-        figures = _query_guarded("the overview", self.index.overview)
-        return self.page("overview.html", o=figures, source=self.source)
+    # Pages from plain arguments.
 
-    def trajectories(self, request: Request) -> Response:
-        """``/trajectories``: one page of the filtered list."""
-        params = {k: v for k, v in request.query_params.items() if v != ""}
-        where = _filter(params)
-        after, before = params.get("after"), params.get("before")
-        page = _query_guarded("the trajectory list", lambda: self.index.page(where, after=after, before=before))
-        filters = {k: v for k, v in params.items() if k not in ("after", "before")}
-        return self.page("trajectories.html", page=page, filters=filters, statuses=_STATUSES, page_size=PAGE_SIZE)
+    def overview_page(self, **extra: Any) -> str:
+        """The overview: the index's counts, the telemetry's figures over the RL window, the summary."""
+        counts = _query_guarded("the overview", self.index.overview)
+        figures = self.figures.get()
+        stored = None
+        if figures.start_ns is not None and figures.end_ns is not None and figures.minutes > 0:
+            window = (figures.start_ns / 1e9, figures.end_ns / 1e9)
+            stored = _query_guarded("the stored count", lambda: self.index.finished_between(*window))
+        summary, note = self.source.summary()
+        heldout = figures.heldout[-1] if figures.heldout else None
+        return self.render(
+            "overview.html",
+            o=counts,
+            f=figures,
+            interval=wilson_interval(counts.successes, counts.trainable) if counts.trainable else None,
+            per_minute=stored / figures.minutes if stored is not None else None,
+            heldout=heldout,
+            kinds=RESOURCE_KINDS,
+            summary=summary,
+            summary_note=note,
+            **extra,
+        )
 
-    def group(self, request: Request) -> Response:
-        """``/groups/{id}``: the group's rollouts and each trainable one's advantage."""
-        group_id = request.path_params["group_id"]
+    def list_page(self, filters: dict[str, str], page: Page) -> str:
+        """A list of trajectories (one page of the filtered list)."""
+        return self.render("trajectories.html", page=page, filters=filters, statuses=_STATUSES, page_size=PAGE_SIZE)
+
+    def group_page(self, group_id: str) -> str:
+        """A group's rollouts and each trainable one's advantage.
+
+        Raises:
+            NotFoundError: The index has no such group.
+        """
         group = _query_guarded(f"group {group_id}", lambda: self.index.group(group_id))
         if group is None:
             raise NotFoundError(f"group {group_id}", "the index has no such group")
@@ -93,11 +125,15 @@ class Viewer:
             )
             advantages = {m["trajectory_id"]: a for m, a in zip(scored, values, strict=True)}
         missing = sorted(set(group.planned) - {int(m["rollout_index"]) for m in members})
-        return self.page("group.html", group=group, advantages=advantages, missing=missing, batching=batching)
+        return self.render("group.html", group=group, advantages=advantages, missing=missing, batching=batching)
 
-    def trajectory(self, request: Request) -> Response:
-        """``/trajectories/{id}``: every step, with its images, action, response and log-probs."""
-        trajectory_id = request.path_params["trajectory_id"]
+    def trajectory_page(self, trajectory_id: str) -> tuple[str, int]:
+        """Every step of a trajectory, with its images, action, response and log-probs, and the status:
+        200, or the status of the error the page explains (the index row is shown, the blob is not).
+
+        Raises:
+            NotFoundError: The index has no such trajectory.
+        """
         row = _query_guarded(f"trajectory {trajectory_id}", lambda: self.index.trajectory(trajectory_id))
         if row is None:
             raise NotFoundError(f"trajectory {trajectory_id}", "the index has no such trajectory")
@@ -106,9 +142,34 @@ class Viewer:
         try:
             traj = self.artifacts.trajectory(row)
         except PageError as exc:
-            return self.error_page(exc, **nav)
-        steps = step_views(traj.steps, self.artifacts)
-        return self.page("trajectory.html", traj=traj, steps=steps, **nav)
+            return self.render("error.html", error=exc, **nav), exc.status
+        steps = step_views(traj.steps, self.artifacts, self.link, self.token_text)
+        values = {"traj": traj, "steps": steps, "tokens_as_ids": self.token_text.problem}
+        return self.render("trajectory.html", **values, **nav), 200
+
+    # Routes.
+
+    def overview(self, request: Request) -> Response:
+        """``/``: counts, success rates, utilization, versions, rejections, the pool, the summary."""
+        return HTMLResponse(self.overview_page())
+
+    def trajectories(self, request: Request) -> Response:
+        """``/trajectories``: one page of the filtered list."""
+        params = {k: v for k, v in request.query_params.items() if v != ""}
+        where = _filter(params)
+        after, before = params.get("after"), params.get("before")
+        page = _query_guarded("the trajectory list", lambda: self.index.page(where, after=after, before=before))
+        filters = {k: v for k, v in params.items() if k not in ("after", "before")}
+        return HTMLResponse(self.list_page(filters, page))
+
+    def group(self, request: Request) -> Response:
+        """``/groups/{id}``: the group's rollouts and each trainable one's advantage."""
+        return HTMLResponse(self.group_page(request.path_params["group_id"]))
+
+    def trajectory(self, request: Request) -> Response:
+        """``/trajectories/{id}``: every step, with its images, action, response and log-probs."""
+        body, status = self.trajectory_page(request.path_params["trajectory_id"])
+        return HTMLResponse(body, status_code=status)
 
     def image(self, request: Request) -> Response:
         """``/images/{key}``: an image's bytes from the run's store."""
@@ -139,16 +200,29 @@ class Viewer:
         return self.error_page(error)
 
 
-def create_app(source: RunSource) -> Starlette:
-    """The viewer of ``source``: its index opened read-only and its store.
+def open_viewer(source: RunSource, link: Links | None = None) -> Viewer:
+    """The pages of ``source``: its index opened read-only and its store.
 
     Raises:
         NotARunError: The index is missing or not one this code reads.
     """
     where = make_url(source.database_url).render_as_string(hide_password=True).removeprefix("sqlite:///")
     index = RunIndex(read_only_engine(source.database_url), where)
-    index.check_schema()
-    viewer = Viewer(source, index, RunArtifacts(open_store(source.store)))
+    try:
+        index.check_schema()
+    except BaseException:
+        index.close()
+        raise
+    return Viewer(source, index, RunArtifacts(open_store(source.store)), link)
+
+
+def create_app(source: RunSource) -> Starlette:
+    """The viewer of ``source``: its index opened read-only and its store.
+
+    Raises:
+        NotARunError: The index is missing or not one this code reads.
+    """
+    viewer = open_viewer(source)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -201,7 +201,12 @@ class RunIndex:
         """
         where = Path(self.where)
         try:
-            with self.engine.connect() as conn:
+            conn = self.engine.connect()
+        except SQLAlchemyError as exc:
+            first = str(exc.args[0]).splitlines()[0]
+            raise NotARunError(where, f"its database cannot be reached ({type(exc).__name__}: {first})") from exc
+        try:
+            with conn:
                 version = conn.execute(select(func.max(schema_version.c.version))).scalar_one()
         except SQLAlchemyError as exc:
             raise NotARunError(where, f"it is not a trajectory index ({type(exc).__name__}: {exc.args[0]})") from exc
@@ -249,6 +254,21 @@ class RunIndex:
             latest_version=max(latest) if latest else None,
             groups_by_status=groups,
         )
+
+    def finished_between(self, start_s: float, end_s: float) -> int:
+        """Trajectories stored that finished within ``[start_s, end_s]`` (Unix seconds), every status."""
+        t = trajectories.c
+        with self.engine.connect() as conn:
+            count = conn.execute(select(func.count()).where(t.finished_at.between(start_s, end_s))).scalar_one()
+        return int(count)
+
+    def newest(self, count: int) -> list[dict[str, Any]]:
+        """The list rows of the ``count`` trajectories that finished last, in ``trajectory_id`` order."""
+        t = trajectories.c
+        latest = select(t.trajectory_id).order_by(t.finished_at.desc(), t.trajectory_id).limit(count)
+        stmt = select(*[t[name] for name in _LIST_COLUMNS]).where(t.trajectory_id.in_(latest))
+        with self.engine.connect() as conn:
+            return [dict(m) for m in conn.execute(stmt.order_by(t.trajectory_id)).mappings()]
 
     def page(self, where: TrajectoryFilter, *, after: str | None = None, before: str | None = None) -> Page:
         """One page of the trajectories matching ``where``: the first, the one after id ``after``, or the

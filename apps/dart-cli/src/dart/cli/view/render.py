@@ -12,12 +12,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 
 from dart.cli.view.artifacts import RunArtifacts
+from dart.cli.view.links import Links
 from dart.cli.view.overlay import Shape, action_shapes, describe
+from dart.cli.view.tokens import TokenText
 from dart.protocol.messages import Image, InlineImage, StepRecord
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -51,12 +53,14 @@ class TokenCell:
 
     Attributes:
         token_id: The token.
+        text: Its text (None when the run's tokenizer cannot be read; the id is shown).
         logprob: Its behaviour log-probability (natural log).
         colour: CSS colour: red for improbable tokens, green for certain ones.
         entropy: The next-token entropy there, nats (None when not recorded).
     """
 
     token_id: int
+    text: str | None
     logprob: float
     colour: str
     entropy: float | None
@@ -85,30 +89,42 @@ def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True))
     env.filters["when"] = _when
     env.filters["short_when"] = _short_when
+    env.filters["ns_when"] = lambda ns: _when(None if ns is None else ns / 1e9)
     env.filters["pct"] = _pct
     env.filters["num"] = _num
-    env.filters["q"] = lambda value: quote(str(value), safe="")
-    env.globals["query"] = _query
+    env.filters["visible"] = _visible
+    env.globals["a"] = anchor
     return env
 
 
-def step_views(steps: list[StepRecord], artifacts: RunArtifacts) -> list[StepView]:
+def anchor(href: str | None, text: Any, *, code: bool = False, **attributes: str) -> Markup:
+    """``<a href=...>text</a>``, or the text alone where the page has no link (a static report's
+    unrendered page); ``code`` sets the text in ``<code>``."""
+    body = Markup("<code>%s</code>") % text if code else escape(text)
+    if href is None:
+        return body
+    attrs = "".join(Markup(' %s="%s"') % (name, value) for name, value in sorted(attributes.items()))
+    return Markup('<a%s href="%s">%s</a>') % (Markup(attrs), href, body)
+
+
+def step_views(steps: list[StepRecord], artifacts: RunArtifacts, link: Links, text: TokenText) -> list[StepView]:
     """What each step shows: its images (checked in the store), its action and its heat map."""
+    fed = "fed to the policy"
     return [
         StepView(
             step=step,
             images=[
-                _image("fed to the policy", step.prompt_images[-1] if step.prompt_images else None, step, artifacts),
-                _image("observation", step.observation.screenshot, step, artifacts),
+                _image(fed, step.prompt_images[-1] if step.prompt_images else None, step, artifacts, link),
+                _image("observation", step.observation.screenshot, step, artifacts, link),
             ],
             action=describe(step.action),
-            tokens=_tokens(step),
+            tokens=_tokens(step, text),
         )
         for step in steps
     ]
 
 
-def _image(label: str, image: Image | None, step: StepRecord, artifacts: RunArtifacts) -> ImageView:
+def _image(label: str, image: Image | None, step: StepRecord, artifacts: RunArtifacts, link: Links) -> ImageView:
     if image is None:
         return ImageView(label, None, 0, 0, [], "the step records no such image")
     shapes = action_shapes(step.action, image.width, image.height)
@@ -123,15 +139,26 @@ def _image(label: str, image: Image | None, step: StepRecord, artifacts: RunArti
     if not artifacts.exists(key):
         reason = f"{key} is not in the store (retention deletes the images of old trajectories)"
         return ImageView(label, None, image.width, image.height, shapes, reason)
-    return ImageView(label, "/images/" + quote(key), image.width, image.height, shapes)
+    return ImageView(label, link.image(key), image.width, image.height, shapes)
 
 
-def _tokens(step: StepRecord) -> list[TokenCell]:
+def _tokens(step: StepRecord, text: TokenText) -> list[TokenCell]:
+    if not step.response_logprobs:
+        return []
     entropies: list[float | None] = list(step.response_entropy) or [None] * len(step.response_logprobs)
+    decoded = text.texts(step.response_token_ids)
+    texts: list[str | None] = list(decoded) if decoded is not None else [None] * len(step.response_token_ids)
     return [
-        TokenCell(token, logprob, _heat(logprob), entropy)
-        for token, logprob, entropy in zip(step.response_token_ids, step.response_logprobs, entropies, strict=True)
+        TokenCell(token, shown, logprob, _heat(logprob), entropy)
+        for token, shown, logprob, entropy in zip(
+            step.response_token_ids, texts, step.response_logprobs, entropies, strict=True
+        )
     ]
+
+
+def _visible(text: str) -> str:
+    """A token's text with its line breaks and tabs shown (spaces stay: the cells keep white space)."""
+    return text.replace("\n", "⏎").replace("\t", "⇥") or "∅"
 
 
 def _heat(logprob: float) -> str:
@@ -161,9 +188,3 @@ def _num(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
-
-
-def _query(params: dict[str, Any], **changes: Any) -> str:
-    """``?a=1&b=2`` of ``params`` with ``changes`` applied (None drops a key)."""
-    merged = {k: v for k, v in {**params, **changes}.items() if v is not None and v != ""}
-    return "?" + urlencode(merged) if merged else "?"

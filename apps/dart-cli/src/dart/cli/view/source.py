@@ -27,12 +27,16 @@ import yaml
 
 from dart.cli.stack.embedded_store import EMBEDDED_S3_URI, embedded_s3_server, embedded_s3_store
 from dart.cli.view.errors import NotARunError
+from dart.cli.view.tokens import policy_checkpoint
 from dart.data.config import BatchingConfig
 from dart.data.serve import DataServeConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.serving import load_serve_config
 from dart.protocol.store import StoreConfig
 
+NO_BUS_CREDENTIALS = ("bus.password_env=null", "bus.password_file=null")
+"""Overrides that drop a config's NATS credentials, which a deployment's services take from their own
+environment (``DART_BUS__USER`` and the password) and the viewer, which never connects to NATS, lacks."""
 INDEX_FILE = "data.sqlite3"
 """The index of a run directory (``dart run`` sets ``data.database_url`` to it)."""
 
@@ -47,8 +51,9 @@ class RunSource:
         store: The artifact store holding the trajectory blobs and screenshots.
         batching: The data manager's batching settings (how it computes advantages).
         run_dir: The run directory, when one was opened.
-        summary: ``summary.json`` of a finished ``dart run`` (None otherwise).
-        summary_note: Why there is no summary (empty when there is one).
+        telemetry: The services' telemetry JSONL directory (None when unknown: a deployment opened
+            without ``--telemetry``).
+        policy: The policy checkpoint the config names, whose tokenizer gives tokens their text.
     """
 
     label: str
@@ -56,13 +61,23 @@ class RunSource:
     store: StoreConfig
     batching: BatchingConfig
     run_dir: Path | None = None
-    summary: dict[str, Any] | None = None
-    summary_note: str = ""
+    telemetry: Path | None = None
+    policy: Path | None = None
+
+    def summary(self) -> tuple[dict[str, Any] | None, str]:
+        """``summary.json`` of a finished ``dart run`` as it is now, or None and why there is none."""
+        if self.run_dir is None:
+            return None, "a deployment's services write no summary.json (only dart run does, when its run ends)"
+        return _summary(self.run_dir)
 
 
 @contextlib.contextmanager
-def open_run(run_dir: Path | None = None, config: Path | None = None) -> Iterator[RunSource]:
+def open_run(
+    run_dir: Path | None = None, config: Path | None = None, telemetry: Path | None = None
+) -> Iterator[RunSource]:
     """The run in ``run_dir`` (or the deployment of ``config``), its embedded S3 server started when it has one.
+
+    ``telemetry`` is where the services' JSONL telemetry is, when not ``<run_dir>/telemetry``.
 
     Raises:
         NotARunError: The path is not a run directory (no config.yaml or no index) or the config does not load.
@@ -70,10 +85,12 @@ def open_run(run_dir: Path | None = None, config: Path | None = None) -> Iterato
     if (run_dir is None) == (config is None):
         raise NotARunError(run_dir or config or Path("."), "give a run directory or --config, one of them")
     if config is not None:
-        yield _deployment(config)
+        yield replace(_deployment(config), telemetry=telemetry)
         return
     assert run_dir is not None
     source, embedded = _run_directory(run_dir)
+    if telemetry is not None:
+        source = replace(source, telemetry=telemetry)
     if not embedded:
         yield source
         return
@@ -102,21 +119,21 @@ def _run_directory(run_dir: Path) -> tuple[RunSource, bool]:
     if not index.is_file():
         raise NotARunError(run_dir, f"it has no {INDEX_FILE} (the trajectory index)")
     served = _load(config_file)
-    raw_run = (yaml.safe_load(config_file.read_text()) or {}).get("run") or {}
+    raw = _raw(config_file)
+    raw_run = raw.get("run") or {}
     # The index and the local store where they are now (the directory may have moved since the run).
     store = served.store or StoreConfig(uri=(run_dir / "artifacts").as_uri())
     embedded = raw_run.get("artifacts") == "embedded_s3" and store.uri == EMBEDDED_S3_URI
     if embedded and not (run_dir / "s3").is_dir():
         raise NotARunError(run_dir, "its config says run.artifacts: embedded_s3 but it has no s3/ directory")
-    summary, note = _summary(run_dir)
     source = RunSource(
         label=str(run_dir),
         database_url=f"sqlite:///{index}",
         store=store,
         batching=served.data.batching,
         run_dir=run_dir,
-        summary=summary,
-        summary_note=note,
+        telemetry=run_dir / "telemetry",
+        policy=policy_checkpoint(raw, run_dir),
     )
     return source, embedded
 
@@ -132,15 +149,22 @@ def _deployment(config_file: Path) -> RunSource:
         database_url=served.data.database_url,
         store=store.model_copy(update={"create_bucket": False}),  # reading never creates a bucket
         batching=served.data.batching,
-        summary_note="a deployment's services write no summary.json (only dart run does, when its run ends)",
+        policy=policy_checkpoint(_raw(config_file), None),
     )
+
+
+def _raw(config_file: Path) -> dict[str, Any]:
+    """The config file as YAML (already loaded once by :func:`_load`, so it parses)."""
+    raw = yaml.safe_load(config_file.read_text())
+    return raw if isinstance(raw, dict) else {}
 
 
 def _load(config_file: Path) -> DataServeConfig:
     if not config_file.is_file():
         raise NotARunError(config_file, "no such file")
     try:
-        return load_serve_config(DataServeConfig, config_file)
+        # The viewer never connects to the bus: its credentials are not asked for.
+        return load_serve_config(DataServeConfig, config_file, NO_BUS_CREDENTIALS)
     except (ConfigError, OSError, yaml.YAMLError) as exc:
         raise NotARunError(config_file, f"its config does not load: {exc}") from exc
 

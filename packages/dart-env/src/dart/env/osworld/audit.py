@@ -1,15 +1,17 @@
-"""The OSWorld audit: which tasks of a task directory the local desktop can run, and why not.
+"""The OSWorld audit: which tasks of a task directory a platform (this host's local desktop, or OSWorld's
+VM image under the docker and remote providers) can run, and why not.
 
 A task is runnable when every setup step (``config`` and ``postconfig``), every getter and every
 metric it uses is supported (:mod:`dart.env.osworld.support`), and every application it needs is
-available on this host.
+available on the platform.
 
 Usage::
 
-    report = audit_dir("shared/osworld")
+    report = audit_dir("shared/osworld")                      # this host's local desktop
+    report = audit_dir("shared/osworld", VMImage())           # OSWorld's VM (docker, remote)
     report.runnable_ids()            # {"os": ["28cc3b7e-...", ...], ...}
     report.to_json()                 # counts per step type, getter, metric, app; totals
-    suite = load_osworld_suite("shared/osworld", runnable_only=True)
+    suite = load_osworld_suite("shared/osworld")              # every task, each with its requirements
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from typing import Any
 from dart.env.osworld.errors import OSWorldTaskError
 from dart.env.osworld.support import (
     LocalDesktop,
+    Platform,
     Verdict,
+    VMImage,
     getter_support,
     metric_support,
     required_apps,
     step_support,
+    task_requirements,
 )
 from dart.env.osworld.tasks import OSWorldTaskFile, load_task_dir, to_task_spec
 from dart.env.suite import TaskSuite
@@ -42,7 +47,7 @@ class NameUsage:
         name: The step type / getter type / metric func / application name.
         tasks: Number of tasks using it at least once.
         uses: Number of uses over all tasks.
-        supported: Whether the local desktop supports it (for an app: whether it is available).
+        supported: Whether the platform supports it (for an app: whether it is available).
         reason: Why (for an app: where it was found, or that it was not).
     """
 
@@ -60,7 +65,7 @@ class NameUsage:
 
 @dataclass(frozen=True)
 class TaskVerdict:
-    """Whether one task can run on the local desktop.
+    """Whether one task can run on the audited platform.
 
     Attributes:
         domain: The task's domain.
@@ -81,7 +86,7 @@ class TaskVerdict:
 
 @dataclass(frozen=True)
 class AuditReport:
-    """The audit of one task directory on this host."""
+    """The audit of one task directory on one platform."""
 
     root: str
     network: bool
@@ -91,6 +96,8 @@ class AuditReport:
     """One verdict per task, in load order (domain, then id)."""
     unknown_keys: dict[str, int] = field(default_factory=dict)
     """Task-file keys outside the known format -> number of tasks with them."""
+    platform: str = "local"
+    """``local`` (this host's desktop) or ``vm`` (an OSWorld VM image: docker, remote)."""
 
     @property
     def total(self) -> int:
@@ -134,6 +141,7 @@ class AuditReport:
         sections = {"step": "steps", "getter": "getters", "metric": "metrics", "app": "apps"}
         return {
             "root": self.root,
+            "platform": self.platform,
             "network": self.network,
             "totals": {
                 "tasks": self.total,
@@ -157,12 +165,13 @@ def _names(file: OSWorldTaskFile) -> dict[str, list[str]]:
     }
 
 
-def audit(files: Sequence[OSWorldTaskFile], desktop: LocalDesktop | None = None, root: str = "") -> AuditReport:
-    """Audit parsed task files against the local desktop on this host.
+def audit(files: Sequence[OSWorldTaskFile], desktop: Platform | None = None, root: str = "") -> AuditReport:
+    """Audit parsed task files against a platform.
 
     Args:
         files: The tasks (from :func:`~dart.env.osworld.tasks.load_task_dir`).
-        desktop: The host's capabilities; probed with :func:`shutil.which` and no network by default.
+        desktop: The platform: this host's local desktop (probed with :func:`shutil.which`, no network, by
+            default) or an OSWorld VM image (:class:`~dart.env.osworld.support.VMImage`).
         root: The directory the tasks came from (reported only).
     """
     desktop = desktop or LocalDesktop()
@@ -194,16 +203,28 @@ def audit(files: Sequence[OSWorldTaskFile], desktop: LocalDesktop | None = None,
         for name, count in sorted(uses[kind].items(), key=lambda kv: (-tasks_using[kind][kv[0]], kv[0]))
     ]
     return AuditReport(
-        root=root, network=desktop.network, usages=tuple(usages), tasks=tuple(results), unknown_keys=dict(unknown)
+        root=root,
+        network=desktop.network,
+        platform="vm" if isinstance(desktop, VMImage) else "local",
+        usages=tuple(usages),
+        tasks=tuple(results),
+        unknown_keys=dict(unknown),
     )
 
 
-def _verdict(kind: str, name: str, desktop: LocalDesktop) -> Verdict:
+def _verdict(kind: str, name: str, desktop: Platform) -> Verdict:
     if kind == "app":
-        where = desktop.app_path(name)
-        if where == "provided":
-            return Verdict(True, "provided by the local desktop")
-        return Verdict(where is not None, f"installed at {where}" if where else "not installed on this host")
+        known = name in desktop.app_names()
+        where = desktop.app_path(name) if known else None
+        if where in ("provided", "in the VM image"):
+            return Verdict(True, "provided by the local desktop" if where == "provided" else "in the VM image")
+        if where is not None:
+            return Verdict(True, f"installed at {where}")
+        if not known:
+            return Verdict(False, "not an application DART knows how to look for")
+        return Verdict(
+            False, "not installed on this host" if isinstance(desktop, LocalDesktop) else "not in the VM image"
+        )
     if kind == "step":
         return step_support(name, desktop)
     if kind == "getter":
@@ -211,7 +232,7 @@ def _verdict(kind: str, name: str, desktop: LocalDesktop) -> Verdict:
     return metric_support(name)
 
 
-def audit_dir(root: str | Path, desktop: LocalDesktop | None = None) -> AuditReport:
+def audit_dir(root: str | Path, desktop: Platform | None = None) -> AuditReport:
     """Parse every task under ``root`` and audit them.
 
     Raises:
@@ -223,31 +244,31 @@ def audit_dir(root: str | Path, desktop: LocalDesktop | None = None) -> AuditRep
 def load_osworld_suite(
     root: str | Path,
     *,
-    runnable_only: bool = False,
-    desktop: LocalDesktop | None = None,
+    platform: Platform | None = None,
     name: str | None = None,
     max_steps: int = 15,
 ) -> TaskSuite:
-    """A task suite of the OSWorld tasks under ``root`` (backend ``osworld``).
+    """A task suite of the OSWorld tasks under ``root`` (backend ``osworld``), each with its requirements
+    (:attr:`TaskSpec.requires <dart.protocol.messages.TaskSpec.requires>`), so the data manager keeps the
+    tasks the env pool it feeds reports it runs.
 
     Args:
         root: The task directory (see :func:`~dart.env.osworld.tasks.load_task_dir`).
-        runnable_only: Keep only the tasks the local desktop on this host can run.
-        desktop: The host's capabilities for ``runnable_only`` (probed by default).
-        name: The suite name; ``osworld`` or ``osworld-local`` by default.
+        platform: Keep only the tasks this platform runs (tools and tests); None keeps every task.
+        name: The suite name; ``osworld`` by default.
         max_steps: Step budget of every task.
 
     Raises:
         OSWorldTaskError: A task file is invalid, or no task is left after filtering.
     """
     files = load_task_dir(root)
-    if runnable_only:
-        report = audit(files, desktop, root=str(root))
+    if platform is not None:
+        report = audit(files, platform, root=str(root))
         keep = {(t.domain, t.id) for t in report.runnable}
         files = [f for f in files if (f.domain, f.task.id) in keep]
         if not files:
-            raise OSWorldTaskError(str(root), "", "no task is runnable on the local desktop of this host")
+            raise OSWorldTaskError(str(root), "", f"no task is runnable on the {report.platform} platform")
     return TaskSuite(
-        name=name or ("osworld-local" if runnable_only else "osworld"),
-        tasks=tuple(to_task_spec(f, max_steps=max_steps) for f in files),
+        name=name or "osworld",
+        tasks=tuple(to_task_spec(f, max_steps=max_steps, requires=task_requirements(f.task)) for f in files),
     )

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from dart.env.desktop import DesktopConfig
 from dart.env.errors import TaskParamsError
@@ -30,6 +30,7 @@ from dart.env.osworld.providers import (
     DockerProviderConfig,
     LocalDesktopProvider,
     RemoteProvider,
+    RemoteProviderConfig,
     VMProvider,
 )
 from dart.env.osworld.setup import SetupRunner
@@ -60,8 +61,12 @@ class OSWorldConfig(ConfigModel):
     """The local desktop's settings (``provider: local``)."""
     docker: DockerProviderConfig = Field(default_factory=DockerProviderConfig)
     """The docker VM's settings (``provider: docker``)."""
-    remote_url: str | None = None
-    """The VM server URL (``provider: remote``)."""
+    remote: RemoteProviderConfig | None = None
+    """The remote VMs' settings (``provider: remote``): a URL or an acquire command, and how they revert."""
+    vm_apps: list[str] | None = None
+    """Applications the VM image has (``provider: docker`` or ``remote``), which decides the tasks the pool
+    runs (:func:`dart.env.osworld.support.vm_platform`); None: OSWorld's own VM image (every application
+    OSWorld's tasks use). The local provider probes its host instead."""
     home_map: str | None = OSWORLD_HOME
     """The VM home directory that task paths name; under the local provider it is rewritten to the
     desktop's own HOME in setup-step and getter parameters (and the instruction). None: no rewriting.
@@ -80,14 +85,25 @@ class OSWorldConfig(ConfigModel):
     client_password: str = "password"
     """What OSWorld's ``{CLIENT_PASSWORD}`` placeholder becomes (the public OSWorld VM default)."""
 
+    @model_validator(mode="after")
+    def _remote_is_configured(self) -> OSWorldConfig:
+        if self.provider == "remote" and self.remote is None:
+            raise ValueError(
+                "provider remote needs osworld.remote (url and revert_url/revert_command, or acquire_command)"
+            )
+        return self
+
 
 class OSWorldEnv(EnvBackend):
     """OSWorld tasks on a VM server, implementing :class:`~dart.env.interface.EnvBackend`.
 
     Lifecycle: that of :class:`~dart.env.interface.EnvBackend`. :meth:`start` starts the provider
-    (a local desktop, a docker VM) once; each :meth:`reset` reverts it, runs the task's setup steps
-    and takes the first screenshot. The episode ends on ``finished``/``fail``; :meth:`evaluate`
-    runs the task's evaluator (postconfig, getters, metrics) and may be called repeatedly.
+    (a local desktop, a docker VM) once; each :meth:`reset` after the first reverts it (a fresh VM is
+    clean already), runs the task's setup steps and takes the first screenshot. A provider that cannot
+    revert serves one episode: the backend is then :attr:`spent` (the env service replaces it) and a
+    further reset raises ``ProviderError``; so does a failed revert. The episode ends on
+    ``finished``/``fail``; :meth:`evaluate` runs the task's evaluator (postconfig, getters, metrics) and
+    may be called repeatedly.
 
     Tasks: ``params`` is the OSWorld task JSON (:func:`~dart.env.osworld.tasks.to_task_spec`).
     Actions go to ``/dart/action`` where the server has DART extensions, else they become pyautogui
@@ -116,6 +132,8 @@ class OSWorldEnv(EnvBackend):
         self._instruction = ""
         self._history: list[Action] = []
         self._paths = PathMap.identity()
+        self._dirty = False
+        """Whether a reset has touched the VM since it started or was last reverted."""
 
     @property
     def screen_size(self) -> tuple[int, int]:
@@ -132,21 +150,32 @@ class OSWorldEnv(EnvBackend):
         """The VM server client, once started."""
         return self._client
 
-    def make_provider(self) -> VMProvider:
-        """The provider :attr:`OSWorldConfig.provider` names.
+    @property
+    def spent(self) -> bool:
+        """Whether the VM ran an episode and cannot revert: the env service replaces this backend."""
+        return self._dirty and self._provider is not None and not self._provider.can_revert
 
-        Raises:
-            ProviderError: ``remote`` without a ``remote_url``.
-        """
+    @property
+    def provider_name(self) -> str | None:
+        """The provider :attr:`OSWorldConfig.provider` names."""
+        return self.config.provider
+
+    def features(self) -> frozenset[str]:
+        """What this backend's provider can run (:func:`dart.env.osworld.support.provider_features`)."""
+        from dart.env.osworld.support import provider_features
+
+        return provider_features(self.config)
+
+    def make_provider(self) -> VMProvider:
+        """The provider :attr:`OSWorldConfig.provider` names."""
         match self.config.provider:
             case "local":
                 return LocalDesktopProvider(self.config.desktop)
             case "docker":
                 return DockerProvider(self.config.docker)
             case _:
-                if not self.config.remote_url:
-                    raise ProviderError("remote", "set osworld.remote_url to the VM server URL")
-                return RemoteProvider(self.config.remote_url, self.config.request_timeout_s)
+                assert self.config.remote is not None  # the config's validator
+                return RemoteProvider(self.config.remote)
 
     async def start(self) -> None:
         """Start the provider and connect (``created -> ready``); a no-op once started.
@@ -205,7 +234,15 @@ class OSWorldEnv(EnvBackend):
     def _begin(self, task_id: str, task: OSWorldTask) -> bytes:
         provider, client = self._current()
         self._check_alive(provider)
-        provider.revert()
+        if self._dirty:
+            if not provider.can_revert:
+                raise ProviderError(provider.name, "this VM cannot revert and has served its episode; use a fresh one")
+            url = provider.revert()
+            if url != client.url:
+                client.close()
+                client = self._client = VMServerClient(url, timeout=self.config.request_timeout_s)
+        # From here on the VM holds this task's state, whatever happens to the setup.
+        self._dirty = True
         cache = self._cache_dir(task_id, fresh=True)
         try:
             self._runner(client, cache).run(task.config)

@@ -1,38 +1,49 @@
-"""Where an OSWorld VM server comes from: a local desktop, an OSWorld docker VM, or a given URL.
+"""Where an OSWorld VM server comes from: a local desktop, an OSWorld docker VM, or a remote VM.
 
 Lifecycle of every provider::
 
-    created --start()--> running --revert()--> running (a fresh episode state)
-                            |
+    created --start()--> running --revert()--> running (a clean episode state)
+                            |          |
+                            |          +--fails--> ProviderError (the env service ends the instance)
                             +--stop()--> stopped  (idempotent)
 
 All calls block; :class:`~dart.env.osworld.env.OSWorldEnv` runs them on its worker thread.
+
+Every episode starts from a clean state: a provider either reverts (:attr:`VMProvider.can_revert`) or
+serves one episode only, after which the env service ends the instance and starts a fresh one (a new VM).
+A revert that fails raises :class:`ProviderError`; the instance is never used again.
 
 - :class:`LocalDesktopProvider`: one :class:`~dart.env.desktop.XDesktop` per env instance (Xvfb,
   xterm, mousepad); revert kills what the episode launched and restores HOME. Task paths under the
   OSWorld VM home are mapped onto the desktop's own HOME (:attr:`home`).
 - :class:`DockerProvider`: OSWorld's QEMU-in-docker VM through the docker SDK (``dart-env[docker]``):
   the server port 5000 and the VNC port 8006 are published on loopback, ``/dev/kvm`` is passed in
-  when usable, the VM disk image is mounted read-only; revert restarts the container (the disk is a
-  read-only snapshot).
-- :class:`RemoteProvider`: an already running VM server at a URL; revert only where it has DART
-  extensions.
+  when usable, the VM disk image is mounted read-only; revert removes the container and runs a new
+  one from the image (the disk is a read-only snapshot), on the same host ports.
+- :class:`RemoteProvider`: a VM server elsewhere: at a fixed URL with a revert endpoint or command, or
+  acquired per instance by a command (one episode per VM when it cannot revert).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import requests
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dart.env.osworld.errors import ProviderError
 from dart.protocol.config import ConfigModel
+from dart.protocol.retry import Backoff
+
+log = logging.getLogger("dart.env.osworld")
 
 SERVER_PORT = 5000
 """The VM server's port inside an OSWorld VM."""
@@ -53,9 +64,18 @@ class VMProvider(ABC):
             ProviderError: It cannot be started; the message says what is missing.
         """
 
+    @property
+    def can_revert(self) -> bool:
+        """Whether :meth:`revert` returns the VM to a clean state; False: the VM serves one episode."""
+        return True
+
     @abstractmethod
-    def revert(self) -> None:
-        """Return the VM to its episode-start state."""
+    def revert(self) -> str:
+        """Return the VM to a clean state and return its server URL (a recreated VM may move).
+
+        Raises:
+            ProviderError: The revert failed, or this provider cannot revert (:attr:`can_revert`).
+        """
 
     @abstractmethod
     def stop(self) -> None:
@@ -99,7 +119,7 @@ class LocalDesktopProvider(VMProvider):
             self.desktop = desk
         return str(self.desktop.url)
 
-    def revert(self) -> None:
+    def revert(self) -> str:
         from dart.env.desktop import DesktopError
 
         if self.desktop is None:
@@ -108,6 +128,7 @@ class LocalDesktopProvider(VMProvider):
             self.desktop.revert()
         except DesktopError as exc:
             raise ProviderError(self.name, f"revert failed: {exc}") from exc
+        return str(self.desktop.url)
 
     def stop(self) -> None:
         desk, self.desktop = self.desktop, None
@@ -126,35 +147,209 @@ class LocalDesktopProvider(VMProvider):
         return str(self.desktop.home) if self.desktop is not None else None
 
 
+def wait_for_server(url: str, timeout_s: float, provider: str, *, alive: Any = None) -> None:
+    """Wait until the VM server at ``url`` answers ``GET /screenshot`` with 200 (its health check).
+
+    Args:
+        url: The server URL.
+        timeout_s: How long to wait, seconds.
+        provider: The provider's name, for the error.
+        alive: A callable that says whether the VM still runs; a dead one fails at once.
+
+    Raises:
+        ProviderError: No answer within ``timeout_s``, or the VM died.
+    """
+    deadline = time.monotonic() + timeout_s
+    delays = Backoff(0.1, max_s=2.0).delays()
+    last = "no answer"
+    while True:
+        try:
+            answer = requests.get(url + "/screenshot", timeout=min(10.0, timeout_s))
+            if answer.status_code == 200:
+                return
+            last = f"HTTP {answer.status_code}"
+        except requests.RequestException as exc:
+            last = type(exc).__name__
+        if alive is not None and not alive():
+            raise ProviderError(provider, f"the VM stopped before its server at {url} answered ({last})")
+        if time.monotonic() >= deadline:
+            raise ProviderError(provider, f"the VM server at {url} did not answer within {timeout_s:g} s ({last})")
+        time.sleep(min(next(delays), max(0.0, deadline - time.monotonic())))
+
+
+def run_command(command: Sequence[str], *, env: Mapping[str, str], timeout_s: float, provider: str, what: str) -> str:
+    """Run a provider command (no shell) and return its stdout.
+
+    Raises:
+        ProviderError: It could not start, exited non-zero, or ran past ``timeout_s``; the message has the
+            end of its stderr.
+    """
+    try:
+        done = subprocess.run(
+            list(command), capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **env}, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProviderError(provider, f"the {what} command {list(command)} failed: {exc}") from None
+    if done.returncode != 0:
+        tail = done.stderr.strip()[-300:] or "no stderr"
+        raise ProviderError(provider, f"the {what} command {list(command)} exited {done.returncode}: {tail}")
+    return done.stdout
+
+
+class RemoteProviderConfig(ConfigModel):
+    """Settings of VM servers that run elsewhere (OSWorld VMs on another host or a cloud, DART desktops).
+
+    Either one VM at a fixed ``url`` that can be reverted (``revert_url`` or ``revert_command``), or a
+    VM per instance from ``acquire_command``: reverted the same way where configured, else used for one
+    episode, then given back (``release_command``) and a fresh one acquired.
+
+    Example (YAML)::
+
+        osworld:
+          provider: remote
+          remote:
+            url: http://osworld-vm-7:5000
+            revert_command: [virsh, snapshot-revert, osworld-7, clean]
+
+    Commands run without a shell; they get ``DART_VM_URL`` (the VM server URL) in their environment.
+    """
+
+    url: str | None = None
+    """The VM server URL of one fixed VM; needs ``revert_url`` or ``revert_command``."""
+    acquire_command: list[str] | None = Field(default=None, min_length=1)
+    """Brings up a fresh VM and prints its server URL as the last line of its stdout."""
+    release_command: list[str] | None = Field(default=None, min_length=1)
+    """Gives an acquired VM back (``DART_VM_URL`` names it); only with ``acquire_command``."""
+    revert_url: str | None = None
+    """Called to revert the VM (``{url}`` is replaced by the VM server URL, e.g. ``{url}/dart/revert`` on a
+    DART desktop); any answer but 2xx is a failed revert."""
+    revert_method: Literal["POST", "PUT", "GET"] = "POST"
+    """HTTP method of ``revert_url``."""
+    revert_command: list[str] | None = Field(default=None, min_length=1)
+    """Reverts the VM (e.g. a hypervisor's snapshot revert); a non-zero exit is a failed revert."""
+    command_timeout_s: float = Field(default=600.0, gt=0)
+    """Limit of each command and of the revert request, seconds."""
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    """How long the VM server may take to answer after an acquire or a revert, seconds."""
+
+    @model_validator(mode="after")
+    def _one_clean_state_per_episode(self) -> RemoteProviderConfig:
+        if (self.url is None) == (self.acquire_command is None):
+            raise ValueError("set exactly one of url (a fixed VM) and acquire_command (a VM per instance)")
+        if self.revert_url is not None and self.revert_command is not None:
+            raise ValueError("set at most one of revert_url and revert_command")
+        if self.release_command is not None and self.acquire_command is None:
+            raise ValueError("release_command gives back what acquire_command acquired: set acquire_command")
+        if self.url is not None and self.revert_url is None and self.revert_command is None:
+            raise ValueError(
+                "a VM at a fixed url must be reverted between episodes: set revert_url (a DART desktop: "
+                "'{url}/dart/revert') or revert_command, or acquire_command for a fresh VM per episode"
+            )
+        return self
+
+    @property
+    def can_revert(self) -> bool:
+        """Whether a revert is configured."""
+        return self.revert_url is not None or self.revert_command is not None
+
+
 class RemoteProvider(VMProvider):
-    """A VM server that runs elsewhere (an OSWorld VM started by hand, another host's desktop)."""
+    """A VM server that runs elsewhere (see :class:`RemoteProviderConfig`)."""
 
     name = "remote"
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
+    def __init__(self, config: RemoteProviderConfig) -> None:
+        self.config = config
+        self.url = ""
+
+    @property
+    def can_revert(self) -> bool:
+        return self.config.can_revert
 
     def start(self) -> str:
+        if self.url:
+            return self.url
+        cfg = self.config
+        if cfg.url is not None:
+            url = cfg.url.rstrip("/")
+        else:
+            assert cfg.acquire_command is not None
+            out = run_command(
+                cfg.acquire_command, env={}, timeout_s=cfg.command_timeout_s, provider=self.name, what="acquire"
+            )
+            lines = out.strip().splitlines()
+            url = lines[-1].strip().rstrip("/") if lines else ""
+            if not url.startswith(("http://", "https://")):
+                raise ProviderError(self.name, f"the acquire command printed no VM server URL last (got {url!r})")
+        self.url = url
+        try:
+            wait_for_server(url, cfg.ready_timeout_s, self.name)
+        except ProviderError:
+            self.stop()
+            raise
+        return url
+
+    def revert(self) -> str:
+        cfg = self.config
+        if not self.url:
+            raise ProviderError(self.name, "not started")
+        if cfg.revert_url is not None:
+            target = cfg.revert_url.replace("{url}", self.url)
+            try:
+                answer = requests.request(cfg.revert_method, target, timeout=cfg.command_timeout_s)
+            except requests.RequestException as exc:
+                raise ProviderError(self.name, f"revert {cfg.revert_method} {target} failed: {exc}") from None
+            if not 200 <= answer.status_code < 300:
+                raise ProviderError(
+                    self.name, f"revert {cfg.revert_method} {target} answered HTTP {answer.status_code}"
+                )
+        elif cfg.revert_command is not None:
+            env = {"DART_VM_URL": self.url}
+            run_command(cfg.revert_command, env=env, timeout_s=cfg.command_timeout_s, provider=self.name, what="revert")
+        else:
+            raise ProviderError(
+                self.name, "this VM cannot revert (no revert_url or revert_command): one episode per VM"
+            )
+        wait_for_server(self.url, cfg.ready_timeout_s, self.name)
         return self.url
 
-    def revert(self) -> None:
-        # Only DART's desktop can revert over HTTP; a plain OSWorld VM keeps its state, and each
-        # task's setup steps establish what the task needs.
-        try:
-            requests.post(self.url + "/dart/revert", timeout=self.timeout)
-        except requests.RequestException:
-            pass
-
     def stop(self) -> None:
-        pass
+        url, self.url = self.url, ""
+        if url and self.config.release_command is not None:
+            # Giving the VM back is best effort: a failure here must not keep the instance alive.
+            try:
+                run_command(
+                    self.config.release_command,
+                    env={"DART_VM_URL": url},
+                    timeout_s=self.config.command_timeout_s,
+                    provider=self.name,
+                    what="release",
+                )
+            except ProviderError as exc:
+                log.warning("%s", exc)
 
 
 class DockerProviderConfig(ConfigModel):
-    """Settings of OSWorld VMs run in docker (OSWorld's QEMU image)."""
+    """Settings of OSWorld VMs run in docker (OSWorld's QEMU image, or an image that serves the VM-server API
+    itself).
+
+    Example (YAML)::
+
+        osworld:
+          provider: docker
+          docker: {image: happysixd/osworld-docker, disk_image: /srv/osworld/Ubuntu.qcow2, ram: 4G, cpus: 4}
+    """
 
     image: str = "happysixd/osworld-docker"
     """The docker image (OSWorld's default)."""
+    qemu: bool = True
+    """The image is OSWorld's QEMU image: it boots ``disk_image`` with ``ram``/``cpus``/``disk_size`` (KVM
+    where usable) and forwards the VM server on port 5000. False: the container itself serves the VM-server
+    API on :attr:`server_port` (a desktop image); the VM settings do not apply."""
+    command: list[str] | None = None
+    """The container's command (default: the image's)."""
+    server_port: int = Field(default=SERVER_PORT, ge=1, le=65535)
+    """The VM server's port inside the container."""
     disk_image: Path | None = None
     """The VM disk (``Ubuntu.qcow2`` from OSWorld's release); mounted read-only as ``/System.qcow2``."""
     ram: str = "4G"
@@ -169,6 +364,10 @@ class DockerProviderConfig(ConfigModel):
     """How long to wait for the VM server to answer after the container starts, seconds."""
 
 
+CONTAINER_LABEL = "org.dart.osworld-vm"
+"""Label of every container the docker provider runs (to find leftovers: ``docker ps -f label=...``)."""
+
+
 def kvm_available(device: str | os.PathLike[str] = "/dev/kvm") -> bool:
     """Whether KVM can be used: the device exists and this user may read and write it."""
     return os.path.exists(device) and os.access(device, os.R_OK | os.W_OK)
@@ -177,9 +376,14 @@ def kvm_available(device: str | os.PathLike[str] = "/dev/kvm") -> bool:
 def container_run_kwargs(config: DockerProviderConfig, server_port: int, vnc_port: int, kvm: bool) -> dict[str, Any]:
     """The keyword arguments of ``docker.containers.run`` for one OSWorld VM.
 
-    Ports are published on 127.0.0.1 only. Raises :class:`ProviderError` when the disk image is not
-    configured or missing.
+    Ports are published on 127.0.0.1 only. Raises :class:`ProviderError` when the QEMU image's disk image
+    is not configured or missing.
     """
+    base: dict[str, Any] = {"image": config.image, "detach": True, "labels": {CONTAINER_LABEL: "1"}}
+    if config.command is not None:
+        base["command"] = list(config.command)
+    if not config.qemu:
+        return {**base, "ports": {config.server_port: ("127.0.0.1", server_port)}}
     if config.disk_image is None:
         raise ProviderError("docker", "set osworld.docker.disk_image to the OSWorld VM disk (Ubuntu.qcow2)")
     disk = Path(config.disk_image).resolve()
@@ -189,13 +393,12 @@ def container_run_kwargs(config: DockerProviderConfig, server_port: int, vnc_por
     if not kvm:
         environment["KVM"] = "N"
     return {
-        "image": config.image,
+        **base,
         "environment": environment,
         "cap_add": ["NET_ADMIN"],
         "devices": ["/dev/kvm"] if kvm else [],
         "volumes": {str(disk): {"bind": "/System.qcow2", "mode": "ro"}},
-        "ports": {SERVER_PORT: ("127.0.0.1", server_port), VNC_PORT: ("127.0.0.1", vnc_port)},
-        "detach": True,
+        "ports": {config.server_port: ("127.0.0.1", server_port), VNC_PORT: ("127.0.0.1", vnc_port)},
     }
 
 
@@ -232,7 +435,7 @@ def docker_client() -> Any:
 
 
 class DockerProvider(VMProvider):
-    """One OSWorld VM in a docker container."""
+    """One OSWorld VM in a docker container; a revert replaces the container by a new one from the image."""
 
     name = "docker"
 
@@ -240,48 +443,63 @@ class DockerProvider(VMProvider):
         self.config = config or DockerProviderConfig()
         self.container: Any = None
         self.url = ""
+        self._client: Any = None
+        self._ports: tuple[int, int] | None = None
+        """Host ports of the server and VNC, chosen once: a recreated container keeps them."""
+
+    @property
+    def container_id(self) -> str | None:
+        """The id of the running container, or None."""
+        return str(self.container.id) if self.container is not None else None
 
     def start(self) -> str:
         if self.container is not None:
             return self.url
-        client = docker_client()
-        kvm = kvm_available() if self.config.kvm is None else self.config.kvm
-        server_port, vnc_port = free_port(), free_port()
-        kwargs = container_run_kwargs(self.config, server_port, vnc_port, kvm)
         from docker.errors import DockerException
 
+        if self._client is None:
+            self._client = docker_client()
+        kvm = kvm_available() if self.config.kvm is None else self.config.kvm
+        if self._ports is None:
+            self._ports = (free_port(), free_port())
+        server_port, vnc_port = self._ports
+        kwargs = container_run_kwargs(self.config, server_port, vnc_port, kvm)
         try:
-            self.container = client.containers.run(**kwargs)
+            self.container = self._client.containers.run(**kwargs)
         except DockerException as exc:
             raise ProviderError(self.name, f"cannot start {self.config.image}: {exc}") from None
         self.url = f"http://127.0.0.1:{server_port}"
-        self._wait_ready()
+        try:
+            wait_for_server(self.url, self.config.ready_timeout_s, self.name, alive=self.alive)
+        except ProviderError:
+            self.stop()
+            raise
         return self.url
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.config.ready_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(self.url + "/screenshot", timeout=10).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(2.0)
-        self.stop()
-        raise ProviderError(self.name, f"the VM server did not answer within {self.config.ready_timeout_s:.0f} s")
+    def revert(self) -> str:
+        from docker.errors import DockerException, NotFound
 
-    def revert(self) -> None:
-        self.stop()
-        self.start()
+        container, self.container = self.container, None
+        if container is None:
+            raise ProviderError(self.name, "not started")
+        try:
+            container.remove(force=True)
+        except NotFound:
+            pass  # already gone: nothing of the episode is left either
+        except DockerException as exc:
+            raise ProviderError(self.name, f"revert could not remove container {container.id[:12]}: {exc}") from None
+        return self.start()
 
     def stop(self) -> None:
         container, self.container = self.container, None
         if container is not None:
             try:
-                container.stop(timeout=10)
                 container.remove(force=True)
-            except Exception:  # (a container that is already gone is stopped)
-                pass
+            except Exception as exc:  # a container that is already gone is stopped
+                log.debug("removing container %s: %r", container.id[:12], exc)
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def alive(self) -> bool:
         if self.container is None:

@@ -1,11 +1,17 @@
-"""What a *local desktop* backend (Xvfb + a terminal + a text editor) can run of OSWorld.
+"""What DART can run of OSWorld on each kind of VM: a *local desktop* (Xvfb + a terminal + a text editor)
+or OSWorld's own VM image (docker, remote).
 
 OSWorld runs each task in an Ubuntu VM with GNOME, Chrome, LibreOffice, GIMP, VS Code, VLC and
 Thunderbird installed, a web proxy and the network. DART's local desktop is much smaller, so every
 setup-step type, getter and metric the corpus uses is decided here by name, with a reason; a name
-not listed is unsupported ("not in DART's support matrix"). Some decisions depend on the host
-(network, window tools, installed applications): :class:`LocalDesktop` probes them once, with
-:func:`shutil.which`, at audit time.
+not listed is unsupported ("not in DART's support matrix"). Some decisions depend on the platform
+(network, window tools, installed applications): :class:`LocalDesktop` probes the host once, with
+:func:`shutil.which`; :class:`VMImage` declares what an OSWorld VM image has.
+
+The same decisions, as features (``app:chrome``, ``step:execute``, ``getter:vm_file``,
+``metric:exact_match``), are what an env pool reports it runs (:func:`provider_features`) and what a
+task requires (:func:`task_requirements`): the data manager keeps the tasks whose requirements the pool's
+features cover, exactly the tasks :func:`dart.env.osworld.audit.audit` finds runnable on that platform.
 """
 
 from __future__ import annotations
@@ -16,10 +22,14 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Literal
 
 from dart.env.osworld.getters import BUILTIN_GETTERS
 from dart.env.osworld.metrics import BUILTIN_METRICS
 from dart.env.osworld.tasks import OSWorldTask
+
+if TYPE_CHECKING:
+    from dart.env.osworld.env import OSWorldConfig
 
 PROVIDED_APPS = frozenset({"terminal", "text_editor"})
 """Applications the local desktop backend itself brings (no probing)."""
@@ -90,6 +100,12 @@ _SUFFIX_APPS: Mapping[str, str] = {
 
 HOST_TOOLS = ("gsettings", "pactl", "pulseaudio", "timedatectl", "sudo", "xdotool", "wmctrl", "xsel", "xclip")
 """Desktop programs that, when a task's commands name them, must exist for the task to run."""
+
+LAUNCHED_PROGRAMS = ("socat", "pkill", "python3", "python", "bash", "sh")
+"""Other programs OSWorld tasks launch directly (``launch`` steps), looked up like the applications."""
+
+OSWORLD_VM_APPS = frozenset({*PROVIDED_APPS, *APP_BINARIES, *HOST_TOOLS, *LAUNCHED_PROGRAMS})
+"""What OSWorld's own VM image has (its Ubuntu desktop with every application its tasks use)."""
 _HOST_TOOL_RE = re.compile(r"(?<![\w./-])(" + "|".join(map(re.escape, HOST_TOOLS)) + r")(?![\w-])")
 
 
@@ -131,6 +147,10 @@ class LocalDesktop:
             return "provided"
         return next((p for b in APP_BINARIES.get(app, (app,)) if (p := self.program(b))), None)
 
+    def app_names(self) -> tuple[str, ...]:
+        """The applications and programs whose presence this platform reports (:func:`platform_features`)."""
+        return (*sorted(PROVIDED_APPS), *APP_BINARIES, *HOST_TOOLS, *LAUNCHED_PROGRAMS)
+
     def probe(self) -> dict[str, str | None]:
         """Every application and host tool this audit considers, with where it was found."""
         apps: dict[str, str | None] = {a: self.app_path(a) for a in (*sorted(PROVIDED_APPS), *APP_BINARIES)}
@@ -139,14 +159,45 @@ class LocalDesktop:
         return apps
 
 
+@dataclass(frozen=True)
+class VMImage:
+    """What an OSWorld VM image offers (the docker and remote providers): its applications, a window tool
+    (the VM server raises and closes windows), and the network where allowed.
+
+    Attributes:
+        apps: The applications and programs it has (OSWorld's image: :data:`OSWORLD_VM_APPS`).
+        network: Whether tasks may reach the internet.
+    """
+
+    apps: frozenset[str] = OSWORLD_VM_APPS
+    network: bool = False
+
+    @property
+    def window_tool(self) -> str | None:
+        """The VM server's window routes."""
+        return "the VM server"
+
+    def app_path(self, app: str) -> str | None:
+        """``"in the VM image"`` for an application it has, else None."""
+        return "in the VM image" if app in self.apps else None
+
+    def app_names(self) -> tuple[str, ...]:
+        """The applications it has."""
+        return tuple(sorted(self.apps))
+
+
+Platform = LocalDesktop | VMImage
+"""What a provider's VMs offer: a probed local desktop, or a declared VM image."""
+
+
 # --- setup steps -------------------------------------------------------------------------------
 
-_CDP = "drives Chrome over its remote-debugging port (Playwright); the local desktop has no such Chrome"
+_CDP = "drives Chrome over its remote-debugging port (Playwright); DART does not implement it"
 _ACCOUNT = "needs a Google Drive / web account login with credentials; never available to DART"
 
 
-def step_support(step_type: str, desktop: LocalDesktop) -> Verdict:
-    """Whether the local desktop runs a setup-step type."""
+def step_support(step_type: str, desktop: Platform) -> Verdict:
+    """Whether a platform runs a setup-step type."""
     window = desktop.window_tool
     decisions: dict[str, Verdict] = {
         "launch": Verdict(True, "starts the program in the desktop session (the program must be installed)"),
@@ -207,13 +258,13 @@ _APP_GETTERS: Mapping[str, Sequence[str]] = {
 }
 
 
-def getter_support(getter_type: str, desktop: LocalDesktop) -> Verdict:
-    """Whether the local desktop provides an evaluator getter."""
+def getter_support(getter_type: str, desktop: Platform) -> Verdict:
+    """Whether a platform provides an evaluator getter."""
     if getter_type in _LOCAL_GETTERS and getter_type in BUILTIN_GETTERS:
         return Verdict(True, _LOCAL_GETTERS[getter_type])
     for what, names in _APP_GETTERS.items():
         if getter_type in names:
-            return Verdict(False, f"reads {what}; not part of the local desktop")
+            return Verdict(False, f"reads {what}; DART does not implement this getter")
     window = desktop.window_tool
     decisions: dict[str, Verdict] = {
         "vm_window_size": Verdict(
@@ -352,3 +403,59 @@ def required_apps(task: OSWorldTask) -> set[str]:
     for text in _command_texts(task):
         apps.update(_HOST_TOOL_RE.findall(text))
     return apps
+
+
+# --- features: what a platform runs, what a task requires --------------------------------------
+
+STEP_TYPES = (
+    "launch execute command sleep upload_file open activate_window close_window download chrome_open_tabs"
+    " chrome_close_tabs update_browse_history googledrive login"
+).split()
+"""Every setup-step type the support matrix decides."""
+GETTER_TYPES = tuple(
+    dict.fromkeys(
+        [*_LOCAL_GETTERS, *(n for names in _APP_GETTERS.values() for n in names), *BUILTIN_GETTERS]
+        + "vm_window_size cloud_file info_from_website pdf_from_url googledrive_file vm_terminal_output".split()
+        + ["accessibility_tree", "content_from_vm_file"]
+    )
+)
+"""Every getter type the support matrix decides."""
+
+
+def platform_features(platform: Platform) -> frozenset[str]:
+    """What a platform runs, as task requirements: ``app:<name>`` for each application it has,
+    ``step:``/``getter:``/``metric:`` for each supported setup step, getter and metric."""
+    features = {f"app:{a}" for a in platform.app_names() if platform.app_path(a) is not None}
+    features.update(f"step:{s}" for s in STEP_TYPES if step_support(s, platform).supported)
+    features.update(f"getter:{g}" for g in GETTER_TYPES if getter_support(g, platform).supported)
+    features.update(f"metric:{m}" for m in BUILTIN_METRICS if metric_support(m).supported)
+    return frozenset(features)
+
+
+def provider_platform(config: OSWorldConfig) -> Platform:
+    """The platform an osworld env's provider gives: this host's desktop (``local``, probed) or the VM
+    image (``docker``, ``remote``: OSWorld's, or the configured ``vm_apps``)."""
+    if config.provider == "local":
+        return LocalDesktop(network=config.network)
+    apps = frozenset(config.vm_apps) if config.vm_apps is not None else OSWORLD_VM_APPS
+    return VMImage(apps=apps, network=config.network)
+
+
+def provider_features(config: OSWorldConfig) -> frozenset[str]:
+    """What an osworld env with this config runs (:func:`platform_features` of :func:`provider_platform`)."""
+    return platform_features(provider_platform(config))
+
+
+def audit_platform(provider: Literal["local", "docker", "remote"], *, network: bool = False) -> Platform:
+    """The platform ``dart env osworld-audit --provider`` audits against (docker and remote: OSWorld's VM)."""
+    return LocalDesktop(network=network) if provider == "local" else VMImage(network=network)
+
+
+def task_requirements(task: OSWorldTask) -> tuple[str, ...]:
+    """What a task requires, as features: its setup steps (``config`` and ``postconfig``), getters, metrics
+    and applications (:func:`required_apps`), sorted."""
+    needs = {f"step:{s.type}" for s in task.setup_steps}
+    needs.update(f"getter:{g.type}" for g in task.evaluator.getters)
+    needs.update(f"metric:{m}" for m in task.evaluator.funcs)
+    needs.update(f"app:{a}" for a in required_apps(task))
+    return tuple(sorted(needs))

@@ -261,11 +261,12 @@ def load_task_dir(root: str | Path) -> list[OSWorldTaskFile]:
     return [load_task_file(p) for p in paths]
 
 
-def to_task_spec(file: OSWorldTaskFile, *, max_steps: int = 15) -> TaskSpec:
+def to_task_spec(file: OSWorldTaskFile, *, max_steps: int = 15, requires: tuple[str, ...] = ()) -> TaskSpec:
     """The DART task spec of an OSWorld task.
 
     The spec's ``params`` is the task's JSON unchanged, so the OSWorld backend can run its setup and
-    evaluator; ``tags`` are the domain then the related apps.
+    evaluator; ``tags`` are the domain then the related apps; ``requires`` what an env must offer
+    (:func:`dart.env.osworld.support.task_requirements`).
     """
     tags = dict.fromkeys([file.domain, *file.task.related_apps])
     return TaskSpec(
@@ -275,4 +276,5 @@ def to_task_spec(file: OSWorldTaskFile, *, max_steps: int = 15) -> TaskSpec:
         params=file.raw,
         max_steps=max_steps,
         tags=tuple(tags),
+        requires=requires,
     )

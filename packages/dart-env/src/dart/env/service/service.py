@@ -23,6 +23,8 @@ from dart.env.service.spares import SparePool, SpareStats
 from dart.protocol.bus import Bus, Service
 from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError, ServiceError
 from dart.protocol.messages import (
+    CapabilitiesRequest,
+    EnvCapabilities,
     ErrorCode,
     EvaluateReply,
     EvaluateRequest,
@@ -55,8 +57,15 @@ class EnvService:
     """Hosts ``config.instances`` env backends and serves them on the bus.
 
     Subjects (from ``bus.subjects``): ``env_lease(pool)`` in a queue group, so several processes
-    can share a pool, and ``env_instance(instance_id, op)`` for ``reset``, ``step``,
-    ``evaluate``, ``release`` and ``heartbeat`` of each instance.
+    can share a pool, ``env_capabilities(pool)`` (what the pool runs: its backend, its provider and the
+    task requirements it meets, from :meth:`~dart.env.interface.EnvBackend.features`), and
+    ``env_instance(instance_id, op)`` for ``reset``, ``step``, ``evaluate``, ``release`` and ``heartbeat``
+    of each instance.
+
+    Clean episodes: a backend that cannot start another clean episode
+    (:attr:`~dart.env.interface.EnvBackend.spent`, e.g. a VM that cannot revert) is never leased again: once
+    its lease ends it is replaced like a recycled one (reason ``single_use``), and where no fresh backend
+    starts, like a crashed one. A backend whose revert fails raises in ``reset``, which ends the instance.
 
     Lease lifecycle (see :mod:`dart.env.service.lease` and
     :class:`~dart.env.service.instance.InstanceSlot`): a lease request gets a free instance
@@ -117,6 +126,7 @@ class EnvService:
         self._started = False
         self._spares = SparePool(config, self._factory, start=self._start_backend, close=self._close_backend)
         self._closing: set[asyncio.Task[None]] = set()
+        self._capabilities: EnvCapabilities | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,11 +156,24 @@ class EnvService:
                 await self._serve_instance(slot)
                 slot.free()
             subjects = self._bus.subjects
-            self._services.append(
+            first = next(iter(self._slots.values())).backend
+            self._capabilities = EnvCapabilities(
+                pool=self.config.pool,
+                backend=self.config.backend,
+                provider=first.provider_name,
+                features=tuple(sorted(first.features())),
+            )
+            self._services += [
                 await self._bus.serve(
                     subjects.env_lease(self.config.pool), LeaseRequest, self._on_lease, queue="dart-env"
-                )
-            )
+                ),
+                await self._bus.serve(
+                    subjects.env_capabilities(self.config.pool),
+                    CapabilitiesRequest,
+                    self._on_capabilities,
+                    queue="dart-env",
+                ),
+            ]
         except BaseException:
             await self.stop()
             raise
@@ -238,8 +261,21 @@ class EnvService:
                 leases_expired=stats.leases_expired,
             )
 
-    # --- lease subject --------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> EnvCapabilities | None:
+        """What the pool runs, as answered on ``env_capabilities(pool)`` (None before :meth:`start`)."""
+        return self._capabilities
+
+    # --- capability and lease subjects ----------------------------------------------------------
+    async def _on_capabilities(self, request: CapabilitiesRequest) -> EnvCapabilities:
+        assert self._capabilities is not None  # served only once set
+        return self._capabilities
+
     async def _on_lease(self, request: LeaseRequest) -> LeaseReply:
+        for slot in self._slots.values():
+            if slot.state == SlotState.FREE and slot.backend.spent:
+                # Freed by an expiry: a backend that cannot revert is replaced before anyone gets it.
+                self._recycle_if_due(slot)
         free = [slot for slot in self._slots.values() if slot.state == SlotState.FREE]
         if self._stopping or not free:
             raise ServiceError(
@@ -374,6 +410,7 @@ class EnvService:
                 # A slot whose lock is held has a call in flight or queued: its holder is alive.
                 if lease is not None and lease.expired(now) and not slot.lock.locked():
                     self._leases.end(slot, EndReason.EXPIRED)
+                    self._recycle_if_due(slot)
 
     # --- backend calls and crash recovery -------------------------------------------------------
     async def _call(self, slot: InstanceSlot, op: str, call: Callable[[EnvBackend], Awaitable[T]]) -> T:
@@ -427,9 +464,11 @@ class EnvService:
 
     # --- recycling ------------------------------------------------------------------------------
     def _recycle_if_due(self, slot: InstanceSlot) -> None:
-        """Measure a just-freed instance; past a recycle limit, swap its backend for a fresh one."""
+        """Measure a just-freed instance; past a recycle limit, or spent (it cannot start another clean
+        episode), swap its backend for a fresh one."""
         slot.rss_mib = processes_rss_mib(slot.backend.process_ids())
-        reason = recycle_reason(slot.health, slot.rss_mib, self.config.recycle)
+        spent = slot.backend.spent
+        reason = "single_use" if spent else recycle_reason(slot.health, slot.rss_mib, self.config.recycle)
         if reason is None or self._stopping or slot.state != SlotState.FREE:
             return
         slot.state = SlotState.REPLACING  # not leasable until the fresh backend is in
@@ -449,9 +488,13 @@ class EnvService:
                 await self._close_backend(fresh)
                 raise
             except Exception as exc:
+                await self._close_backend(fresh)
+                if worn.spent:
+                    # The old backend cannot give a clean episode: the slot is restarted like a crashed one.
+                    self._fail(slot, "recycle", exc)
+                    return
                 # The worn backend still works: it serves on, and the next release tries again.
                 log.warning("starting a fresh backend for %s failed: %r; keeping the old one", slot.instance_id, exc)
-                await self._close_backend(fresh)
                 slot.free()
                 return
         self._close_meanwhile(worn, f"close worn {slot.instance_id}")

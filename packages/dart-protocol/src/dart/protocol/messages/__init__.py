@@ -36,6 +36,8 @@ from dart.protocol.messages.base import (
 )
 from dart.protocol.messages.codec import decode, encode
 from dart.protocol.messages.env import (
+    CapabilitiesRequest,
+    EnvCapabilities,
     EvaluateReply,
     EvaluateRequest,
     HeartbeatReply,
@@ -76,6 +78,8 @@ AnyMessage = Annotated[
     | EvaluateReply
     | ReleaseRequest
     | ReleaseReply
+    | CapabilitiesRequest
+    | EnvCapabilities
     | WorkItem
     | Trajectory
     | TrainingBatch
@@ -104,9 +108,11 @@ __all__ = [
     "TRAINABLE_STATUSES",
     "Action",
     "AnyMessage",
+    "CapabilitiesRequest",
     "Click",
     "DoubleClick",
     "Drag",
+    "EnvCapabilities",
     "ErrorCode",
     "ErrorReply",
     "EvalRequest",

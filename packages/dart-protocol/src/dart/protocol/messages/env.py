@@ -139,3 +139,23 @@ class ReleaseReply(Message):
 
     kind: Literal["env.release.reply"] = "env.release.reply"
     released: bool
+
+
+class CapabilitiesRequest(Message):
+    """Ask an env pool what it can run (answered by any one of the pool's env services)."""
+
+    kind: Literal["env.capabilities"] = "env.capabilities"
+
+
+class EnvCapabilities(Message):
+    """What an env pool runs: its backend and the task requirements it meets (:attr:`TaskSpec.requires`)."""
+
+    kind: Literal["env.capabilities.reply"] = "env.capabilities.reply"
+    pool: NonEmptyStr
+    backend: NonEmptyStr
+    """The backend the pool hosts (``sim``, ``miniwob``, ``osworld``)."""
+    provider: str | None = None
+    """Where the backend's machines come from (osworld: ``local``, ``docker``, ``remote``); None where it
+    does not apply."""
+    features: tuple[NonEmptyStr, ...] = ()
+    """The requirements the pool meets (``app:chrome``, ``step:execute``, ``metric:exact_match``)."""

@@ -29,6 +29,10 @@ class TaskSpec(Value):
     """Default step budget for this task."""
     tags: tuple[str, ...] = ()
     """Free-form labels (domain, family, difficulty)."""
+    requires: tuple[NonEmptyStr, ...] = ()
+    """What an env must offer to run the task, as ``<kind>:<name>`` (``app:chrome``, ``metric:compare_table``);
+    the data manager keeps only the tasks whose requirements the env pool reports it has
+    (:class:`~dart.protocol.messages.EnvCapabilities`). Empty: any env of the backend runs it."""
     reward_range: tuple[FiniteFloat, FiniteFloat] = (0.0, 1.0)
     """Lowest and highest reward the task's evaluator gives. The built-in backends (sim, miniwob,
     desktop, osworld) score in [0, 1] and succeed at the top; dart-data rejects a trajectory whose

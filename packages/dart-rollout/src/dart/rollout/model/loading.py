@@ -28,6 +28,22 @@ def load_policy(path: str | Path, *, dtype: Any = None, device: str = "cpu") -> 
         return _load(Path(path), dtype, device)
 
 
+def load_tokenizer(path: str | Path) -> Any:
+    """Load the tokenizer of a local checkpoint directory (no model, no image processor).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory holding ``tokenizer_config.json``.
+    """
+    local = Path(path)
+    if not (local / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"no tokenizer at {local}: expected {local / 'tokenizer_config.json'}")
+    with _LOAD_LOCK:
+        from transformers import AutoTokenizer
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        return AutoTokenizer.from_pretrained(local, local_files_only=True)
+
+
 def _load(local: Path, dtype: Any, device: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoProcessor
