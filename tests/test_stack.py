@@ -270,12 +270,29 @@ def _the_viewer_on_the_running_stack(stack: Stack, browser: Any, no_js_errors: A
         no_js_errors(browser, "overview of the running stack")
         browser.get(url + "trajectories")
         rows = browser.find_elements(By.CSS_SELECTOR, "#trajectories tr[class^=status-]")
-        stepped = [r for r in rows if int(r.find_elements(By.TAG_NAME, "td")[7].text.split()[0]) > 0]
-        assert stepped, "no stored trajectory of the running job has a step"
-        stepped[0].find_element(By.CSS_SELECTOR, "a.trajectory").click()
-        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "section.step figure.observation img"))
-        image = browser.find_element(By.CSS_SELECTOR, "section.step figure.observation img")
-        wait.until(lambda b: b.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image))
+        # Stored with steps, and not pruned (retention deletes the objects of trajectories trained on).
+        stepped = [
+            r
+            for r in rows
+            if int(r.find_elements(By.TAG_NAME, "td")[7].text.split()[0]) > 0
+            and not r.find_elements(By.CSS_SELECTOR, "span.tag.grey")
+        ]
+        links = [r.find_element(By.CSS_SELECTOR, "a.trajectory").get_attribute("href") for r in stepped[:5]]
+        assert links, "no stored trajectory of the running job has a step"
+        # The first of them whose page shows an observation; what each page said instead otherwise.
+        said = {}
+        loaded = "return arguments[0].complete && arguments[0].naturalWidth"
+        for link in links:
+            browser.get(link)
+            images = browser.find_elements(By.CSS_SELECTOR, "section.step figure.observation img")
+            if images:
+                shown = images[0]
+                wait.until(lambda b: b.execute_script(loaded, shown))  # noqa: B023  # used before the loop moves on
+                break
+            notes = browser.find_elements(By.CSS_SELECTOR, "#error, p.missing")
+            said[link] = [n.text for n in notes] or browser.find_element(By.TAG_NAME, "main").text[:500]
+        else:
+            raise AssertionError(f"no trajectory page showed an observation: {said}")
         no_js_errors(browser, "a trajectory of the running stack")
     finally:
         proc.terminate()
