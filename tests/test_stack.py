@@ -117,7 +117,10 @@ class Stack:
             str(self.env_file),
             *args,
         ]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=DEPLOY)
+        # docker-compose takes a variable from its own environment before the env file: DART_* values that
+        # earlier tests in this process left there (another run's S3 keys) would replace the stack's.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DART_")}
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=DEPLOY, env=env)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr[-3000:]}")
         return done
@@ -244,12 +247,20 @@ def _the_viewer_on_the_running_stack(stack: Stack, browser: Any, no_js_errors: A
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # Only what the viewer needs: earlier tests in this process leave other runs' store keys in its environment.
+    keys = {}
+    for name, value in stack.s3_keys.items():
+        keys[name] = stack.workdir / f"{name.lower()}.key"
+        fd = os.open(keys[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
     env = {
-        **os.environ,
-        **stack.s3_keys,
+        **{k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ},
         "DART_DATA__DATABASE_URL": f"postgresql+psycopg://dart@127.0.0.1:{stack.ports['POSTGRES']}/dart",
         "PGPASSWORD": stack.postgres_password,
         "DART_STORE__ENDPOINT": f"http://127.0.0.1:{stack.ports['S3']}",
+        "DART_STORE__ACCESS_KEY_FILE": str(keys["DART_S3_ACCESS_KEY"]),
+        "DART_STORE__SECRET_KEY_FILE": str(keys["DART_S3_SECRET_KEY"]),
     }
     argv = [sys.executable, "-m", "dart.cli", "view", "--config", str(DEPLOY / "dart" / "run.yaml"), "--port", "0"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
