@@ -68,7 +68,7 @@ TASK = TaskSpec(
 def desktop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[XDesktop]:
     """A DART desktop whose VM server plays a remote VM (``/dart/revert`` restores its HOME)."""
     if MISSING:
-        pytest.skip(f"local desktop programs missing: {MISSING} (.ci/run installs them)")
+        pytest.fail(f"local desktop programs missing: {MISSING} (.ci/run installs them)")
     template = tmp_path_factory.mktemp("home-template")
     with XDesktop(DesktopConfig(width=320, height=240, home_template=template)) as desk:
         yield desk
@@ -213,7 +213,7 @@ async def test_service_replaces_a_vm_that_cannot_revert_after_each_episode(
 
 async def test_env_pool_says_what_it_runs_and_the_data_manager_keeps_those_tasks(bus: Bus, desktop: XDesktop) -> None:
     if not (CORPUS / "examples").is_dir():
-        pytest.skip("the OSWorld corpus is absent at <repo>/../shared/osworld")
+        pytest.fail(f"the OSWorld task corpus is missing: expected {CORPUS}/examples beside the repository")
     config = service_config(remote(url=desktop.url, revert_url="{url}/dart/revert"))
     tasks = load_osworld_suite(CORPUS).tasks
     async with EnvService(config, bus):
