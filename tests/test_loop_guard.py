@@ -53,6 +53,33 @@ def test_a_short_callback_is_not() -> None:
     assert _run_in_fresh_loop(lambda: time.sleep(0.01)) == []
 
 
+def _compute_for(cpu_s: float) -> Callable[[], None]:
+    def burst() -> None:
+        deadline = time.thread_time() + cpu_s
+        while time.thread_time() < deadline:
+            pass
+
+    return burst
+
+
+def test_computing_past_the_limit_at_the_reference_speed_is_caught() -> None:
+    """CPU work is charged at the reference machine's speed: past the limit there, past it here."""
+    limit, slowness = root_conftest.BLOCKING_LIMIT_S, root_conftest.MACHINE_SLOWNESS
+    slow = _run_in_fresh_loop(_compute_for(limit * slowness + 0.3))
+    assert len(slow) == 1 and f"on a machine {slowness:.2f}x" in slow[0], slow
+
+
+def test_cpu_time_is_charged_at_the_reference_speed() -> None:
+    charged = root_conftest.charged_blocking_s
+    # 2 s of wall: 0.5 s waiting for a CPU, 1 s computing on a machine twice as slow, 0.5 s asleep.
+    assert charged(2.0, 0.5, 1.0, 2.0) == pytest.approx(0.5 + 0.5)
+    # On the reference machine CPU time counts in full; a sleep counts in full anywhere.
+    assert charged(1.5, 0.0, 1.5, 1.0) == pytest.approx(1.5)
+    assert charged(1.5, 0.0, 0.0, 3.0) == pytest.approx(1.5)
+    # A clock that reads more CPU than the callback was on a CPU charges no more than that time.
+    assert charged(1.0, 0.5, 0.9, 1.0) == pytest.approx(0.5)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 def test_a_starved_callback_is_not_blamed() -> None:
     """A short CPU burst made to take seconds of wall time by a CPU hog on the same core passes the guard."""

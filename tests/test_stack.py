@@ -155,13 +155,16 @@ class Stack:
         return BusConfig(url=url, run=RUN, user=user, password_file=password_file, name="stack-test")
 
     def sql(self, query: str) -> tuple[Any, ...]:
+        rows = self.sql_rows(query)
+        assert rows, query
+        return rows[0]
+
+    def sql_rows(self, query: str) -> list[tuple[Any, ...]]:
         import psycopg
 
         dsn = f"host=127.0.0.1 port={self.ports['POSTGRES']} dbname=dart user=dart password={self.postgres_password}"
         with psycopg.connect(dsn, connect_timeout=5) as db:
-            row = db.execute(query).fetchone()
-        assert row is not None
-        return tuple(row)
+            return [tuple(row) for row in db.execute(query).fetchall()]
 
     @property
     def prometheus_url(self) -> str:
@@ -280,15 +283,16 @@ def _the_viewer_on_the_running_stack(stack: Stack, browser: Any, no_js_errors: A
         assert int(browser.execute_script("return document.body.dataset.refreshed")) >= 1
         no_js_errors(browser, "overview of the running stack")
         browser.get(url + "trajectories")
-        rows = browser.find_elements(By.CSS_SELECTOR, "#trajectories tr[class^=status-]")
-        # Stored with steps, and not pruned (retention deletes the objects of trajectories trained on).
-        stepped = [
-            r
-            for r in rows
-            if int(r.find_elements(By.TAG_NAME, "td")[7].text.split()[0]) > 0
-            and not r.find_elements(By.CSS_SELECTOR, "span.tag.grey")
-        ]
-        links = [r.find_element(By.CSS_SELECTOR, "a.trajectory").get_attribute("href") for r in stepped[:5]]
+        listed = browser.find_elements(By.CSS_SELECTOR, "#trajectories tr[class^=status-] a.trajectory")
+        assert listed, "the trajectory list of the running job is empty"
+        # Pages the viewer can serve: stored with steps and not pruned, the newest first (retention deletes
+        # the objects of trajectories trained on and older than the kept versions, and on a slow machine the
+        # job moves on between the list and the page: the oldest of a list page may go in the meantime).
+        newest = stack.sql_rows(
+            "SELECT trajectory_id FROM trajectories WHERE num_steps > 0 AND pruned_at IS NULL"
+            " ORDER BY max_policy_version DESC, finished_at DESC LIMIT 5"
+        )
+        links = [f"{url}trajectories/{urllib.parse.quote(tid, safe='')}" for (tid,) in newest]
         assert links, "no stored trajectory of the running job has a step"
         # The first of them whose page shows an observation; what each page said instead otherwise.
         said = {}

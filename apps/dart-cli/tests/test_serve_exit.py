@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,49 @@ def test_a_fatal_error_exits_1_with_one_clear_line(nats_url: str, tmp_path: Path
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: dart serve data failed: OperationalError:"), last
     assert "Traceback" in proc.stderr  # the log keeps the traceback for whoever debugs it
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (/proc's SigCgt mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_a_service_stopped_while_it_starts_exits_0(nats_url: str, tmp_path: Path) -> None:
+    """SIGTERM in the first second of `dart serve` (still importing) is a graceful stop, not a -15 crash: a
+    supervisor stopping a service it has just restarted sees it stop cleanly."""
+    config = tmp_path / "run.yaml"
+    telemetry = tmp_path / "telemetry.jsonl"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"name": "early", "run_dir": str(tmp_path / "run")},
+                "bus": {"url": nats_url},
+                "data": {"database_url": f"sqlite:///{tmp_path / 'data.sqlite3'}"},
+                "telemetry": {"jsonl_path": str(telemetry)},
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dart.cli", "serve", "data", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not _catches(proc.pid, signal.SIGTERM):  # the handler is the first thing it installs
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    # It left before serving: nothing started, nothing recorded.
+    assert not telemetry.exists(), telemetry.read_text()[-2000:]
 
 
 @pytest.mark.unit

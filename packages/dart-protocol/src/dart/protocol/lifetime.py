@@ -57,6 +57,23 @@ def exit_with_parent(sig: int = signal.SIGKILL) -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
+def stop_signals_end_startup() -> None:
+    """Until a service's event loop takes SIGTERM and SIGINT over, either ends this process with exit code 0.
+
+    A ``dart serve`` process asked to stop while it is still importing and reading its config holds
+    nothing to hand back, so leaving at once is its graceful stop. Without this, Python's default action
+    ends it with -15, which its supervisor reads as a crash (``dart run`` stopping a service it had just
+    restarted). Call it first thing in the process; :func:`dart.protocol.serving.serve` installs the
+    loop's own handlers, and a launcher or a follower rank its own.
+    """
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, leave)
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies.
 

@@ -41,6 +41,7 @@ from pydantic import ConfigDict, Field, model_validator
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.config import ConfigModel, command_line_overrides, load_config
 from dart.protocol.errors import ConfigError
+from dart.protocol.lifetime import stop_signals_end_startup
 from dart.protocol.stacks import dump_stacks_on_signal
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, TelemetryConfig, setup_telemetry
@@ -221,6 +222,7 @@ def service_main(
     ``before(config, path, overrides)``, when given, runs after the config loaded and may end the command
     with its exit code instead of serving (the trainer launches its ranks there, with the same overrides).
     """
+    stop_signals_end_startup()  # until serve() installs its loop's handlers
     parser = argparse.ArgumentParser(prog=f"dart-{service}", description=f"The DART {service} service.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help=f"Serve the {service} service until SIGTERM.")
