@@ -23,6 +23,8 @@ from dart.protocol.telemetry import read_jsonl
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
+AFTER_DATA_RESTART = 2
+"""Versions published after the data manager's restart before the test ends the run."""
 WAIT_S = 900.0
 """Limit of one wait for a condition (catches a hung run; a loaded machine is slow, not stuck)."""
 
@@ -80,17 +82,25 @@ def killed_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[di
         wait_for(
             run, lambda: len(events(run_dir, "train", "trainer.step")) > seen["steps_before_kill"], "step after restart"
         )
-        seen["published_before_data_kill"] = len(events(run_dir, "train", "trainer.published"))
+        seen["published_before_data_kill"] = published = len(events(run_dir, "train", "trainer.published"))
         kill_and_await_restart(run, "data")
+        # The restarted data manager batches again: versions trained on its batches are published. Then the
+        # test ends the RL phase (SIGINT, as Ctrl-C would) and the services stop in order.
+        wait_for(
+            run,
+            lambda: len(events(run_dir, "train", "trainer.published")) >= published + AFTER_DATA_RESTART,
+            f"{AFTER_DATA_RESTART} versions published after the data manager's restart",
+        )
+        run.send_signal(signal.SIGINT)
 
     summary, run_dir = dart_run(
         ROOT / "examples" / "smoke.yaml",
         env={
             "DART_RUN__NAME": "recovery",
-            # Then until version 12, well past what the trainer can publish before both kills (it may catch up
-            # on batches queued while it was down): training goes on after both restarts.
+            # The RL phase lasts until the test has seen training go on after both restarts, and ends it.
             "DART_RUN__RL_DURATION_S": "10",
-            "DART_RUN__MIN_VERSIONS": "12",
+            "DART_RUN__MIN_VERSIONS": "100000",
+            "DART_RUN__MAX_RL_DURATION_S": "1200",
             "DART_RUN__RESTART_BACKOFF_S": "1",
             "DART_TRAIN__CHECKPOINT_EVERY": "1",
             "DART_VALIDATION__ENABLED": "false",
@@ -105,6 +115,7 @@ def test_killed_services_are_restarted_and_the_run_completes(
 ) -> None:
     summary, run_dir, seen = killed_run
     assert summary["error"] is None
+    assert summary["rl_ended_by"] == "signal"
     restarts = summary["service_restarts"]
     assert [(r["service"], r["exit_code"]) for r in restarts] == [("train", -9), ("data", -9)]
     assert all(r["restarted_after_s"] >= r["died_after_s"] for r in restarts)
@@ -112,8 +123,7 @@ def test_killed_services_are_restarted_and_the_run_completes(
     assert seen["steps_before_kill"] >= 1
     # The restarted trainer resumed from its checkpoint and went on publishing.
     assert "resumed from" in (run_dir / "logs" / "train.log").read_text()
-    assert summary["versions_published"] >= 12
-    assert seen["published_before_data_kill"] < 12
+    assert summary["versions_published"] >= seen["published_before_data_kill"] + AFTER_DATA_RESTART
 
 
 def test_nothing_lost_and_nothing_stored_twice(killed_run: tuple[dict[str, Any], Path, dict[str, int]]) -> None:

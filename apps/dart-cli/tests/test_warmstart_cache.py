@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
 from pathlib import Path
+
+import pytest
 
 from dart.cli.stack.config import RunConfig, load_run_config, load_tasks
 from dart.cli.stack.warmstart_cache import WarmStartCache, warm_start_key
@@ -101,3 +104,38 @@ def test_concurrent_writers_leave_one_whole_entry(tmp_path: Path) -> None:
     winner = info["writer"]
     assert (tmp_path / "cache" / "k" / "policy" / "model.safetensors").read_text() == str(winner) * 1000
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["k"]
+
+
+def test_runs_wanting_the_same_key_fill_it_one_at_a_time(tmp_path: Path) -> None:
+    """The second run waits on the key's lock while the first fills the entry, then finds the entry."""
+    cache = WarmStartCache(tmp_path / "cache")
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "model.safetensors").write_bytes(b"weights")
+    order: list[str] = []
+    first_inside, second_waiting = threading.Event(), threading.Event()
+
+    def second() -> None:
+        first_inside.wait()
+        second_waiting.set()
+        with cache.filling("k"):
+            order.append("second in")
+            found = cache.get("k", tmp_path / "second")
+            order.append("second found" if found == {"steps": 3} else f"second found {found}")
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    with cache.filling("k"):
+        order.append("first in")
+        first_inside.set()
+        second_waiting.wait()
+        assert cache.get("k", tmp_path / "first") is None
+        with open(cache.root / ".k.lock", "wb") as probe, pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: the second run cannot be in
+        cache.put("k", policy, {"steps": 3})
+        order.append("first stored")
+    waiter.join()
+    assert order == ["first in", "first stored", "second in", "second found"]
+    # Another key is not held up by this one's lock.
+    with cache.filling("k"), cache.filling("other"):
+        pass

@@ -8,6 +8,6 @@ if sys.argv[1:2] == ["serve"]:
 
     stop_signals_end_startup()
 
-from dart.cli.main import app  # noqa: E402
+from dart.cli.main import app
 
 app(prog_name="dart")

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,9 @@ from dart.protocol.store import StoreConfig
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
 
 if TYPE_CHECKING:
+    from dart.cli.stack.warmstart_cache import WarmStartCache
     from dart.embedded.s3 import EmbeddedS3
+    from dart.protocol.messages import TaskSpec
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -86,28 +88,42 @@ def resolve(config: RunConfig, config_path: Path) -> RunConfig:
 
 
 def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
-    """Write the tiny checkpoint if needed, then warm-start it (or take it from ``warm_start.cache_dir``);
-    returns the version-0 policy path and the figures for the summary."""
+    """Write the tiny checkpoint if needed, then warm-start it (or take it from ``warm_start.cache_dir``,
+    waiting for a run on this host that is filling the same entry); returns the version-0 policy path and
+    the figures for the summary."""
+    from dart.cli.stack.warmstart_cache import WarmStartCache, warm_start_key
+
+    tasks = load_tasks(config)
+    ws = config.warm_start
+    if not warm_start_on(config) or ws.cache_dir is None:
+        return _make_policy(config, tasks, None, "")
+    cache, key = WarmStartCache(ws.cache_dir), warm_start_key(config, tasks)
+    with cache.filling(key):
+        run_dir = config.run.run_dir
+        assert run_dir is not None
+        out = run_dir / "model" / "sft"
+        cached = cache.get(key, out)
+        if cached is not None:
+            console.log(f"warm start: reused {cache.root / key} (warm_start.cache_dir)")
+            return out, {**cached, "warm_start_cached": True}
+        return _make_policy(config, tasks, cache, key)
+
+
+def _make_policy(
+    config: RunConfig, tasks: list[TaskSpec], cache: WarmStartCache | None, key: str
+) -> tuple[Path, dict[str, Any]]:
+    """Write the tiny checkpoint if needed, then warm-start it, storing it in ``cache`` under ``key``."""
     import torch
 
     from dart.cli.stack.warmstart import record_demos, run_sft, save_policy
-    from dart.cli.stack.warmstart_cache import WarmStartCache, warm_start_key
 
     run_dir = config.run.run_dir
     assert run_dir is not None
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     info: dict[str, Any] = {}
-    tasks = load_tasks(config)
     ws = config.warm_start
     out = run_dir / "model" / "sft"
     enabled = warm_start_on(config)
-    cache = WarmStartCache(ws.cache_dir) if enabled and ws.cache_dir is not None else None
-    key = warm_start_key(config, tasks) if cache is not None else ""
-    if cache is not None:
-        cached = cache.get(key, out)
-        if cached is not None:
-            console.log(f"warm start: reused {cache.root / key} (warm_start.cache_dir)")
-            return out, {**cached, "warm_start_cached": True}
     if config.model.path is None:
         from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, TinyModelSpec, write_tiny_checkpoint
 
@@ -339,7 +355,8 @@ async def monitor(
         start_ns = time.time_ns()
         (run_dir / RL_WINDOW_FILE).write_text(json.dumps({"rl_start_unix_ns": start_ns}) + "\n")
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
-        failed = await _watch_rl_phase(config, supervisor, bus, state, progress, failed)
+        with _ends_on_stop_signals() as asked:
+            failed, ended_by = await _watch_rl_phase(config, supervisor, bus, state, progress, failed, asked)
         end_ns = time.time_ns()
         heldout, codes = await _stop_services(config, procs, bus, state, validator)
         traj_stream = await bus.stream_state("traj")
@@ -355,6 +372,7 @@ async def monitor(
             "versions": latest.version if latest else 0,
             "rl_start_ns": start_ns,
             "rl_end_ns": end_ns,
+            "rl_ended_by": ended_by,
             "failed": failed,
             "exit_codes": {"rollout": procs["rollout"].returncode, **codes},
             "restarts": supervisor.report(),
@@ -383,6 +401,26 @@ async def _start_validator(
     return validator
 
 
+@contextlib.contextmanager
+def _ends_on_stop_signals() -> Iterator[asyncio.Event]:
+    """While inside: SIGINT (Ctrl-C) and SIGTERM set the event yielded, which ends the RL phase early (the
+    services then stop in order and the summary is written, as at the phase's planned end). Outside it a
+    signal acts as usual: a second Ctrl-C while the services stop interrupts ``dart run``, whose cleanup
+    kills them."""
+    loop = asyncio.get_running_loop()
+    asked = asyncio.Event()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, asked.set)
+            installed.append(sig)
+    try:
+        yield asked
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
 async def _watch_rl_phase(
     config: RunConfig,
     supervisor: ServiceSupervisor,
@@ -390,8 +428,11 @@ async def _watch_rl_phase(
     state: KeyValueStore,
     progress: RunProgress,
     failed: str | None,
-) -> str | None:
-    """Show progress until the RL phase is over (at once when it ``failed`` already); why it failed, if it did.
+    asked_to_stop: asyncio.Event,
+) -> tuple[str | None, str]:
+    """Show progress until the RL phase is over (at once when it ``failed`` already); why it failed, if it
+    did, and what ended it: ``duration``, ``max_duration`` (``run.min_versions`` not reached in time),
+    ``signal`` (``asked_to_stop`` set) or ``failure``.
 
     The phase lasts ``run.rl_duration_s``, longer (up to ``run.max_rl_duration_s``) while fewer than
     ``run.min_versions`` versions are published; a service that dies past its restarts ends it.
@@ -405,11 +446,15 @@ async def _watch_rl_phase(
     version = produced = 0
     with Live(console=console, refresh_per_second=2, transient=False) as live:
         while (now_s := time.monotonic()) < deadline or (version < config.run.min_versions and now_s < hard_deadline):
-            await asyncio.sleep(1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asked_to_stop.wait(), 1.0)
+            if asked_to_stop.is_set():
+                console.log(f"asked to stop: the RL phase ends at version {version} (Ctrl-C again to interrupt)")
+                return failed, "signal"
             # Off the loop: restarting the embedded nats-server waits for it to be healthy.
             gave_up = await asyncio.to_thread(supervisor.check)
             if gave_up is not None:
-                return f"{gave_up} (see {run_dir / 'logs'})"
+                return f"{gave_up} (see {run_dir / 'logs'})", "failure"
             progress.poll()
             try:
                 produced = (await bus.stream_state("traj")).messages
@@ -419,7 +464,9 @@ async def _watch_rl_phase(
                 log.warning("progress from NATS unavailable: %s", exc)
             now = time.time_ns()
             live.update(_table(progress, (now - progress.window_start_ns) / 1e9, produced, version, now))
-    return failed
+    if failed is not None:
+        return failed, "failure"
+    return None, "duration" if version >= config.run.min_versions else "max_duration"
 
 
 async def _stop_services(
@@ -564,6 +611,7 @@ def _summary(
             "largest_trajectory_message_bytes": figures["largest_trajectory_message_bytes"],
             "rl_start_unix_ns": figures["rl_start_ns"],
             "rl_end_unix_ns": figures["rl_end_ns"],
+            "rl_ended_by": figures["rl_ended_by"],
             **storage,
             "service_exit_codes": figures["exit_codes"],
             "service_restarts": figures["restarts"],

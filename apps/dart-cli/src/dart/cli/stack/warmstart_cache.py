@@ -12,16 +12,22 @@ parallelism, RL settings, data curation, the run's name and durations, ``warm_st
 Entries are directories ``<cache_dir>/<key>/`` holding the checkpoint (``policy/``) and the warm
 start's figures (``info.json``); an entry is written under a temporary name and renamed into place,
 so a reader sees a whole entry or none, and two runs filling the same key concurrently both succeed.
+Runs on one host that want the same key at once warm-start it once: :meth:`WarmStartCache.filling` holds
+an exclusive lock on ``<cache_dir>/.<key>.lock`` while one of them looks the key up and fills it, and the
+others find the entry when they get the lock (or fill it themselves, when the first was cut short).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +94,15 @@ class WarmStartCache:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    @contextlib.contextmanager
+    def filling(self, key: str) -> Iterator[None]:
+        """Hold the key's lock (blocking until no other process on this host holds it): look up, compute
+        and :meth:`put` inside it, so concurrent runs wanting the same warm start compute it once."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f".{key}.lock", "wb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+            yield
 
     def get(self, key: str, out: Path) -> dict[str, Any] | None:
         """Copy the entry's policy to ``out`` and return its figures, or None when there is no entry."""
