@@ -48,7 +48,7 @@ from dart.rollout.engine.interface import GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.model.architectures import get_architecture
-from dart.rollout.model.prompt import build_prompt, encode_prompt
+from dart.rollout.model.prompt import ChatPrompt, EncodedPrompt, build_prompt, encode_prompt
 from dart.rollout.model.random_init import write_checkpoint
 from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.images import ImageCache
@@ -176,12 +176,9 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
         assert isinstance(fed, ImageRef) and (fed.width, fed.height) == SCREEN  # fed as the env sent it
 
         # The prompt builder, from the stored screenshot alone, gives the ids the engine consumed.
-        source, key = resolve_uri(fed.uri)
-        with source:
-            screen = Image.open(io.BytesIO(source.get(key))).convert("RGB")
-        prompt = build_prompt(task.instruction, screen, [], max_images=1, image_size=None)
-        processor = AutoProcessor.from_pretrained(checkpoint, local_files_only=True)
-        encoded = encode_prompt(processor, prompt)
+        # Off the loop, like every step below that takes seconds: the event-loop guard times the test's own
+        # callbacks too.
+        prompt, encoded = await asyncio.to_thread(_prompt_from_stored, fed, task.instruction, checkpoint)
         assert encoded.image_grid_thw is not None and encoded.image_grid_thw.tolist() == [[1, 78, 138]]
         assert step.prompt_token_ids == encoded.input_ids
         assert step.prompt_token_ids.count(IMAGE_PAD_ID) == EXPECTED_IMAGE_TOKENS
@@ -214,14 +211,13 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
             assert worst_vllm < TOLERANCE, worst_vllm
 
             # One update, published as the trainer publishes; both engines load it and match the new policy.
-            before = {k: v.clone() for k, v in trainer.full_state_dict().items() if "layers.0.mlp" in k}
+            before = await asyncio.to_thread(_mlp_weights_of_the_first_layer, trainer)
             # A lone trajectory's group advantage is 0: give it one, so the step moves the weights.
             await asyncio.to_thread(trainer.train_step, [s.model_copy(update={"advantage": 1.0}) for s in samples])
             # What follows needs the new weights only: free the gradients and AdamW's moments (6.5 GB at
             # this size), so the trainer, the hf engine and a vLLM server fit one 24 GiB machine together.
-            trainer.optimizer.zero_grad(set_to_none=True)
-            trainer.optimizer.state.clear()
-            after = trainer.full_state_dict()
+            await asyncio.to_thread(_free_optimizer_state, trainer)
+            after = await asyncio.to_thread(trainer.full_state_dict)
             assert before and max(float((after[k] - v).abs().max()) for k, v in before.items()) > 0.0
             publisher = WeightPublisher(store)
             version = await asyncio.to_thread(
@@ -245,6 +241,25 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
         f"real shapes at {SCREEN}: {EXPECTED_IMAGE_TOKENS} image tokens, {len(step.prompt_token_ids)} prompt ids; "
         f"max |trainer - engine| log-prob: torch {worst_torch:.2e}, fsdp {worst_fsdp:.2e}, vllm {worst_vllm:.2e}"
     )
+
+
+def _prompt_from_stored(fed: ImageRef, instruction: str, checkpoint: Path) -> tuple[ChatPrompt, EncodedPrompt]:
+    """The prompt builder's prompt and its encoding, from the stored screenshot alone."""
+    source, key = resolve_uri(fed.uri)
+    with source:
+        screen = Image.open(io.BytesIO(source.get(key))).convert("RGB")
+    prompt = build_prompt(instruction, screen, [], max_images=1, image_size=None)
+    processor = AutoProcessor.from_pretrained(checkpoint, local_files_only=True)
+    return prompt, encode_prompt(processor, prompt)
+
+
+def _mlp_weights_of_the_first_layer(trainer: TorchBackend) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.full_state_dict().items() if "layers.0.mlp" in k}
+
+
+def _free_optimizer_state(trainer: TorchBackend) -> None:
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.optimizer.state.clear()
 
 
 async def _start_vllm(checkpoint: Path, tmp_path: Path) -> VLLMEngine:
