@@ -17,7 +17,8 @@
 #   and every packages/*/src and apps/*/src directory on PYTHONPATH (DART's dart.* namespace packages run
 #   from source; `dart run` starts its services as `python -m dart.cli serve`, so no console script is
 #   needed; scripts/source_dist_info.py gives each a dist-info in the site holding its entry points, which its
-#   registries read), puts the wheels' executables (nats-server) on PATH, then runs
+#   registries read), puts the wheels' executables (nats-server) on PATH, sets DART_STRICT_COLLECTIVES=1
+#   (dart-train's collectives run at world size 1 too, over NCCL), then runs
 #   `python benchmarks/gpu_check.py --out $OUT/gpu_check.json` with the remaining arguments
 #   (OUT defaults to /tmp). $PYTHON picks the interpreter (default python3).
 # bench SCRIPT [options]: the same set-up, then another benchmark script, e.g.
@@ -117,6 +118,8 @@ setup() {
   export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
   export PATH="$site/bin:$PATH"
   export HF_HUB_OFFLINE=1
+  # Every collective runs even with one rank, so one GPU exercises NCCL's rules (CUDA tensors only) on every path.
+  export DART_STRICT_COLLECTIVES=1
   cd "$ROOT"
 }
 

@@ -64,6 +64,44 @@ def test_no_subject_literals_outside_subjects_module() -> None:
     assert offenders == []
 
 
+COLLECTIVES = frozenset(
+    {
+        "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
+        "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce", "reduce_scatter",
+        "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv", "isend", "irecv",
+    }
+)  # fmt: skip
+
+
+def distributed_collective_calls(source: str) -> list[int]:
+    """Lines of ``source`` that call a torch.distributed collective (as ``dist.X`` or ``torch.distributed.X``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in COLLECTIVES:
+            owner = ast.unparse(node.func.value)
+            if owner in ("dist", "torch.distributed"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_collective_finder_finds_collectives() -> None:
+    found = "import torch.distributed as dist\ndist.barrier()\ntorch.distributed.all_reduce(t, group=g)\n"
+    found += "x.all_reduce()\n"  # not torch.distributed's
+    assert distributed_collective_calls(found) == [2, 3]
+
+
+def test_dart_train_calls_collectives_only_through_its_collectives_module() -> None:
+    """NCCL takes CUDA tensors only: one module moves every collective's tensors to the group's device."""
+    src = ROOT / "packages" / "dart-train" / "src"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted(src.rglob("*.py"))
+        if path.name != "collectives.py"
+        for line in distributed_collective_calls(path.read_text())
+    ]
+    assert offenders == []
+
+
 def test_no_machine_paths_secrets_or_ips_in_tracked_files() -> None:
     # Assembled from parts so this file does not match its own patterns.
     home, root, key = "/" + "home/[a-z]", "/" + "root/", "AKIA" + "[0-9A-Z]{12}"

@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from dart.train import collectives
 from dart.train.errors import CheckpointError
 
 STATE_FILE = "trainer_state.json"
@@ -44,8 +43,7 @@ class TrainerState:
 
 
 def _barrier(backend: Any) -> None:
-    if backend.world_size > 1:
-        torch.distributed.barrier()
+    collectives.barrier(size=backend.world_size)
 
 
 def save_checkpoint(backend: Any, path: str | Path, *, version: int) -> TrainerState:

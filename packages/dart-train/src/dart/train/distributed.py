@@ -25,10 +25,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from dart.protocol.messages import TrainingSample
+from dart.train import collectives
 from dart.train.batching import ModelInputs
 from dart.train.checkpoint import load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
@@ -46,15 +44,13 @@ class Commander:
 
     def send(self, *command: Any) -> None:
         """Broadcast ``command`` (a picklable tuple) from rank 0; returns at once with one rank."""
-        if self.world_size > 1:
-            dist.broadcast_object_list([command], src=0)
+        if collectives.needed(self.world_size):
+            collectives.broadcast_object(command, src=0)
 
 
 def receive() -> tuple[Any, ...]:
     """The next command from rank 0 (blocks until it is sent)."""
-    box: list[Any] = [None]
-    dist.broadcast_object_list(box, src=0)
-    command: tuple[Any, ...] = box[0]
+    command: tuple[Any, ...] = collectives.broadcast_object(None, src=0)
     return command
 
 
@@ -86,17 +82,12 @@ def agree(failure: BatchSkippedError | None, world_size: int) -> BatchSkippedErr
     Every rank must call it once per batch, failed or not: an ok flag is all-reduced (MIN) over the
     world, and only when it is 0 do the ranks exchange their reasons.
     """
-    if world_size == 1:
+    if not collectives.needed(world_size):
         return failure
-    # NCCL reduces only CUDA tensors; each rank's current device is its own (set when the backend loaded).
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    ok = torch.tensor([0 if failure else 1], dtype=torch.int32, device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if int(ok.item()) == 1:
+    if collectives.min_int(0 if failure else 1) == 1:
         return None
     mine = None if failure is None else (failure.reason, failure.rank, failure.detail, failure.retryable)
-    reasons: list[Any] = [None] * world_size
-    dist.all_gather_object(reasons, mine)
+    reasons = collectives.gather_objects(mine, size=world_size)
     reason, rank, detail, retryable = next(r for r in reasons if r is not None)
     return BatchSkippedError(reason, rank, detail, retryable=retryable)
 

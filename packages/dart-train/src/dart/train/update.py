@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from dart.protocol.messages import TrainingSample
+from dart.train import collectives
 from dart.train.admission import admissible
 from dart.train.batching import ImageSource, InputBuilder, ModelInputs, StoreImageSource, decode_screenshot, pad_rows
 from dart.train.config import TrainerConfig
@@ -127,19 +128,11 @@ def token_weights(samples: Sequence[TrainingSample], lengths: Sequence[int], agg
 # Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
 # hold the same per-sample figures, and the world is larger than the number of distinct shares.
 def _gather(obj: Any, dp_size: int, group: Any) -> list[Any]:
-    if dp_size == 1:
-        return [obj]
-    out: list[Any] = [None] * dp_size
-    torch.distributed.all_gather_object(out, obj, group=group)
-    return out
+    return collectives.gather_objects(obj, size=dp_size, group=group)
 
 
 def _all_sum(values: list[float], dp_size: int, group: Any) -> list[float]:
-    if dp_size == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    torch.distributed.all_reduce(t, group=group)
-    return [float(v) for v in t]
+    return collectives.sum_values(values, size=dp_size, group=group)
 
 
 def _shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int | None]:

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dart.protocol.models import MODEL_FAMILIES, family_of
+from dart.train import collectives
 from dart.train.batching import ModelInputs
 from dart.train.config import MegatronBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, ParallelismError, TrainerError
@@ -247,7 +248,7 @@ class MegatronBackend(TrainerBackend):
             else:
                 replicated += sq
         if self.tensor_parallel_size > 1:
-            dist.all_reduce(sharded, group=self._tp_group)
+            collectives.all_reduce(sharded, group=self._tp_group)
         return math.sqrt(float(sharded + replicated))
 
     def optimizer_step(self) -> float:
@@ -255,11 +256,11 @@ class MegatronBackend(TrainerBackend):
 
         Collective over all ranks. Returns the pre-clip norm; ``step`` increases by one.
         """
-        if self.data_parallel_size > 1:
+        if collectives.needed(self.data_parallel_size):
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=self._dp_group)
+                collectives.all_reduce(p.grad, group=self._dp_group)
                 p.grad.div_(self.data_parallel_size)
         norm = self.grad_norm()
         clip = self.config.grad_clip
@@ -287,8 +288,7 @@ class MegatronBackend(TrainerBackend):
             if self.tensor_parallel_size == 1:
                 shards[0][name] = local.cpu()
                 continue
-            parts = [torch.empty_like(local) for _ in range(self.tensor_parallel_size)]
-            dist.all_gather(parts, local, group=self._tp_group)
+            parts = collectives.all_gather(local, size=self.tensor_parallel_size, group=self._tp_group)
             for r, part in enumerate(parts):
                 shards[r][name] = part.cpu()
         if not self.is_main:
@@ -333,11 +333,11 @@ class MegatronBackend(TrainerBackend):
             tmp = target.with_suffix(".tmp")
             torch.save(state, tmp)
             os.replace(tmp, target)
-        dist.barrier()
+        collectives.barrier(size=self.world_size)
         if self.is_main:
             meta = {"format": _FORMAT, "tensor_parallel_size": self.tensor_parallel_size, "step": self.step}
             (path / _META).write_text(json.dumps(meta))
-        dist.barrier()
+        collectives.barrier(size=self.world_size)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore weights, AdamW moments and step written by :meth:`save_checkpoint` with the same TP size.
@@ -379,7 +379,7 @@ class MegatronBackend(TrainerBackend):
             self.masters.copy_to_model()
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
-        dist.barrier()
+        collectives.barrier(size=self.world_size)
 
     def close(self) -> None:
         """Tear down megatron's process groups (the default group stays: torchrun's owner destroys it)."""

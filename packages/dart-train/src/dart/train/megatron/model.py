@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dart.train import collectives
 from dart.train.batching import ModelInputs
 from dart.train.megatron.convert import LMSpec
 
@@ -167,9 +168,7 @@ class _GatherVocab(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         size = dist.get_world_size(group)
         ctx.rank, ctx.size = dist.get_rank(group), size
-        parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=-1)
+        return torch.cat(collectives.all_gather(x, size=size, group=group), dim=-1)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:

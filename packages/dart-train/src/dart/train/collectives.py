@@ -1,0 +1,101 @@
+"""Every collective of dart-train, on the device its process group's backend needs.
+
+NCCL reduces, gathers and broadcasts CUDA tensors only; gloo takes CPU tensors. A figure summed over the
+ranks (losses, token counts, a status flag) is naturally a CPU number, and a CPU tensor handed to NCCL
+fails the collective on every rank: so each tensor collective here moves its tensor to the group's device
+when it is not there (CUDA's current device under NCCL, the CPU otherwise) and hands the result back where
+the caller had it. Object collectives (pickled) are left to torch, which stages them on the current CUDA
+device under NCCL itself.
+
+The callers skip a collective where the group has one rank. ``DART_STRICT_COLLECTIVES=1`` turns those
+shortcuts off (:func:`needed`), so a run on one GPU with one rank goes through NCCL's rules on every path
+(the one-GPU check sets it). Nothing else in dart-train calls a ``torch.distributed`` collective (a
+repository rule checks it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+STRICT_ENV = "DART_STRICT_COLLECTIVES"
+"""Set to 1 to run every collective even in a group of one rank (where a process group exists)."""
+
+
+def strict() -> bool:
+    """Whether collectives run in groups of one rank too (``DART_STRICT_COLLECTIVES=1``)."""
+    return os.environ.get(STRICT_ENV) == "1"
+
+
+def needed(size: int) -> bool:
+    """Whether a collective over a group of ``size`` ranks must run: always with more than one rank; with one,
+    only in strict mode and where a process group exists."""
+    return size > 1 or (strict() and dist.is_available() and dist.is_initialized())
+
+
+def group_device(group: Any = None) -> torch.device:
+    """The device the group's backend reduces on: this rank's current CUDA device under NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(tensor: torch.Tensor, *, op: Any = None, group: Any = None) -> torch.Tensor:
+    """Reduce ``tensor`` in place over ``group`` (sum by default); it may live on any device."""
+    device = group_device(group)
+    kwargs = {"group": group} if op is None else {"group": group, "op": op}
+    if tensor.device == device:
+        dist.all_reduce(tensor, **kwargs)
+        return tensor
+    moved = tensor.to(device)
+    dist.all_reduce(moved, **kwargs)
+    tensor.copy_(moved)
+    return tensor
+
+
+def sum_values(values: list[float], *, size: int, group: Any = None) -> list[float]:
+    """Element-wise sums of ``values`` over the ranks of ``group`` (``size`` of them), in float64."""
+    if not needed(size):
+        return values
+    summed = all_reduce(torch.tensor(values, dtype=torch.float64), group=group)
+    return [float(v) for v in summed]
+
+
+def min_int(value: int, *, group: Any = None) -> int:
+    """The least of every rank's ``value`` (a status flag: 1 ok, 0 failed)."""
+    flag = torch.tensor([value], dtype=torch.int32)
+    return int(all_reduce(flag, op=dist.ReduceOp.MIN, group=group).item())
+
+
+def all_gather(tensor: torch.Tensor, *, size: int, group: Any = None) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape and dtype on each), in rank order, on ``tensor``'s device."""
+    device = group_device(group)
+    local = tensor.contiguous().to(device)
+    parts = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(parts, local, group=group)
+    return parts if device == tensor.device else [p.to(tensor.device) for p in parts]
+
+
+def gather_objects(obj: Any, *, size: int, group: Any = None) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order (``[obj]`` where the group has one rank, outside strict mode)."""
+    if not needed(size):
+        return [obj]
+    out: list[Any] = [None] * size
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def broadcast_object(obj: Any, *, src: int = 0, group: Any = None) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (the others pass anything, e.g. None)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+def barrier(*, size: int, group: Any = None) -> None:
+    """Wait until every rank of ``group`` gets here."""
+    if needed(size):
+        dist.barrier(group=group)
