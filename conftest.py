@@ -285,7 +285,7 @@ def _no_network_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
 # - Waiting for a CPU is not charged. On a starved machine a callback that takes 50 ms of CPU can take
 #   seconds of wall time while its thread waits for a core. Linux reports per thread the time spent
 #   runnable but waiting on a run queue (/proc/thread-self/schedstat, field 2).
-# - CPU work is charged at a reference machine's speed: the callback's CPU time (the thread's own clock)
+# - CPU work is charged at a reference machine's speed: the callback's CPU time (field 1 of the same file)
 #   divided by this machine's slowness, measured once per session on a fixed workload. A callback that
 #   computes for 0.6 s here takes 1.2 s on a machine twice as slow, and is no more at fault there.
 # - The rest (sleeps, blocking I/O, lock waits) is charged in full: it does not depend on the CPU.
@@ -297,8 +297,9 @@ _thread_state = threading.local()
 _slow_callbacks: list[str] = []
 
 
-def _run_queue_wait_s() -> float:
-    """Seconds this thread has spent runnable but not running (0.0 where the kernel does not say)."""
+def _cpu_and_wait_s() -> tuple[float, float]:
+    """Seconds this thread has spent on a CPU, and runnable but waiting for one, from one read of
+    /proc/thread-self/schedstat (where the kernel does not say: the thread's CPU clock, and no wait)."""
     fd = getattr(_thread_state, "schedstat_fd", None)
     if fd is None:
         try:
@@ -307,12 +308,13 @@ def _run_queue_wait_s() -> float:
         except OSError:
             fd = -1
         _thread_state.schedstat_fd = fd
-    if fd < 0:
-        return 0.0
-    try:
-        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    if fd >= 0:
+        try:
+            on_cpu, waiting = os.pread(fd, 128, 0).split()[:2]
+            return int(on_cpu) / 1e9, int(waiting) / 1e9
+        except (OSError, ValueError):
+            pass
+    return time.thread_time(), 0.0
 
 
 def _reference_workload() -> float:
@@ -344,13 +346,14 @@ _original_handle_run = asyncio.events.Handle._run
 
 
 def _guarded_handle_run(self: asyncio.events.Handle) -> None:
-    started, waited_before, cpu_before = time.perf_counter(), _run_queue_wait_s(), time.thread_time()
+    started, (cpu_before, waited_before) = time.perf_counter(), _cpu_and_wait_s()
     try:
         _original_handle_run(self)
     finally:
         wall = time.perf_counter() - started
         if wall > BLOCKING_LIMIT_S:
-            waited, cpu = _run_queue_wait_s() - waited_before, time.thread_time() - cpu_before
+            cpu_after, waited_after = _cpu_and_wait_s()
+            cpu, waited = cpu_after - cpu_before, waited_after - waited_before
             charged = charged_blocking_s(wall, waited, cpu, MACHINE_SLOWNESS)
             if charged > BLOCKING_LIMIT_S:
                 _slow_callbacks.append(

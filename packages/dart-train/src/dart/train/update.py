@@ -125,16 +125,6 @@ def token_weights(samples: Sequence[TrainingSample], lengths: Sequence[int], agg
     return [1.0 / (len(per_traj) * per_traj[s.trajectory_id]) for s in samples]
 
 
-# Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
-# hold the same per-sample figures, and the world is larger than the number of distinct shares.
-def _gather(obj: Any, dp_size: int, group: Any) -> list[Any]:
-    return collectives.gather_objects(obj, size=dp_size, group=group)
-
-
-def _all_sum(values: list[float], dp_size: int, group: Any) -> list[float]:
-    return collectives.sum_values(values, size=dp_size, group=group)
-
-
 def _shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int | None]:
     """This rank's indices, padded with None so every rank gets the same count."""
     per = math.ceil(len(indices) / dp_size)
@@ -225,6 +215,8 @@ class RLUpdate:
         if refused:
             log.warning("refusing %d samples of the batch: %s", sum(refused.values()), dict(refused))
             samples, inputs = [samples[i] for i in keep], [inputs[i] for i in keep]
+        # Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
+        # hold the same per-sample figures, and the world is larger than the number of distinct shares.
         dp_rank, dp_size, dp_group = backend.dp_rank, backend.dp_size, backend.dp_group
         kl = self.loss_config.kl_coef > 0.0
 
@@ -238,7 +230,7 @@ class RLUpdate:
                 if i is not None:
                     local[i] = (logp.float().cpu(), ent.float().cpu(), ref)
         old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        for part in _gather(local, dp_size, dp_group):
+        for part in collectives.gather_objects(local, size=dp_size, group=dp_group):
             old.update(part)
         rollout = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
         total_tokens = sum(x.response_len for x in inputs)
@@ -264,7 +256,8 @@ class RLUpdate:
         for _ in range(cfg.ppo_epochs):
             for mini in minis:
                 step_sums = self._mini_batch(samples, inputs, mini, old, rollout, keys)
-                for key, value in zip(keys, _all_sum(step_sums, dp_size, dp_group), strict=True):
+                summed = collectives.sum_values(step_sums, size=dp_size, group=dp_group)
+                for key, value in zip(keys, summed, strict=True):
                     sums[key] += value
                 norms.append(backend.optimizer_step())
         n_steps = len(norms)
