@@ -198,6 +198,8 @@ class RLUpdate:
     def _logp(self, inputs: ModelInputs, sample: TrainingSample) -> tuple[torch.Tensor, torch.Tensor]:
         return self.backend.forward_logprobs(inputs, **self._sampling(sample))  # type: ignore[no-any-return]
 
+    # Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
+    # hold the same per-sample figures, and the world is larger than the number of distinct shares.
     def run(self, samples: Sequence[TrainingSample], inputs: Sequence[ModelInputs]) -> TrainStepMetrics:
         """Update on ``samples`` (every rank passes the same list) and return the batch's metrics.
 
@@ -215,8 +217,6 @@ class RLUpdate:
         if refused:
             log.warning("refusing %d samples of the batch: %s", sum(refused.values()), dict(refused))
             samples, inputs = [samples[i] for i in keep], [inputs[i] for i in keep]
-        # Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
-        # hold the same per-sample figures, and the world is larger than the number of distinct shares.
         dp_rank, dp_size, dp_group = backend.dp_rank, backend.dp_size, backend.dp_group
         kl = self.loss_config.kl_coef > 0.0
 
