@@ -11,6 +11,8 @@
 - ``built_images``: the compose stack's images (``scripts/build-images.sh``), built in the background from
   the moment ``tests/test_stack.py`` or a test using the fixture (the docker VM provider's) is collected;
   such tests run last.
+- Warm starts prepared ahead: the warm starts that tests marked ``warm_start(config, env=...)`` want are
+  computed from collection on, at the lowest CPU priority, into the cache ``dart_run`` gives its runs.
 - Guards: no connection beyond loopback; no callback may block an event loop for longer than
   ``BLOCKING_LIMIT_S`` (time spent waiting for a CPU on a busy machine excluded, CPU time counted at a
   reference machine's speed; see the guard).
@@ -108,6 +110,8 @@ ROOT = Path(__file__).resolve().parent
 STACK_TEST = "tests/test_stack.py"
 BUILD_IMAGES = ["bash", str(ROOT / "scripts" / "build-images.sh"), "--local-base", "--offline-infra"]
 BUILD_TIMEOUT_S = 2400.0
+SMOKE_CONFIG = ROOT / "examples" / "smoke-1080p.yaml"
+"""The session's smoke run (:func:`smoke_run`)."""
 _image_build: dict[str, Any] = {}
 """The background build of the stack's images: ``proc`` and ``log``, once started."""
 
@@ -120,8 +124,12 @@ def _can_build_images() -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start building the compose stack's images as soon as its test is collected: the build (about 4 minutes)
-    mostly waits on the disk and the network, so it runs beside the tests that come first."""
+    """Start preparing the end-to-end runs' warm starts (see :class:`_WarmStartsAhead`), and building the compose
+    stack's images as soon as its test is collected: the build (about 4 minutes) mostly waits on the disk and
+    the network, so it runs beside the tests that come first."""
+    warm_starts = _wanted_warm_starts(session.items)
+    if warm_starts:
+        _warm_starts.start(warm_starts)
     wanted = any(item.nodeid.startswith(STACK_TEST) or _uses_built_images(item) for item in session.items)
     if not wanted or not _can_build_images():
         return
@@ -132,11 +140,98 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A build the session no longer waits for (the stack test deselected or never reached) is stopped."""
+    """A build the session no longer waits for (the stack test deselected or never reached) is stopped, and so
+    is a warm start being prepared; the prepared warm starts are removed."""
     proc = _image_build.get("proc")
     if proc is not None and proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    _warm_starts.stop()
+
+
+class _WarmStartsAhead:
+    """The warm starts of the session's end-to-end runs, prepared from collection on (``dart warm-start``, one
+    config at a time, in the order the tests want them) into the cache directory ``dart_run`` gives its runs.
+
+    A warm start is most of a smoke run's CPU time (about 50 s each at 2 cores, 110 s for Qwen3-VL), and the
+    unit and integration tests before the end-to-end ones leave about a third of the machine idle: the
+    preparation runs at the lowest CPU priority (nice 19) in that idle time. A run that wants a warm start
+    still being prepared waits for it (the cache's per-key lock), then starts at full priority; one whose
+    preparation failed computes its own (the log is named in the terminal summary)."""
+
+    def __init__(self) -> None:
+        self.cache_dir: Path | None = None
+        self.log: Path | None = None
+        self.failed: list[str] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, wanted: list[tuple[Path, dict[str, str]]]) -> None:
+        self.cache_dir = Path(tempfile.mkdtemp(prefix="dart-warm-starts-"))
+        self.log = self.cache_dir.with_name(self.cache_dir.name + ".log")
+        self._thread = threading.Thread(target=self._prepare, args=(wanted,), name="warm-starts-ahead", daemon=True)
+        self._thread.start()
+
+    def _prepare(self, wanted: list[tuple[Path, dict[str, str]]]) -> None:
+        assert self.cache_dir is not None and self.log is not None
+        for config, env in wanted:
+            if self._stopping.is_set():
+                return
+            with self.log.open("ab") as out:
+                out.write(f"--- dart warm-start {config} {env}\n".encode())
+                out.flush()
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "dart.cli", "warm-start", str(config)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={
+                        **os.environ,
+                        "DART_WARM_START__CACHE_DIR": str(self.cache_dir),
+                        # Idle time only: it may take many times its 2-core duration (never a reason to cut it).
+                        "DART_WARM_START__MAX_SECONDS": "7200",
+                        **env,
+                    },
+                    preexec_fn=lambda: os.nice(19),
+                    start_new_session=True,
+                )
+                if self._proc.wait() != 0 and not self._stopping.is_set():
+                    self.failed.append(f"{config.name} (exit {self._proc.returncode})")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        if self.cache_dir is not None:
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
+        if self.log is not None and not self.failed:
+            self.log.unlink(missing_ok=True)
+
+
+_warm_starts = _WarmStartsAhead()
+
+
+def _wanted_warm_starts(items: list[pytest.Item]) -> list[tuple[Path, dict[str, str]]]:
+    """The ``warm_start(config, env=...)`` marks of ``items`` (and the smoke run's, for those that use it), each
+    once, in the tests' order."""
+    wanted: list[tuple[Path, dict[str, str]]] = []
+    for item in items:
+        entries = [(Path(m.args[0]), dict(m.kwargs.get("env", {}))) for m in item.iter_markers("warm_start")]
+        if "smoke_run" in getattr(item, "fixturenames", ()):
+            entries.append((SMOKE_CONFIG, {}))
+        wanted.extend(e for e in entries if e not in wanted)
+    return wanted
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _warm_starts.failed:
+        failed = ", ".join(_warm_starts.failed)
+        terminalreporter.write_line(
+            f"warm starts prepared ahead that failed (their runs computed their own): {failed}; log: {_warm_starts.log}"
+        )
 
 
 BROWSER_WINDOW = (1280, 800)
@@ -197,8 +292,9 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
     fails with the output's tail."""
 
     # Runs whose warm start has the same inputs (a smoke run and its FSDP, megatron and vLLM variants)
-    # share one warm-started policy: the first run stores it, the others copy it.
-    warm_start_cache = tmp_path_factory.mktemp("warm-start-cache")
+    # share one warm-started policy: the first run stores it (or the session prepared it ahead, for tests
+    # marked warm_start), the others copy it.
+    warm_start_cache = _warm_starts.cache_dir or tmp_path_factory.mktemp("warm-start-cache")
 
     def run(
         config: Path,
@@ -261,8 +357,7 @@ def smoke_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dic
     """`dart run examples/smoke-1080p.yaml` with `run.artifacts: embedded_s3`: the smoke pipeline at
     1920x1080, screenshots by reference through an S3 store. One run serves tests/test_e2e_run.py (the
     decoupled services at work) and tests/test_e2e_1080p.py (the 1080p and S3 paths)."""
-    config = Path(__file__).resolve().parent / "examples" / "smoke-1080p.yaml"
-    return dart_run(config, env={"DART_RUN__ARTIFACTS": "embedded_s3"})
+    return dart_run(SMOKE_CONFIG, env={"DART_RUN__ARTIFACTS": "embedded_s3"})
 
 
 def _loopback_only_connect(self: socket.socket, address: Any) -> Any:

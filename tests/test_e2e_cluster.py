@@ -20,9 +20,9 @@ import pytest
 from dart.embedded.nats import EmbeddedNats, EmbeddedNatsCluster
 from dart.protocol.telemetry import read_jsonl
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.warm_start(ROOT / "examples" / "smoke.yaml")]
 WAIT_S = 1500.0
 """Limit of one wait for a condition, the warm start included (catches a hung run, within the run's own
 limit; a loaded machine is slow, not stuck)."""

@@ -19,9 +19,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+CONFIGS = ("smoke-lora.yaml", "smoke-vllm-lora.yaml")
 
 
-@pytest.mark.parametrize("config", ["smoke-lora.yaml", "smoke-vllm-lora.yaml"])
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(c, marks=pytest.mark.warm_start(ROOT / "examples" / c)) for c in CONFIGS],
+)
 def test_lora_adapters_train_publish_and_engines_serve_them(
     dart_run: Callable[..., tuple[dict[str, Any], Path]], config: str
 ) -> None:

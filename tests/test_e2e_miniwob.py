@@ -21,6 +21,7 @@ from dart.protocol.telemetry import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "miniwob.yaml"
+RUN_ENV = {"SE_OFFLINE": "true"}
 
 needs_chromium = pytest.mark.skipif(
     find_binary("MINIWOB_CHROME_BINARY", "chromium", "chromium-browser") is None
@@ -31,7 +32,7 @@ needs_chromium = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def miniwob_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path]:
-    return dart_run(CONFIG, env={"SE_OFFLINE": "true"})
+    return dart_run(CONFIG, env=RUN_ENV)
 
 
 @pytest.mark.unit
@@ -67,6 +68,7 @@ async def test_shipped_suite_matches_the_pages_and_the_oracle_solves_it(name: st
             assert success, f"{task.task_id}: {details}"
 
 
+@pytest.mark.warm_start(CONFIG, env=RUN_ENV)
 @pytest.mark.e2e
 @needs_chromium
 def test_summary_shows_a_complete_run(miniwob_run: tuple[dict[str, Any], Path]) -> None:
@@ -82,6 +84,7 @@ def test_summary_shows_a_complete_run(miniwob_run: tuple[dict[str, Any], Path]) 
     assert (run_dir / "summary.json").is_file()
 
 
+@pytest.mark.warm_start(CONFIG, env=RUN_ENV)
 @pytest.mark.e2e
 @needs_chromium
 def test_trajectories_ran_on_miniwob_tasks_in_chromium(miniwob_run: tuple[dict[str, Any], Path]) -> None:

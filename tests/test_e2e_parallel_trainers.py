@@ -17,9 +17,13 @@ from dart.protocol.telemetry import read_jsonl
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
 
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ("smoke-qwen3.yaml", "smoke-megatron.yaml")
 
 
-@pytest.mark.parametrize("example", ["smoke-qwen3.yaml", "smoke-megatron.yaml"])
+@pytest.mark.parametrize(
+    "example",
+    [pytest.param(e, marks=pytest.mark.warm_start(ROOT / "examples" / e)) for e in EXAMPLES],
+)
 def test_two_rank_trainer_trains_publishes_and_engines_match(
     example: str, dart_run: Callable[..., tuple[dict[str, Any], Path]]
 ) -> None:

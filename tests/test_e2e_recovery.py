@@ -20,9 +20,9 @@ import pytest
 
 from dart.protocol.telemetry import read_jsonl
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.warm_start(ROOT / "examples" / "smoke.yaml")]
 AFTER_DATA_RESTART = 2
 """Versions published after the data manager's restart before the test ends the run."""
 WAIT_S = 900.0

@@ -13,9 +13,9 @@ import pytest
 
 from dart.protocol.telemetry import read_jsonl
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800), pytest.mark.warm_start(ROOT / "examples" / "smoke-vllm.yaml")]
 VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 if not VLLM_PYTHON.is_file():

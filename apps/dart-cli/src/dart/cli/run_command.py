@@ -1,4 +1,5 @@
-"""``dart run`` and ``dart serve``: the pipeline on one machine, or one service against external servers."""
+"""``dart run``, ``dart warm-start`` and ``dart serve``: the pipeline on one machine, its warm start ahead of it,
+or one service against external servers."""
 
 from __future__ import annotations
 
@@ -54,6 +55,32 @@ def run_command(
         raise typer.Exit(1)
 
 
+def warm_start_command(
+    config: Annotated[Path, typer.Argument(help="Run config YAML (see examples/).", exists=True, dir_okay=False)],
+    overrides: Overrides = None,
+) -> None:
+    """Warm-start the policy 'dart run CONFIG' would start from, into warm_start.cache_dir, and print its
+    cache key and figures as one JSON line.
+
+    Runs of the same config (and any that differ only after the warm start) then begin with RL. Nothing is
+    done when the entry is there already. A config error (no cache_dir, no warm start) ends with exit code 2;
+    a warm start cut short by warm_start.max_seconds is not kept and ends with exit code 1.
+    """
+    from dart.cli.stack.run import prepare_warm_start
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        prepared = prepare_warm_start(config, overrides or [])
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(prepared))
+    if not prepared["stored"]:
+        steps = prepared.get("warm_start_steps")
+        typer.echo(f"error: warm_start.max_seconds cut the warm start short at step {steps}: not kept", err=True)
+        raise typer.Exit(1)
+
+
 def serve_command(
     service: Annotated[str, typer.Argument(help="Which service: env, rollout, data or train.")],
     config: Annotated[Path, typer.Option("--config", "-c", help="Run config YAML.", exists=True, dir_okay=False)],
@@ -87,6 +114,7 @@ def serve_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``dart run`` and ``dart serve``."""
+    """Add ``dart run``, ``dart warm-start`` and ``dart serve``."""
     app.command("run")(run_command)
+    app.command("warm-start")(warm_start_command)
     app.command("serve")(serve_command)

@@ -109,6 +109,38 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
         return _make_policy(config, tasks, cache, key)
 
 
+def prepare_warm_start(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """``dart warm-start``: fill ``warm_start.cache_dir`` with the warm start that ``dart run`` of the same config
+    and overrides would compute, or find it there. Returns the entry's ``key``, ``cache_dir``, ``stored``
+    (False only when ``warm_start.max_seconds`` cut the warm start short: such a policy is not kept) and the
+    warm start's figures (``warm_start_cached``: it was there already).
+
+    Raises:
+        ConfigError: The config is invalid, does not warm-start, or has no ``warm_start.cache_dir``.
+    """
+    import tempfile
+
+    from dart.cli.stack.warmstart_cache import warm_start_key
+    from dart.protocol.errors import ConfigError
+
+    config = load_run_config(config_path, overrides)
+    check_for_dart_run(config, config_path)
+    if not warm_start_on(config):
+        raise ConfigError(str(config_path), "warm_start.enabled", "is off for this run: there is nothing to prepare")
+    cache_dir = config.warm_start.cache_dir
+    if cache_dir is None:
+        raise ConfigError(
+            str(config_path),
+            "warm_start.cache_dir",
+            "is not set, so the warm start would be thrown away: set it (or DART_WARM_START__CACHE_DIR)",
+        )
+    with tempfile.TemporaryDirectory(prefix="dart-warm-start-") as scratch:
+        run = config.run.model_copy(update={"run_dir": Path(scratch)})
+        _, info = prepare_policy(config.model_copy(update={"run": run}))
+    key = warm_start_key(config, load_tasks(config))
+    return {"key": key, "cache_dir": str(cache_dir.resolve()), "stored": (cache_dir / key).is_dir(), **info}
+
+
 def _make_policy(
     config: RunConfig, tasks: list[TaskSpec], cache: WarmStartCache | None, key: str
 ) -> tuple[Path, dict[str, Any]]:
