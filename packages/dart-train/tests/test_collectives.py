@@ -69,5 +69,43 @@ def test_tensors_come_back_where_they_were(one_rank_group: None) -> None:
     assert collectives.all_reduce(t) is t and t.tolist() == [1.5, -2.0]
     parts = collectives.all_gather(torch.arange(6.0).reshape(2, 3)[:, 1:], size=1)  # not contiguous
     assert [p.tolist() for p in parts] == [[[1.0, 2.0], [4.0, 5.0]]]
-    assert collectives.broadcast_object(("step", 3)) == ("step", 3)
     collectives.barrier(size=1)
+
+
+def test_a_one_rank_group_gets_the_collective_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert collectives.init_process_group("cpu", 42.0) == (0, 1, 0)
+    try:
+        assert dist.get_backend() == "gloo"
+        gloo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        assert gloo.options._timeout.total_seconds() == 42.0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_followers_read_commands_in_order_across_idle_wake_ups(one_rank_group: None) -> None:
+    """The command channel on a real store: numbered commands, read in order by a follower that wakes up on the
+    store every 0.1 s while nothing comes, and removed two numbers later."""
+    import threading
+    import time
+
+    from dart.train.distributed import COMMAND_PREFIX, Commander, CommandReader
+
+    received: list[tuple[object, ...]] = []
+    reader = CommandReader(wait_s=0.1)
+    follower = threading.Thread(target=lambda: received.extend(reader.receive() for _ in range(4)))
+    follower.start()
+    follower.join(timeout=0.5)  # five wake-ups with nothing to read
+    assert follower.is_alive() and received == []
+    for n, command in enumerate([("train", [], 4), ("publish",), ("save", "/ckpt", 3), ("stop",)]):
+        Commander(world_size=2).send(*command)  # another instance each time: the numbering is the store's
+        # As after a collective: the follower has read the command before the next but one is sent.
+        deadline = time.monotonic() + 30
+        while len(received) <= n and time.monotonic() < deadline:
+            time.sleep(0.01)
+    follower.join(timeout=30)
+    assert received == [("train", [], 4), ("publish",), ("save", "/ckpt", 3), ("stop",)]
+    store = collectives.command_store()
+    assert not store.check([f"{COMMAND_PREFIX}0"]) and not store.check([f"{COMMAND_PREFIX}1"])
+    assert store.check([f"{COMMAND_PREFIX}3"])

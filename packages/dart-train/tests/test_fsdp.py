@@ -100,10 +100,11 @@ def test_fsdp_two_ranks_match_one_process_and_resume_exactly(
         assert torch.equal(resumed[name], w), name
 
 
-def test_a_fault_on_one_rank_skips_the_batch_on_both_and_the_next_batch_trains(
+def test_faults_on_one_rank_skip_or_drop_on_both_and_training_goes_on(
     tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
 ) -> None:
-    # rank_fault_worker.py: batch 0 fails to build on rank 1 only, batch 1 on rank 0 only, batch 2 nowhere.
+    # rank_fault_worker.py: batch 0 cannot be read on rank 1, batch 1 has a sample unusable on rank 0 (its
+    # owner), batch 2 the same in a batch formed for 2 samples, batch 3 no fault.
     config: dict[str, object] = {
         "model_path": str(tiny_checkpoint),
         "lr": 1e-3,
@@ -114,15 +115,17 @@ def test_a_fault_on_one_rank_skips_the_batch_on_both_and_the_next_batch_trains(
     rank0 = json.loads((tmp_path / "rank-0.json").read_text())
     rank1 = json.loads((tmp_path / "rank-1.json").read_text())
 
-    unavailable, unusable, trained = rank0["batches"]
-    # Rank 0 built its inputs for batch 0 but skipped it too, with rank 1's reason: a transient store fault.
+    unavailable, dropped, too_few, trained = rank0["batches"]
+    # Rank 0 built its share of batch 0 but skipped it too, with rank 1's reason: a transient store fault.
     assert unavailable["error"] == "BatchSkippedError"
     assert (unavailable["reason"], unavailable["rank"], unavailable["retryable"]) == ("image_unavailable", 1, True)
     assert "fault injected on rank 1" in unavailable["detail"]
-    # Rank 0's own fault, an unusable sample: rank 1 skipped with it, and redelivery would not help.
-    assert unusable["error"] == "BatchSkippedError"
-    assert (unusable["reason"], unusable["rank"], unusable["retryable"]) == ("sample", 0, False)
-    assert "fault injected on rank 0" in unusable["detail"]
-    # The ranks stayed in step: the next batch trained once on both.
-    assert trained == {"step": 1}
-    assert rank0["step"] == rank1["step"] == 1
+    # Rank 0's unusable sample was dropped on both ranks, and the batch trained on the other one.
+    assert dropped == {"step": 1, "samples": 1, "dropped": {"sample": 1}}
+    # Formed for 2 samples, the batch with one left is refused on both, and redelivery would not help.
+    assert too_few["error"] == "BatchSkippedError"
+    assert (too_few["reason"], too_few["retryable"]) == ("too_few_samples", False)
+    assert "fault injected on rank 0" in too_few["detail"]
+    # The ranks stayed in step: the batches that trained did so once on both.
+    assert trained == {"step": 2, "samples": 2, "dropped": {}}
+    assert rank0["step"] == rank1["step"] == 2

@@ -140,3 +140,23 @@ def test_samples_with_meaningless_advantages_or_logprobs_are_refused_not_the_bat
     metrics = backend.train_step([*bad, *rollout_samples])
     assert metrics.refused_samples == 4 and metrics.samples == len(rollout_samples) and backend.step == 1
     assert math.isfinite(metrics.loss) and math.isfinite(metrics.grad_norm)
+
+
+def test_ownership_keeps_the_mini_batches_and_each_ranks_share_of_them() -> None:
+    """With every sample chosen, the owners' split is exactly the mini-batches chosen[k::m], each dealt round-robin
+    over the ranks; with a selection, every chosen sample is in exactly one mini-batch."""
+    from dart.train.update import mini_batches, owners_of
+
+    for n in range(1, 21):
+        for m in range(1, 6):
+            for dp in range(1, 5):
+                owners = owners_of(n, m, dp)
+                n_mini = min(m, n)
+                minis = mini_batches(list(range(n)), owners, n_mini, dp)
+                assert minis == [list(range(k, n, n_mini)) for k in range(n_mini)]
+                for mini in minis:
+                    for rank in range(dp):
+                        assert [i for i in mini if owners[i] == rank] == mini[rank::dp]
+                chosen = list(range(0, n, 3))
+                picked = mini_batches(chosen, owners, min(m, len(chosen)), dp)
+                assert sorted(i for part in picked for i in part) == chosen

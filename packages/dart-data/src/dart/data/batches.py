@@ -134,6 +134,7 @@ class BatchAssembler:
             max_policy_version=max(versions),
             created_at=time.time(),
             max_staleness=self.max_staleness,
+            min_samples=self.batching.min_samples,
         )
         formed = FormedBatch(batch, self._groups)
         self._samples, self._groups = [], []

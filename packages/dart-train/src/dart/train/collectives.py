@@ -7,6 +7,11 @@ when it is not there (CUDA's current device under NCCL, the CPU otherwise) and h
 the caller had it. Object collectives (pickled) are left to torch, which stages them on the current CUDA
 device under NCCL itself.
 
+The process group is joined here too (:func:`init_process_group`), with one timeout for every collective of
+every backend (``train.backend.collective_timeout_s``): a collective that waits longer than that fails on
+every rank instead of hanging. Nothing waits in a collective while idle: the ranks other than 0 wait for
+rank 0's next command on the rendezvous store (:func:`command_store`, see :mod:`dart.train.distributed`).
+
 The callers skip a collective where the group has one rank. ``DART_STRICT_COLLECTIVES=1`` turns those
 shortcuts off (:func:`needed`), so a run on one GPU with one rank goes through NCCL's rules on every path
 (the one-GPU check sets it). Nothing else in dart-train calls a ``torch.distributed`` collective (a
@@ -15,6 +20,7 @@ repository rule checks it).
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
@@ -23,6 +29,27 @@ import torch.distributed as dist
 
 STRICT_ENV = "DART_STRICT_COLLECTIVES"
 """Set to 1 to run every collective even in a group of one rank (where a process group exists)."""
+
+
+def init_process_group(device_type: str, timeout_s: float) -> tuple[int, int, int]:
+    """Join torchrun's process group (NCCL for ``cuda``, else gloo) with ``timeout_s`` for every collective, or
+    make a one-rank group when not launched by torchrun (an in-process store: nothing listens on the network).
+    Returns ``(rank, world_size, local_rank)``; a group already joined is kept as it is."""
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            store = dist.HashStore()  # type: ignore[attr-defined]  # exported, but not in torch's __all__
+            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def command_store() -> Any:
+    """The default process group's key-value store (torchrun's rendezvous store under a prefix of this group):
+    rank 0 leaves commands there, the others wait on it without holding a collective open."""
+    return dist.distributed_c10d._get_default_store()
 
 
 def strict() -> bool:
@@ -86,13 +113,6 @@ def gather_objects(obj: Any, *, size: int, group: Any = None) -> list[Any]:
     out: list[Any] = [None] * size
     dist.all_gather_object(out, obj, group=group)
     return out
-
-
-def broadcast_object(obj: Any, *, src: int = 0, group: Any = None) -> Any:
-    """Rank ``src``'s picklable ``obj`` on every rank (the others pass anything, e.g. None)."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group)
-    return box[0]
 
 
 def barrier(*, size: int, group: Any = None) -> None:

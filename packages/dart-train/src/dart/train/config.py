@@ -64,6 +64,12 @@ class NodeSettings(ConfigModel):
     """Rendezvous id: the same on every machine of one trainer, different for two trainers sharing an endpoint."""
     rdzv_timeout_s: float = Field(default=900.0, gt=0.0)
     """How long a machine waits for the others to join (c10d; static waits on the store's timeout)."""
+    collective_timeout_s: float = Field(default=1800.0, gt=0.0)
+    """The process group's timeout: a collective (an all-reduce of gradients, a gather of a published state
+    dict) that waits longer than this fails on every rank instead of hanging. Waiting for the next batch is
+    not a collective (the ranks wait for rank 0's next command on the store), so idle time never counts;
+    what must fit is the longest gap between two collectives of one update or publish (one micro-batch's
+    forward and backward, a checkpoint's write)."""
 
     @model_validator(mode="after")
     def _nodes_fit(self) -> NodeSettings:
@@ -333,6 +339,17 @@ class TrainerConfig(ConfigModel):
             raise ValueError(
                 f"train.lora is set but train.backend is {self.backend.kind}: LoRA training runs on the torch and "
                 "fsdp backends (megatron-core has no adapter layers here)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _collectives_outlast_a_step(self) -> TrainerConfig:
+        timeout = getattr(self.backend, "collective_timeout_s", None)
+        if timeout is not None and timeout <= self.debug_step_delay_s:
+            raise ValueError(
+                f"train.backend.collective_timeout_s {timeout:g} is not above train.debug_step_delay_s "
+                f"{self.debug_step_delay_s:g}: the other ranks would time out in a collective while rank 0 waits "
+                "before its step; raise train.backend.collective_timeout_s"
             )
         return self
 

@@ -1,11 +1,16 @@
-"""Multi-process trainer: rank 0 runs the service and drives the other ranks with broadcast commands.
+"""Multi-process trainer: rank 0 runs the service and drives the other ranks with commands.
 
-Only rank 0 talks to NATS and the artifact store. Before each collective operation it broadcasts a
-command (``broadcast_object_list`` on the default group), and every other rank, in :func:`follow`,
-makes the same backend calls:
+Only rank 0 talks to NATS and the artifact store. Before each collective operation it leaves a command on
+the process group's store (torchrun's rendezvous store: ``dart/command/<n>``, numbered by the store's own
+counter), and every other rank, in :func:`follow`, waits for the next number there and makes the same
+backend calls. No rank waits inside a collective while rank 0 has nothing to do: an idle hour (engines
+filling a batch at real scale) is not a collective timeout (``train.backend.collective_timeout_s`` bounds
+the collectives of the work itself). Rank 0 removes a command two numbers later: every command but
+``stop`` ends in a collective, so by then every follower has read it.
 
-- ``("train", [sample dicts])``: the shared RL update on the same samples (:func:`train_batch`: each
-  rank rebuilds the inputs, then all agree that every rank could before any collective of the update);
+- ``("train", [sample dicts], min_samples)``: the shared RL update on the same samples (:func:`train_batch`:
+  each rank builds its share of the inputs, then all agree on what trains before any collective of the
+  update; see :mod:`dart.train.shares`);
 - ``("publish",)``: gather what a version publishes (rank 0 publishes it): the full state dict, or the adapters;
 - ``("save", path, version)`` / ``("load", path)``: distributed checkpoint;
 - ``("stop",)``: leave the loop.
@@ -13,124 +18,131 @@ makes the same backend calls:
 Nothing happens with one rank: :class:`Commander` is a no-op then.
 
 Ranks never fall out of step over a batch: building inputs (reading screenshots, checking tokens against
-images) can fail on one rank alone, e.g. a store read that failed there. Each rank catches its own
-failure, then an ok flag is all-reduced (MIN) over the world; if any rank failed, every rank raises the
-same :class:`~dart.train.errors.BatchSkippedError` (the lowest failing rank's reason) and none enters
-the update. Rank 0's service terminates or naks the batch by that error's ``retryable``.
+images) can fail on one rank alone. The ranks agree on the outcome before the update
+(:mod:`dart.train.shares`): the same samples dropped as unusable, or the same
+:class:`~dart.train.errors.BatchSkippedError` raised everywhere, which rank 0's service terminates or naks
+by its ``retryable``.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
-from collections.abc import Callable, Sequence
+import pickle
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from dart.protocol.messages import TrainingSample
 from dart.train import collectives
-from dart.train.batching import ModelInputs
+from dart.train.admission import admissible
 from dart.train.checkpoint import load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
-from dart.train.errors import BatchSkippedError, ImageCorruptError, ImageFetchError, ImageMissingError, SampleError
+from dart.train.errors import BatchSkippedError, SampleError
+from dart.train.shares import Reader, build_share
 from dart.train.update import RLUpdate, TrainStepMetrics
 
 log = logging.getLogger("dart.train")
 
 
+COMMAND_PREFIX = "dart/command/"
+WAIT_S = 60.0
+"""How long a follower waits on the store at a time before waiting again (a wake-up, not a limit)."""
+
+
+def _command_key(number: int) -> str:
+    return f"{COMMAND_PREFIX}{number}"
+
+
 class Commander:
-    """Rank 0's side: announce the next collective operation to the other ranks."""
+    """Rank 0's side: announce the next collective operation to the other ranks. Instances share the
+    numbering (it lives in the store), so the service may make one wherever it needs one."""
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
 
     def send(self, *command: Any) -> None:
-        """Broadcast ``command`` (a picklable tuple) from rank 0; returns at once with one rank."""
-        if collectives.needed(self.world_size):
-            collectives.broadcast_object(command, src=0)
+        """Leave ``command`` (a picklable tuple) for the other ranks; returns at once (nothing to do with one rank)."""
+        if self.world_size <= 1:
+            return
+        store = collectives.command_store()
+        number = int(store.add(f"{COMMAND_PREFIX}count", 1)) - 1
+        store.set(_command_key(number), pickle.dumps(command))
+        if number >= 2:
+            store.delete_key(_command_key(number - 2))
 
 
-def receive() -> tuple[Any, ...]:
-    """The next command from rank 0 (blocks until it is sent)."""
-    command: tuple[Any, ...] = collectives.broadcast_object(None, src=0)
-    return command
+class CommandReader:
+    """A follower's side: the commands in order, each waited for on the store without a timeout."""
 
+    def __init__(self, wait_s: float = WAIT_S) -> None:
+        self.next = 0
+        self.wait_s = wait_s
 
-Reader = Callable[[TrainingSample], ModelInputs]
-"""Builds one sample's model inputs (a :class:`~dart.train.update.SampleReader`)."""
-
-
-def skip_reason(exc: Exception, rank: int) -> BatchSkippedError:
-    """What a failure to build a batch's inputs on ``rank`` means for the batch: reason and whether to retry it."""
-    if isinstance(exc, BatchSkippedError):
-        return exc
-    if isinstance(exc, SampleError):
-        reason = "sample"
-    elif isinstance(exc, ImageMissingError):
-        reason = "image_missing"
-    elif isinstance(exc, ImageCorruptError):
-        reason = "image_corrupt"
-    elif isinstance(exc, ImageFetchError):
-        reason = "image_unavailable"
-    else:
-        reason = "error"
-    permanent = isinstance(exc, SampleError) or (isinstance(exc, ImageFetchError) and exc.permanent)
-    return BatchSkippedError(reason, rank, str(exc), retryable=not permanent)
-
-
-def agree(failure: BatchSkippedError | None, world_size: int) -> BatchSkippedError | None:
-    """The failure every rank acts on: None if no rank failed, else the lowest failing rank's (collective).
-
-    Every rank must call it once per batch, failed or not: an ok flag is all-reduced (MIN) over the
-    world, and only when it is 0 do the ranks exchange their reasons.
-    """
-    if not collectives.needed(world_size):
-        return failure
-    if collectives.min_int(0 if failure else 1) == 1:
-        return None
-    mine = None if failure is None else (failure.reason, failure.rank, failure.detail, failure.retryable)
-    reasons = collectives.gather_objects(mine, size=world_size)
-    reason, rank, detail, retryable = next(r for r in reasons if r is not None)
-    return BatchSkippedError(reason, rank, detail, retryable=retryable)
-
-
-def build_inputs(reader: Reader, samples: Sequence[TrainingSample], *, rank: int, world_size: int) -> list[ModelInputs]:
-    """Every sample's inputs on this rank, once all ranks have built theirs (collective).
-
-    Raises:
-        BatchSkippedError: Some rank could not build its inputs; raised on every rank alike.
-    """
-    inputs: list[ModelInputs] = []
-    failure: BatchSkippedError | None = None
-    try:
-        inputs = [reader(s) for s in samples]
-    except Exception as exc:
-        failure = skip_reason(exc, rank)
-    agreed = agree(failure, world_size)
-    if agreed is not None:
-        raise agreed
-    return inputs
+    def receive(self) -> tuple[Any, ...]:
+        """The next command from rank 0 (blocks until it is sent, however long that takes)."""
+        store, key = collectives.command_store(), _command_key(self.next)
+        while True:
+            try:
+                store.wait([key], datetime.timedelta(seconds=self.wait_s))
+                break
+            except RuntimeError as exc:  # DistStoreError from TCP and hash stores, RuntimeError from file stores
+                if "timeout" not in str(exc).lower():
+                    raise  # not a wait that ran out: the store is gone
+        # The store is the job's own rendezvous store: what is there was written by its rank 0.
+        command: tuple[Any, ...] = pickle.loads(store.get(key))
+        self.next += 1
+        return command
 
 
 def train_batch(
-    backend: Any, config: TrainerConfig, reader: Reader, samples: Sequence[TrainingSample]
+    backend: Any,
+    config: TrainerConfig,
+    reader: Reader,
+    samples: Sequence[TrainingSample],
+    min_samples: int | None = None,
 ) -> TrainStepMetrics:
-    """Build the inputs on this rank, agree with the others, run the shared update (same call on every rank).
+    """Admit the samples, build this rank's share of their inputs, agree with the other ranks on what trains
+    (:mod:`dart.train.shares`), then run the shared update (the same calls on every rank). The metrics count
+    the samples dropped as unusable.
 
     Raises:
-        BatchSkippedError: Some rank could not build its inputs; nothing was updated on any rank.
+        BatchSkippedError: The batch cannot train (a rank could not read a sample, or too few are usable);
+            nothing was updated on any rank.
+        SampleError: Every sample was refused by admission (the same on every rank).
     """
-    inputs = build_inputs(reader, samples, rank=backend.rank, world_size=backend.world_size)
-    return RLUpdate(backend, config).run(samples, inputs)
+    keep, refused = admissible(samples, config.max_abs_advantage)
+    if not keep:
+        raise SampleError(samples[0].trajectory_id, samples[0].step_index, f"every sample refused: {dict(refused)}")
+    share = build_share(
+        reader,
+        [samples[i] for i in keep],
+        rank=backend.rank,
+        world_size=backend.world_size,
+        dp_rank=backend.dp_rank,
+        dp_size=backend.dp_size,
+        mini_batches=config.mini_batches,
+        min_samples=min_samples,
+    )
+    metrics = RLUpdate(backend, config).run(share.samples, share.inputs, share.owners)
+    return replace(
+        metrics,
+        refused_samples=sum(refused.values()),
+        dropped_samples=sum(share.dropped.values()),
+        dropped_by_reason=share.dropped,
+    )
 
 
-def follow(backend: Any, config: TrainerConfig, reader: Reader) -> None:
+def follow(backend: Any, config: TrainerConfig, reader: Reader, *, wait_s: float = WAIT_S) -> None:
     """A non-main rank's loop: execute rank 0's commands until ``stop``."""
+    commands = CommandReader(wait_s)
     while True:
-        command = receive()
+        command = commands.receive()
         kind = command[0]
         if kind == "train":
             samples = [TrainingSample.model_validate(s) for s in command[1]]
             try:
-                train_batch(backend, config, reader, samples)
+                train_batch(backend, config, reader, samples, command[2])
             except BatchSkippedError as exc:
                 # Rank 0 raised the same error and reports it; this rank only notes its part.
                 log.warning("rank %d: %s", backend.rank, exc)

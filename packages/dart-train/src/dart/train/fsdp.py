@@ -19,37 +19,19 @@ Hugging Face state dict on rank 0 (CPU-offloaded), which the engines load unchan
 
 from __future__ import annotations
 
-import datetime
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from dart.protocol.weights import AdapterSpec
+from dart.train import collectives
 from dart.train.backend import TorchBackend, _dtype
 from dart.train.batching import ImageSource
 from dart.train.config import FsdpBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, TrainerError
 from dart.train.lora import adapter_state, add_adapters, spec_of
-
-
-def init_process_group(device_type: str) -> tuple[int, int, int]:
-    """Join torchrun's process group (or make a one-rank one); returns ``(rank, world_size, local_rank)``."""
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    # Followers wait in a broadcast until rank 0 gets its next batch: no 30-minute collective timeout.
-    timeout = datetime.timedelta(days=7)
-    if not dist.is_initialized():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, timeout=timeout)
-        else:
-            # One process without torchrun: a private file store, nothing listens on the network.
-            fd, path = tempfile.mkstemp(prefix="dart-pg-")
-            os.close(fd)
-            dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1, timeout=timeout)
-    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
 
 
 class FsdpBackend(TorchBackend):
@@ -87,7 +69,7 @@ class FsdpBackend(TorchBackend):
         device_type = torch.device(config.device).type
         if settings.mixed_precision == "bf16" and device_type != "cuda":
             raise TrainerError("train.backend.mixed_precision bf16 needs a GPU (train.device cuda)")
-        rank, world, local_rank = init_process_group(device_type)
+        rank, world, local_rank = collectives.init_process_group(device_type, settings.collective_timeout_s)
         if world != settings.world_size:
             raise TrainerError(
                 f"train.backend wants {settings.world_size} ranks (nproc {settings.nproc} x nnodes "

@@ -56,6 +56,8 @@ class TrainerStats:
         stale_samples: Samples dropped because they lagged more than their batch's ``max_staleness``
             behind the trainer's version (experience-pool replays are never dropped).
         stale_batches: Batches acked untrained because every sample was stale.
+        samples_dropped: Unusable samples (tokens that disagree with the images, a screenshot missing or
+            corrupt) dropped from batches that trained on the rest, by reason.
     """
 
     batches: int = 0
@@ -66,6 +68,7 @@ class TrainerStats:
     skipped: dict[str, int] = field(default_factory=dict)
     stale_samples: int = 0
     stale_batches: int = 0
+    samples_dropped: dict[str, int] = field(default_factory=dict)
 
 
 class TrainerService:
@@ -80,12 +83,13 @@ class TrainerService:
     the batch's ``max_staleness`` versions behind ``version`` are dropped (counted; a batch left empty
     is acked untrained).
 
-    A batch whose inputs cannot be built on some rank is skipped on every rank (nothing updated) and
-    counted in ``stats.skipped`` by reason. If the fault is the sample's own (tokens that disagree with
-    the images, a screenshot missing after retries or failing its digest) it is terminated: redelivery
-    would fail the same way up to the stream's ``max_deliver`` and only delay the batches behind it.
-    If the store stayed unreadable through the retries, or anything else failed, it is nak'ed: the
-    samples are fine, and terminating would lose them.
+    A sample whose inputs cannot be built for a fault of its own (tokens that disagree with the images, a
+    screenshot missing after retries or failing its digest) is dropped alone, on every rank, and counted in
+    ``stats.samples_dropped`` by reason; the batch trains on the rest while at least
+    ``min(batch.min_samples, len(batch))`` remain, and is otherwise terminated (redelivery would fail the
+    same way). A batch whose inputs cannot be built for any other reason (the store unreadable through the
+    retries, an unexpected error) is skipped on every rank (nothing updated), counted in ``stats.skipped``
+    by reason, and nak'ed: the samples are fine, and terminating would lose them.
 
     Args:
         config: Trainer configuration.
@@ -227,9 +231,9 @@ class TrainerService:
             try:
                 if self._busy is not None:
                     async with self._busy.busy("train_step"):
-                        metrics = await self._train_step(split.kept)
+                        metrics = await self._train_step(split.kept, batch.min_samples)
                 else:
-                    metrics = await self._train_step(split.kept)
+                    metrics = await self._train_step(split.kept, batch.min_samples)
             except BatchSkippedError as exc:
                 await self._skip(delivery, exc)
                 return
@@ -253,6 +257,9 @@ class TrainerService:
             await delivery.ack()
         self.stats.batches += 1
         self.last_metrics = metrics
+        for reason, count in metrics.dropped_by_reason.items():
+            self.stats.samples_dropped[reason] = self.stats.samples_dropped.get(reason, 0) + count
+            self._event("trainer.samples_dropped", batch_id=batch.batch_id, reason=reason, samples=count)
         self._event(
             "trainer.step",
             batch_id=batch.batch_id,
@@ -329,19 +336,21 @@ class TrainerService:
             oldest_policy_version=oldest,
         )
 
-    async def _train_step(self, samples: list[TrainingSample]) -> TrainStepMetrics:
+    async def _train_step(self, samples: list[TrainingSample], min_samples: int | None) -> TrainStepMetrics:
         if self.config.debug_step_delay_s:
             await asyncio.sleep(self.config.debug_step_delay_s)
-        return await asyncio.to_thread(self.train, samples)
+        return await asyncio.to_thread(self.train, samples, min_samples)
 
-    def train(self, samples: list[TrainingSample]) -> TrainStepMetrics:
-        """Rebuild the samples' inputs on every rank and run the shared RL update (blocking).
+    def train(self, samples: list[TrainingSample], min_samples: int | None = None) -> TrainStepMetrics:
+        """Build each rank's share of the samples' inputs and run the shared RL update (blocking). Unusable
+        samples are dropped alone while at least ``min(min_samples, len(samples))`` remain.
 
         Raises:
-            BatchSkippedError: Some rank could not build its inputs; no rank updated.
+            BatchSkippedError: The batch cannot train (see :func:`~dart.train.distributed.train_batch`); no
+                rank updated.
         """
-        self.commander.send("train", [s.model_dump(mode="json") for s in samples])
-        return train_batch(self.backend, self.config, self.reader, samples)
+        self.commander.send("train", [s.model_dump(mode="json") for s in samples], min_samples)
+        return train_batch(self.backend, self.config, self.reader, samples, min_samples)
 
     async def publish(self) -> ModelVersion:
         """Publish the current weights as ``version + 1`` (busy ``publish``)."""

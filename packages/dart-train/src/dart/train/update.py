@@ -21,6 +21,12 @@ One batch goes through:
 Every rank makes the same number of forward/backward calls (FSDP all-gathers parameters inside them):
 a rank short of samples runs a dummy row with weight 0. Each sample is one unpadded row, and the loss
 is a weighted sum, so neither padding nor micro-batching changes the result.
+
+Each sample belongs to one data-parallel rank (:func:`owners_of`), which alone needs its inputs: it computes
+the sample's ``logp_old`` and its share of every mini-batch. Blocks of ``min(mini_batches, n)`` consecutive
+samples are dealt to the ranks in turn and each rank deals its chosen samples to the mini-batches in turn,
+so each mini-batch is spread evenly over the ranks (with every sample chosen it is exactly the mini-batch
+``chosen[k::mini_batches]`` split round-robin).
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -69,6 +75,8 @@ class TrainStepMetrics:
         selected_samples: Samples trained on after high-entropy selection.
         refused_samples: Samples refused for a non-finite or out-of-bounds advantage or log-prob
             (:mod:`dart.train.admission`).
+        dropped_samples: Samples dropped as unusable before the update (:mod:`dart.train.shares`).
+        dropped_by_reason: The same, by reason (not in :meth:`as_dict`: the service reports it per reason).
     """
 
     step: int
@@ -88,10 +96,14 @@ class TrainStepMetrics:
     optimizer_steps: int = 1
     selected_samples: int = 0
     refused_samples: int = 0
+    dropped_samples: int = 0
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float | int | None]:
-        """Plain dict, for telemetry events."""
-        return asdict(self)
+        """Plain dict of the scalar figures, for telemetry events."""
+        figures = asdict(self)
+        del figures["dropped_by_reason"]
+        return figures
 
 
 def select_high_entropy(
@@ -125,11 +137,27 @@ def token_weights(samples: Sequence[TrainingSample], lengths: Sequence[int], agg
     return [1.0 / (len(per_traj) * per_traj[s.trajectory_id]) for s in samples]
 
 
-def _shard(indices: Sequence[int], dp_rank: int, dp_size: int) -> list[int | None]:
-    """This rank's indices, padded with None so every rank gets the same count."""
-    per = math.ceil(len(indices) / dp_size)
-    mine: list[int | None] = list(indices[dp_rank::dp_size])
-    return mine + [None] * (per - len(mine))
+def owners_of(n: int, mini_batches: int, dp_size: int) -> list[int]:
+    """The data-parallel rank that owns each of ``n`` samples (builds its inputs and computes it): blocks of
+    ``min(mini_batches, n)`` consecutive samples, dealt to the ranks in turn."""
+    block = max(1, min(mini_batches, n))
+    return [(p // block) % dp_size for p in range(n)]
+
+
+def mini_batches(chosen: Sequence[int], owners: Sequence[int], n_mini: int, dp_size: int) -> list[list[int]]:
+    """``chosen`` split into ``n_mini`` mini-batches (sorted indices): each rank deals its own chosen samples to
+    the mini-batches in turn, so each mini-batch's work is spread evenly over the ranks."""
+    per_rank = [[i for i in chosen if owners[i] == r] for r in range(dp_size)]
+    return [sorted(i for own in per_rank for i in own[k::n_mini]) for k in range(n_mini)]
+
+
+def _shard(indices: Sequence[int], owners: Sequence[int], dp_rank: int, dp_size: int) -> list[int | None]:
+    """This rank's ``indices`` (by ``owners``), padded with None so every rank gets the same count."""
+    counts = [0] * dp_size
+    for i in indices:
+        counts[owners[i]] += 1
+    mine: list[int | None] = [i for i in indices if owners[i] == dp_rank]
+    return mine + [None] * (max(counts) - len(mine))
 
 
 class SampleReader:
@@ -177,6 +205,16 @@ class SampleReader:
         )
 
 
+@dataclass(frozen=True)
+class _Held:
+    """What one rank holds of a batch: ``inputs`` by sample index, each sample's ``owner`` rank, and the
+    ``spare`` row it runs with weight 0 where it has no sample of its own."""
+
+    inputs: Mapping[int, ModelInputs]
+    owner: Sequence[int]
+    spare: int
+
+
 class RLUpdate:
     """Runs one batch's update on a backend; see the module docstring for the steps.
 
@@ -200,53 +238,47 @@ class RLUpdate:
 
     # Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
     # hold the same per-sample figures, and the world is larger than the number of distinct shares.
-    def run(self, samples: Sequence[TrainingSample], inputs: Sequence[ModelInputs]) -> TrainStepMetrics:
+    def run(
+        self,
+        samples: Sequence[TrainingSample],
+        inputs: Sequence[ModelInputs] | Mapping[int, ModelInputs],
+        owners: Sequence[int] | None = None,
+    ) -> TrainStepMetrics:
         """Update on ``samples`` (every rank passes the same list) and return the batch's metrics.
 
+        ``inputs`` holds at least the inputs of the samples this rank owns, by index (a list: every sample's);
+        ``owners`` says which data-parallel rank owns each sample (default :func:`owners_of`). A rank that owns
+        none of them still needs one sample's inputs: it runs that row with weight 0 to stay in step.
+
         Raises:
-            TrainerError: No samples.
+            TrainerError: No samples, or no inputs on this rank.
             SampleError: Every sample was refused (:mod:`dart.train.admission`).
         """
         started = time.perf_counter()
         if not samples:
             raise TrainerError("an update needs at least one sample")
         cfg, backend = self.config, self.backend
-        keep, refused = admissible(samples, cfg.max_abs_advantage)
-        if not keep:
-            raise SampleError(samples[0].trajectory_id, samples[0].step_index, f"every sample refused: {dict(refused)}")
-        if refused:
-            log.warning("refusing %d samples of the batch: %s", sum(refused.values()), dict(refused))
-            samples, inputs = [samples[i] for i in keep], [inputs[i] for i in keep]
-        dp_rank, dp_size, dp_group = backend.dp_rank, backend.dp_size, backend.dp_group
+        dp_size, dp_group = backend.dp_size, backend.dp_group
+        samples, held, refused = self._admit(samples, inputs, owners)
+        owner = held.owner
         kl = self.loss_config.kl_coef > 0.0
 
         # 1. logp_old, entropies (and reference log-probs) of every sample, once, before any update.
-        local: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        with torch.no_grad():
-            for i in _shard(range(len(samples)), dp_rank, dp_size):
-                j = 0 if i is None else i
-                logp, ent = self._logp(inputs[j], samples[j])
-                ref = backend.reference_logprobs(inputs[j], **self._sampling(samples[j])).float().cpu() if kl else None
-                if i is not None:
-                    local[i] = (logp.float().cpu(), ent.float().cpu(), ref)
-        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        for part in collectives.gather_objects(local, size=dp_size, group=dp_group):
-            old.update(part)
+        old = self._old_logprobs(samples, held, kl)
         rollout = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
-        total_tokens = sum(x.response_len for x in inputs)
+        lengths = [len(s.response_token_ids) for s in samples]
+        total_tokens = sum(lengths)
         mismatch = sum(float((old[i][0] - rollout[i]).abs().sum()) for i in range(len(samples))) / total_tokens
         entropy = sum(float(old[i][1].sum()) for i in range(len(samples))) / total_tokens
 
         # 2-3. selection and token weights.
-        mean_entropy = [float(old[i][1].mean()) if inputs[i].response_len else 0.0 for i in range(len(samples))]
+        mean_entropy = [float(old[i][1].mean()) if lengths[i] else 0.0 for i in range(len(samples))]
         chosen = select_high_entropy(samples, mean_entropy, cfg.entropy_top_fraction, cfg.entropy_scope)
         n_mini = min(cfg.mini_batches, len(chosen))
-        weights = token_weights(
-            [samples[i] for i in chosen], [inputs[i].response_len for i in chosen], cfg.loss_aggregation
-        )
+        weights = token_weights([samples[i] for i in chosen], [lengths[i] for i in chosen], cfg.loss_aggregation)
         weight_of = {i: w * n_mini for i, w in zip(chosen, weights, strict=True)}
         # Each mini-batch: its sample indices and their token weights.
-        minis = [{i: weight_of[i] for i in chosen[k::n_mini]} for k in range(n_mini)]
+        minis = [{i: weight_of[i] for i in part} for part in mini_batches(chosen, owner, n_mini, dp_size)]
 
         keys = ("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction") + (
             ("kl",) if kl else ()
@@ -255,7 +287,7 @@ class RLUpdate:
         norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
             for mini in minis:
-                step_sums = self._mini_batch(samples, inputs, mini, old, rollout, keys)
+                step_sums = self._mini_batch(samples, held, mini, old, rollout, keys)
                 summed = collectives.sum_values(step_sums, size=dp_size, group=dp_group)
                 for key, value in zip(keys, summed, strict=True):
                     sums[key] += value
@@ -281,10 +313,53 @@ class RLUpdate:
             refused_samples=sum(refused.values()),
         )
 
+    def _admit(
+        self,
+        samples: Sequence[TrainingSample],
+        inputs: Sequence[ModelInputs] | Mapping[int, ModelInputs],
+        owners: Sequence[int] | None,
+    ) -> tuple[list[TrainingSample], _Held, dict[str, int]]:
+        """The admitted samples (:mod:`dart.train.admission`), what this rank holds of them, and the refusals."""
+        dp_rank, dp_size = self.backend.dp_rank, self.backend.dp_size
+        inputs_of = dict(enumerate(inputs)) if isinstance(inputs, Sequence) else dict(inputs)
+        owner = list(owners) if owners is not None else owners_of(len(samples), self.config.mini_batches, dp_size)
+        keep, refused = admissible(samples, self.config.max_abs_advantage)
+        if not keep:
+            raise SampleError(samples[0].trajectory_id, samples[0].step_index, f"every sample refused: {dict(refused)}")
+        if refused:
+            log.warning("refusing %d samples of the batch: %s", sum(refused.values()), dict(refused))
+            samples, owner = [samples[i] for i in keep], [owner[i] for i in keep]
+            inputs_of = {new: inputs_of[old] for new, old in enumerate(keep) if old in inputs_of}
+        if not inputs_of:  # the trainer's batches are admitted before their inputs are built: never there
+            raise TrainerError(f"data-parallel rank {dp_rank} holds no admitted sample's inputs (one keeps it in step)")
+        # A row this rank can run with weight 0 where it has no sample of its own.
+        spare = min((i for i in inputs_of if owner[i] == dp_rank), default=min(inputs_of))
+        return list(samples), _Held(inputs_of, owner, spare), dict(refused)
+
+    def _old_logprobs(
+        self, samples: Sequence[TrainingSample], held: _Held, kl: bool
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Every sample's ``logp_old``, entropies and (with ``kl``) reference log-probs: each rank computes its own
+        samples', then all are gathered over the data-parallel group."""
+        backend = self.backend
+        local: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        with torch.no_grad():
+            for i in _shard(range(len(samples)), held.owner, backend.dp_rank, backend.dp_size):
+                j = held.spare if i is None else i
+                logp, ent = self._logp(held.inputs[j], samples[j])
+                sampling = self._sampling(samples[j])
+                ref = backend.reference_logprobs(held.inputs[j], **sampling).float().cpu() if kl else None
+                if i is not None:
+                    local[i] = (logp.float().cpu(), ent.float().cpu(), ref)
+        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        for part in collectives.gather_objects(local, size=backend.dp_size, group=backend.dp_group):
+            old.update(part)
+        return old
+
     def _mini_batch(
         self,
         samples: Sequence[TrainingSample],
-        inputs: Sequence[ModelInputs],
+        held: _Held,
         mini: dict[int, float],
         old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
         rollout: Sequence[torch.Tensor],
@@ -296,14 +371,13 @@ class RLUpdate:
         docstring).
         """
         backend, dp_size = self.backend, self.backend.dp_size
-        indices = list(mini)
-        mine = _shard(indices, backend.dp_rank, dp_size)
+        mine = _shard(list(mini), held.owner, backend.dp_rank, dp_size)
         sums = dict.fromkeys(keys, 0.0)
         mbs = self.config.micro_batch_size
         for lo in range(0, len(mine), mbs):
             rows = mine[lo : lo + mbs]
-            real = [indices[0] if i is None else i for i in rows]
-            outs = [self._logp(inputs[i], samples[i])[0] for i in real]
+            real = [held.spare if i is None else i for i in rows]
+            outs = [self._logp(held.inputs[i], samples[i])[0] for i in real]
             logp, mask = pad_rows(outs)
             device = logp.device
             logp_old = pad_rows([old[i][0] for i in real])[0].to(device)

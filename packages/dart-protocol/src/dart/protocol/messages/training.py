@@ -77,6 +77,10 @@ class TrainingBatch(Message):
     """The staleness bound the batch was formed under (the data manager's ``grouping.max_staleness``):
     the trainer drops samples more than this many versions behind its own at training time
     (experience-pool replays excepted); None: no bound."""
+    min_samples: int | None = Field(default=None, ge=1)
+    """The batch size it was formed for (the data manager's ``batching.min_samples``): when the trainer drops
+    unusable samples (a screenshot missing or corrupt, tokens that disagree with the images), the rest
+    trains only while at least ``min(min_samples, len(samples))`` remain; None: while any remains."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingBatch:

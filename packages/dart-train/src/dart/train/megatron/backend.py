@@ -49,18 +49,6 @@ _META = "megatron_meta.json"
 _FORMAT = "dart-megatron-1"
 
 
-def _ensure_process_group(device: torch.device) -> None:
-    """Join torchrun's process group (env://), or make a one-rank group on loopback when not launched by torchrun."""
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend)
-        return
-    store = dist.HashStore()  # type: ignore[attr-defined]  # exported, but not in torch's __all__
-    dist.init_process_group(backend, store=store, rank=0, world_size=1)
-
-
 class MegatronBackend(TrainerBackend):
     """A Qwen2.5-VL policy whose language model is a tensor-parallel megatron-core GPTModel, with AdamW.
 
@@ -164,7 +152,7 @@ class MegatronBackend(TrainerBackend):
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
-        _ensure_process_group(device)
+        collectives.init_process_group(device.type, layout.collective_timeout_s)
         tp = layout.tensor_parallel_size
         world = dist.get_world_size()
         if tp < 1 or world % tp:
@@ -177,7 +165,12 @@ class MegatronBackend(TrainerBackend):
         ps = mcore.parallel_state
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=1,
+            # Its groups (tensor- and data-parallel) time out as the world's does, in whole minutes.
+            distributed_timeout_minutes=max(1, math.ceil(layout.collective_timeout_s / 60)),
+        )
         if not cuda:
             install_cpu_memory_buffer()
         torch.manual_seed(config.seed)
