@@ -154,10 +154,10 @@ class _WarmStartsAhead:
     config at a time, in the order the tests want them) into the cache directory ``dart_run`` gives its runs.
 
     A warm start is most of a smoke run's CPU time (about 50 s each at 2 cores, 110 s for Qwen3-VL), and the
-    unit and integration tests before the end-to-end ones leave about a third of the machine idle: the
-    preparation runs at the lowest CPU priority (nice 19) in that idle time. A run that wants a warm start
-    still being prepared waits for it (the cache's per-key lock), then starts at full priority; one whose
-    preparation failed computes its own (the log is named in the terminal summary)."""
+    unit and integration tests before the end-to-end ones leave part of the machine idle: the preparation
+    runs at the lowest CPU priority (SCHED_IDLE: only on a CPU nothing else wants) in that time. A run that
+    wants a warm start still being prepared waits for it (the cache's per-key lock), then starts at full
+    priority; one whose preparation failed computes its own (the log is named in the terminal summary)."""
 
     def __init__(self) -> None:
         self.cache_dir: Path | None = None
@@ -192,7 +192,7 @@ class _WarmStartsAhead:
                         "DART_WARM_START__MAX_SECONDS": "7200",
                         **env,
                     },
-                    preexec_fn=lambda: os.nice(19),
+                    preexec_fn=_idle_priority,
                     start_new_session=True,
                 )
                 if self._proc.wait() != 0 and not self._stopping.is_set():
@@ -212,6 +212,14 @@ class _WarmStartsAhead:
 
 
 _warm_starts = _WarmStartsAhead()
+
+
+def _idle_priority() -> None:
+    """In the child before exec: run only on a CPU nothing else wants (SCHED_IDLE), where Linux has it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
 
 
 def _wanted_warm_starts(items: list[pytest.Item]) -> list[tuple[Path, dict[str, str]]]:

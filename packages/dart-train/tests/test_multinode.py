@@ -4,7 +4,9 @@ Each "machine" runs the package's own command with the same config file except i
 ``DART_TRAIN__BACKEND__NODE_RANK``, as a deployment would). Both launchers' ranks form one process group,
 global rank 0 (node 0) consumes the batches and publishes. The weights it publishes after the same two
 batches must equal those of one launcher running every rank itself: FSDP2 with 2 nodes x 1 rank, and
-megatron-core with its tensor-parallel group of 2 split across the two nodes.
+megatron-core with its tensor-parallel group of 2 split across the two nodes. The megatron run across two
+launchers has a 15 s collective timeout and no batch for 30 s between its two: the ranks outside rank 0 wait
+for its next command on the store, not in a collective, so the idle spell kills nothing.
 """
 
 from __future__ import annotations
@@ -39,17 +41,24 @@ BACKENDS: dict[str, dict[str, Any]] = {
 }
 ACROSS_TWO: dict[str, dict[str, Any]] = {
     "fsdp": {"kind": "fsdp", "nproc": 1},
-    "megatron": {"kind": "megatron", "tensor_parallel_size": 2},
+    "megatron": {"kind": "megatron", "tensor_parallel_size": 2, "collective_timeout_s": 15},
 }
+IDLE_S = {"megatron": 30.0}
+"""Seconds without a batch between the two batches, across two launchers, by backend (twice the timeout)."""
 
 
 async def _feed_and_wait(
-    url: str, run: str, samples: list[TrainingSample], procs: list[subprocess.Popen[bytes]]
+    url: str, run: str, samples: list[TrainingSample], procs: list[subprocess.Popen[bytes]], idle_s: float
 ) -> None:
-    """Publish two batches, then wait until version 2 is announced (or a launcher dies)."""
+    """Publish a batch, wait until version 1 is announced, leave the trainer ``idle_s`` without a batch, publish
+    the second and wait until version 2 is announced (a launcher dying fails it)."""
     async with await Bus.connect(BusConfig(url=url, run=run)) as bus:
         await ensure_topology(bus)
+        state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET))
+        deadline = time.monotonic() + 800.0
         for i in range(2):
+            if i == 1 and idle_s:
+                await _alive_for(procs, idle_s)
             batch = TrainingBatch(
                 batch_id=f"b{i}",
                 samples=samples,
@@ -59,22 +68,36 @@ async def _feed_and_wait(
                 created_at=1.0,
             )
             await bus.js_publish(bus.subjects.stream_subject("batch"), batch, f"b{i}")
-        state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET))
-        deadline = time.monotonic() + 800.0
-        while True:
-            latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
-            if latest is not None and latest.version >= 2:
-                return
-            dead = [p.returncode for p in procs if p.poll() is not None]
-            assert not dead, f"a launcher exited with {dead} before version 2"
-            assert time.monotonic() < deadline, "version 2 was not published"
-            await asyncio.sleep(0.5)
+            while True:
+                latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+                if latest is not None and latest.version >= i + 1:
+                    break
+                dead = [p.returncode for p in procs if p.poll() is not None]
+                assert not dead, f"a launcher exited with {dead} before version {i + 1}"
+                assert time.monotonic() < deadline, f"version {i + 1} was not published"
+                await asyncio.sleep(0.5)
+
+
+async def _alive_for(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    """Wait ``seconds`` (the idle spell itself), failing as soon as a launcher exits."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        dead = [p.returncode for p in procs if p.poll() is not None]
+        assert not dead, f"a launcher exited with {dead} while the trainer had no batch"
+        await asyncio.sleep(0.5)
 
 
 def _train(
-    tmp: Path, nats_url: str, checkpoint: Path, samples: list[TrainingSample], backend: dict[str, Any], nnodes: int
+    tmp: Path,
+    nats_url: str,
+    checkpoint: Path,
+    samples: list[TrainingSample],
+    backend: dict[str, Any],
+    nnodes: int,
+    idle_s: float = 0.0,
 ) -> dict[str, torch.Tensor]:
-    """Run the trainer on two batches with ``nnodes`` launchers; the weights it published as version 2."""
+    """Run the trainer on two batches (``idle_s`` apart) with ``nnodes`` launchers; the weights it published as
+    version 2."""
     run = f"mn-{uuid.uuid4().hex[:8]}"
     nodes = {"nnodes": nnodes}
     if nnodes > 1:
@@ -102,7 +125,7 @@ def _train(
             procs.append(subprocess.Popen(command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         try:
-            asyncio.run(_feed_and_wait(nats_url, run, samples, procs))
+            asyncio.run(_feed_and_wait(nats_url, run, samples, procs, idle_s))
         except AssertionError as e:
             logs = {n: (tmp / f"node-{n}.log").read_text()[-3000:] for n in range(nnodes)}
             raise AssertionError(f"{e}; logs: {logs}") from None
@@ -128,7 +151,8 @@ def test_two_launchers_train_as_one(
     kind: str, nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
 ) -> None:
     one = _train(tmp_path / "one", nats_url, tiny_checkpoint, rollout_samples, BACKENDS[kind], nnodes=1)
-    two = _train(tmp_path / "two", nats_url, tiny_checkpoint, rollout_samples, ACROSS_TWO[kind], nnodes=2)
+    idle = IDLE_S.get(kind, 0.0)
+    two = _train(tmp_path / "two", nats_url, tiny_checkpoint, rollout_samples, ACROSS_TWO[kind], nnodes=2, idle_s=idle)
     assert one.keys() == two.keys()
     initial = load_file(str(tiny_checkpoint / "model.safetensors"))
     shared = one.keys() & initial.keys()
