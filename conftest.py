@@ -166,6 +166,7 @@ class _WarmStartsAhead:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._hurried = False
 
     def start(self, wanted: list[tuple[Path, dict[str, str]]]) -> None:
         self.cache_dir = Path(tempfile.mkdtemp(prefix="dart-warm-starts-"))
@@ -192,11 +193,26 @@ class _WarmStartsAhead:
                         "DART_WARM_START__MAX_SECONDS": "7200",
                         **env,
                     },
-                    preexec_fn=_idle_priority,
+                    preexec_fn=None if self._hurried else _idle_priority,
                     start_new_session=True,
                 )
                 if self._proc.wait() != 0 and not self._stopping.is_set():
                     self.failed.append(f"{config.name} (exit {self._proc.returncode})")
+
+    def hurry(self) -> None:
+        """An end-to-end run is starting: what is still being prepared runs at normal priority from now on, so a
+        run waiting for it is not left behind everything else on a busy machine."""
+        self._hurried = True
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        # The policy is per thread (torch's threads included); the preparation's processes share its session.
+        for task in Path("/proc").glob("[0-9]*/task/[0-9]*"):
+            try:
+                if os.getsid(int(task.parent.parent.name)) == proc.pid:
+                    os.sched_setscheduler(int(task.name), os.SCHED_OTHER, os.sched_param(0))
+            except (OSError, AttributeError, ValueError):  # gone, or not Linux: nothing to lift
+                continue
 
     def stop(self) -> None:
         self._stopping.set()
@@ -313,6 +329,7 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
     ) -> tuple[dict[str, Any], Path]:
         """``during(process, runs_root)``, when given, runs on a thread while the run goes on (fault
         injection); an exception it raises fails the test once the run ended."""
+        _warm_starts.hurry()
         runs = tmp_path_factory.mktemp("runs")
         proc = subprocess.Popen(
             [sys.executable, "-m", "dart.cli", "run", str(config)],
