@@ -12,7 +12,8 @@
   the moment ``tests/test_stack.py`` or a test using the fixture (the docker VM provider's) is collected;
   such tests run last.
 - Warm starts prepared ahead: the warm starts that tests marked ``warm_start(config, env=...)`` want are
-  computed from collection on, at the lowest CPU priority, into the cache ``dart_run`` gives its runs.
+  computed from collection until the first end-to-end run, at the lowest CPU priority, into the cache
+  ``dart_run`` gives its runs.
 - Guards: no connection beyond loopback; no callback may block an event loop for longer than
   ``BLOCKING_LIMIT_S`` (time spent waiting for a CPU on a busy machine excluded, CPU time counted at a
   reference machine's speed; see the guard).
@@ -155,9 +156,9 @@ class _WarmStartsAhead:
 
     A warm start is most of a smoke run's CPU time (about 50 s each at 2 cores, 110 s for Qwen3-VL), and the
     unit and integration tests before the end-to-end ones leave part of the machine idle: the preparation
-    runs at the lowest CPU priority (SCHED_IDLE: only on a CPU nothing else wants) in that time. A run that
-    wants a warm start still being prepared waits for it (the cache's per-key lock), then starts at full
-    priority; one whose preparation failed computes its own (the log is named in the terminal summary)."""
+    runs at the lowest CPU priority (SCHED_IDLE: only on a CPU nothing else wants) in that time, and ends when
+    the first end-to-end run starts (:meth:`hurry`): a run whose warm start is not ready computes its own, as
+    does one whose preparation failed (the log is named in the terminal summary)."""
 
     def __init__(self) -> None:
         self.cache_dir: Path | None = None
@@ -166,7 +167,6 @@ class _WarmStartsAhead:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._hurried = False
 
     def start(self, wanted: list[tuple[Path, dict[str, str]]]) -> None:
         self.cache_dir = Path(tempfile.mkdtemp(prefix="dart-warm-starts-"))
@@ -193,26 +193,21 @@ class _WarmStartsAhead:
                         "DART_WARM_START__MAX_SECONDS": "7200",
                         **env,
                     },
-                    preexec_fn=None if self._hurried else _idle_priority,
+                    preexec_fn=_idle_priority,
                     start_new_session=True,
                 )
                 if self._proc.wait() != 0 and not self._stopping.is_set():
                     self.failed.append(f"{config.name} (exit {self._proc.returncode})")
 
     def hurry(self) -> None:
-        """An end-to-end run is starting: what is still being prepared runs at normal priority from now on, so a
-        run waiting for it is not left behind everything else on a busy machine."""
-        self._hurried = True
+        """An end-to-end run is starting: the preparation ends here. What is ready stays in the cache; a warm start
+        still being computed is stopped (its lock goes with it) and the run that wants it computes it itself, at
+        normal priority. A preparation lifted to normal priority instead ran many times slower than the run's own
+        beside a CPU-bound program (two torch threads on the one free core)."""
+        self._stopping.set()
         proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        # The policy is per thread (torch's threads included); the preparation's processes share its session.
-        for task in Path("/proc").glob("[0-9]*/task/[0-9]*"):
-            try:
-                if os.getsid(int(task.parent.parent.name)) == proc.pid:
-                    os.sched_setscheduler(int(task.name), os.SCHED_OTHER, os.sched_param(0))
-            except (OSError, AttributeError, ValueError):  # gone, or not Linux: nothing to lift
-                continue
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         self._stopping.set()
