@@ -150,6 +150,33 @@ def test_concurrent_overwrites_never_show_a_torn_or_mismatched_artifact(store: L
     assert errors == []
 
 
+def test_the_old_artifact_stays_whole_when_a_writer_stops_between_its_two_renames(
+    store: LocalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old, new = b"old" * 100, b"new" * 200
+    store.put("k", old)
+    real_replace = os.replace
+
+    def sidecar_only(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst) == store.path("k"):
+            raise OSError("killed between the renames")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", sidecar_only)
+    with pytest.raises(StoreError, match="killed between the renames"):
+        store.put("k", new)
+    monkeypatch.undo()
+    # The new sidecar is in place, the old file with it: the old file's record is still found.
+    assert json.loads((store.root / ".dart-meta/k.json").read_text())["size"] == len(new)
+    assert store.get("k") == old
+    assert b"".join(store.get_stream("k")) == old
+    assert store.stat("k").sha256 == hashlib.sha256(old).hexdigest()
+    store.put("k", new)
+    assert store.get("k") == new
+    sidecar = json.loads((store.root / ".dart-meta/k.json").read_text())
+    assert "previous" not in sidecar["previous"]  # one level kept, not a growing chain
+
+
 def test_list_is_in_key_order(store: LocalStore) -> None:
     # '.' (0x2e) sorts before '/' (0x2f): "a.txt" comes before "a/b", as S3 lists them.
     keys = ["a/b", "a.txt", "a-z", "a/c/d", "b", "A"]

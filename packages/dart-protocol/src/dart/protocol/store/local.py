@@ -16,9 +16,12 @@ Files put under the root by other tools are artifacts too, with no recorded dige
 Writes are atomic: bytes go to a hidden temporary file in the target directory, are fsynced, and
 ``os.replace`` moves them into place; the sidecar is replaced just before the file, so a new
 artifact is never visible without its digest. The sidecar records the size and mtime of the file
-it was written for (``os.replace`` keeps both), so a reader racing an overwrite of the same key,
-which may see the new sidecar with the old file, notices and looks again instead of reporting
-corruption. A file changed in place fails verification with ``IntegrityError``.
+it was written for (``os.replace`` keeps both), and an overwrite's sidecar also keeps the record of
+the file it replaces (``"previous"``): a reader that opens the old file between the two renames,
+or after a writer died between them, finds the record of the file it holds, whatever the timing.
+Writers of one key at the same moment are not serialized: when no record describes the file (two
+overwrites interleaved), a reader looks again while the sidecar is changing or fresh. A file
+changed in place fails verification with ``IntegrityError``.
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ class LocalStore(ArtifactStore):
             sidecar = _sidecar(path)
             sidecar_tmp = sidecar.with_name(f"{_TMP_PREFIX}{uuid.uuid4().hex}")
             with self._create(key, sidecar.parent, sidecar_tmp, "x") as f:
-                json.dump(record_doc, f)
+                json.dump(_with_previous(record_doc, path), f)
                 self._flush(f)
             # Sidecar first: a new artifact must never be visible without its digest.
             os.replace(sidecar_tmp, sidecar)
@@ -234,7 +237,7 @@ class LocalStore(ArtifactStore):
         """Describe ``key`` (see :meth:`ArtifactStore.stat`)."""
         path = self.path(key)
         st = self._stat_file(path)
-        return self._info(key, path, st, _read_sidecar(path)[0])
+        return self._info(key, path, st, _record_for(_read_sidecar(path)[0], st) or {})
 
     def get(self, key: str, *, verify: bool = True) -> bytes:
         """Read ``key`` whole (see :meth:`ArtifactStore.get`)."""
@@ -265,7 +268,7 @@ class LocalStore(ArtifactStore):
         deadline = time.monotonic() + _RACE_WAIT_S
         delays = Backoff(0.001, max_s=0.05).delays()
         while True:
-            record, sidecar_mtime_ns = _read_sidecar(path)
+            doc, sidecar_mtime_ns = _read_sidecar(path)
             try:
                 f = path.open("rb")
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
@@ -273,15 +276,18 @@ class LocalStore(ArtifactStore):
             except OSError as exc:
                 raise StoreError(f"cannot read {file_uri(path)}: {exc}") from exc
             st = os.fstat(f.fileno())
-            if _describes(record, st) or time.monotonic() >= deadline:
+            record = _record_for(doc, st)
+            if record is not None:
                 return f, st, record
-            # The sidecar is for another version of the file. If it changed meanwhile, or was
-            # written moments ago, an overwrite is in flight: look again. Otherwise the file was
-            # changed outside the store, and verification will judge it.
-            changed = _read_sidecar(path)[0] != record
+            if time.monotonic() >= deadline:
+                return f, st, doc
+            # No record describes the file. If the sidecar changed meanwhile, or was written
+            # moments ago, overwrites of this key are interleaving: look again. Otherwise the file
+            # was changed outside the store, and verification will judge it.
+            changed = _read_sidecar(path)[0] != doc
             fresh = sidecar_mtime_ns is not None and time.time_ns() - sidecar_mtime_ns < _FRESH_NS
             if not (changed or fresh):
-                return f, st, record
+                return f, st, doc
             f.close()
             time.sleep(next(delays))
 
@@ -295,7 +301,7 @@ class LocalStore(ArtifactStore):
                 st = path.stat()
             except FileNotFoundError:
                 continue  # deleted while listing
-            yield self._info(key, path, st, _read_sidecar(path)[0])
+            yield self._info(key, path, st, _record_for(_read_sidecar(path)[0], st) or {})
 
     def _walk(self, directory: Path, dir_key: str, prefix: str) -> Iterator[tuple[str, Path]]:
         try:
@@ -359,11 +365,34 @@ def _read_sidecar(path: Path) -> tuple[dict[str, Any], int | None]:
     return doc, mtime_ns
 
 
-def _describes(record: Mapping[str, Any], st: os.stat_result) -> bool:
-    """Whether a sidecar was written for the file version with stat ``st``."""
-    if "size" not in record or "mtime_ns" not in record:
-        return True  # no sidecar (a file put there by another tool): nothing to match
-    return bool(record["size"] == st.st_size and record["mtime_ns"] == st.st_mtime_ns)
+def _record_for(doc: Mapping[str, Any], st: os.stat_result) -> dict[str, Any] | None:
+    """The record of a sidecar ``doc`` that was written for the file version with stat ``st``.
+
+    That is the sidecar's own record or, between an overwrite's two renames, the record of the
+    file it replaces; None when neither describes the file.
+    """
+    if "size" not in doc or "mtime_ns" not in doc:
+        return dict(doc)  # no sidecar (a file put there by another tool): nothing to match
+    for record in (doc, doc.get("previous")):
+        if isinstance(record, dict) and (record.get("size"), record.get("mtime_ns")) == (
+            st.st_size,
+            st.st_mtime_ns,
+        ):
+            return {k: v for k, v in record.items() if k != "previous"}
+    return None
+
+
+def _with_previous(record: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``record`` with the record of the file at ``path`` it is about to replace, if any."""
+    try:
+        current = _read_sidecar(path)[0]
+        st = path.stat()
+    except (StoreError, OSError):
+        return record  # nothing there, or nothing usable: the new record stands alone
+    previous = _record_for(current, st)
+    if previous is None or "size" not in previous:
+        return record
+    return dict(record, previous=previous)
 
 
 def _file_chunks(f: Any, chunk_size: int, uri: str) -> Iterator[bytes]:
