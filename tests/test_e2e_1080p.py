@@ -95,7 +95,10 @@ def test_screenshots_went_by_reference_and_steps_record_what_was_fed(s3_client: 
         # Stored once by the env service, not re-uploaded by dart-data.
         assert shot.uri.startswith("s3://dart/artifacts/screenshots/") and shot.uri.removeprefix("s3://dart/") in keys
         assert len(step.prompt_images) == 1  # max_images: 1
-        assert all(isinstance(i, ImageRef) and (i.width, i.height) == (224, 224) for i in step.prompt_images)
+        # The fed (resized) image went by reference from the rollout, beside the env's screenshots.
+        fed = step.prompt_images[0]
+        assert isinstance(fed, ImageRef) and (fed.width, fed.height) == (224, 224)
+        assert fed.uri.startswith("s3://dart/artifacts/screenshots/") and fed.uri.removeprefix("s3://dart/") in keys
 
 
 def test_retention_deleted_what_training_was_done_with_and_nothing_still_referenced(

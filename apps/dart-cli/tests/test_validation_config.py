@@ -66,6 +66,21 @@ def test_screenshot_retention_must_outlast_the_env_refresh() -> None:
     RunConfig(data={"retention": {"enabled": False, "image_grace_s": 1}}, env={"screenshot_refresh_s": 600})
 
 
+def test_prompt_images_are_stored_beside_the_screenshots_under_the_same_retention() -> None:
+    # Unset: the env's prefix and refresh period, so moving those moves both.
+    config = RunConfig(
+        env={"screenshot_prefix": "shots", "screenshot_refresh_s": 10},
+        data={"retention": {"screenshot_prefix": "shots", "image_grace_s": 20}},
+    )
+    assert (config.rollout.prompt_images.prefix, config.rollout.prompt_images.refresh_s) == ("shots", 10)
+    assert config.rollout.prompt_images.offload(None).prefix == "shots"
+    # Set apart from retention: refused, the setting named.
+    with pytest.raises(ValidationError, match="must be rollout.prompt_images.prefix"):
+        RunConfig(rollout={"prompt_images": {"prefix": "fed"}})
+    with pytest.raises(ValidationError, match=r"must exceed rollout.prompt_images.refresh_s \(5000.0\)"):
+        RunConfig(rollout={"prompt_images": {"refresh_s": 5000}})
+
+
 def test_env_requests_must_outlast_the_env_services_op_timeout() -> None:
     with pytest.raises(
         ValidationError, match=r"rollout.runner.env_request_timeout_s \(120.0\) must exceed env.op_timeout_s \(120.0\)"

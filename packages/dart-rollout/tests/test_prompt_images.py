@@ -6,13 +6,16 @@ import io
 from pathlib import Path
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from dart.protocol.messages import ImageRef, InlineImage
+from dart.protocol.store import LocalStore
+from dart.protocol.store.images import ImageOffload
 from dart.protocol.testing import tiny_png
-from dart.rollout.errors import ImageFetchError
+from dart.rollout.errors import ImageFetchError, ImageStoreError
 from dart.rollout.model.prompt import HistoryStep, build_prompt, prompt_image
-from dart.rollout.service.images import ImageCache
+from dart.rollout.model.screen import ResizeRule
+from dart.rollout.service.images import ImageCache, PromptImages
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +52,53 @@ def test_an_unreadable_reference_is_an_image_fetch_error(tmp_path: Path) -> None
     ref = ImageRef(uri=(tmp_path / "gone.png").as_uri(), sha256="0" * 64, width=4, height=4)
     with pytest.raises(ImageFetchError, match="gone.png"):
         ImageCache().get(ref)
+
+
+def _desktop_1080p() -> bytes:
+    """A 1920x1080 screen with text on it (a terminal's worth of lines): what PNG does not compress away."""
+    screen = Image.new("RGB", (1920, 1080), (30, 30, 30))
+    draw = ImageDraw.Draw(screen)
+    for row in range(0, 1080, 14):
+        draw.text((4, row), f"{row:04d} " + "dart rollout step prompt image " * 8, fill=(200, 220, 200))
+    out = io.BytesIO()
+    screen.save(out, format="PNG")
+    return out.getvalue()
+
+
+async def test_a_1080p_screen_resized_by_the_model_rule_is_recorded_by_reference(tmp_path: Path) -> None:
+    """UI-TARS-1.5 at 1920x1080 (``image_size: model``): the resized PNG is larger than the screenshot and
+    would fill the bus's message limit within a few dozen steps; it goes to the store once, by content,
+    and the step records a reference whose bytes decode to exactly the pixels fed."""
+    png = _desktop_1080p()
+    shot = InlineImage(png=png, width=1920, height=1080)
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    offload = ImageOffload(store, 16 * 1024)
+    images = PromptImages(ImageCache(), ResizeRule(min_pixels=3136, max_pixels=12_845_056), offload)
+
+    fed = await images.prepare(shot)
+    assert fed is not None and fed.pixels.size == (1932, 1092)
+    record = fed.record
+    assert isinstance(record, ImageRef) and (record.width, record.height) == (1932, 1092)
+    key = f"screenshots/{record.sha256}.png"
+    assert record.uri == store.uri(key)
+    stored = store.get(key)
+    assert len(stored) > 16 * 1024
+    assert Image.open(io.BytesIO(stored)).convert("RGB").tobytes() == fed.pixels.tobytes()
+    again = await images.prepare(shot)
+    assert again is not None and again.record == record and offload.stored == 1 and offload.referenced == 2
+
+    # Each step of the trajectory carries a reference of a few hundred bytes, not the image.
+    assert len(record.model_dump_json()) < 512 < 16 * 1024 < len(stored)
+
+
+async def test_a_resized_image_the_store_refuses_ends_the_step_with_a_named_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    store = LocalStore(tmp_path / "file" / "artifacts", create=False)  # a file where a directory must be
+    images = PromptImages(ImageCache(), 224, ImageOffload(store, 0))
+    with pytest.raises(ImageStoreError, match="rollout.prompt_images.inline_max_bytes"):
+        await images.prepare(InlineImage(png=tiny_png(5, 4), width=5, height=4))
+    # Below the threshold, or not resized: nothing is written.
+    small = PromptImages(ImageCache(), None, ImageOffload(store, 0))
+    shot = InlineImage(png=tiny_png(5, 4), width=5, height=4)
+    fed = await small.prepare(shot)
+    assert fed is not None and fed.record is shot

@@ -123,9 +123,9 @@ async def test_engine_failure_is_failed_and_cancel_is_aborted_with_env_released(
     aborted = await task
     assert aborted.status is TrajectoryStatus.ABORTED and not aborted.trainable
 
-    after = await runner_for(bus, pool, ScriptedEngine(["Action: finished(content='ok')"]), lease_timeout_s=2.0).run(
-        work_item()
-    )
+    # The one instance was given back: the next lease gets it (a kept instance would time the lease out).
+    done = ScriptedEngine(["Action: finished(content='ok')"])
+    after = await runner_for(bus, pool, done, lease_timeout_s=60.0).run(work_item())
     assert after.status is TrajectoryStatus.OK
 
 

@@ -1,9 +1,9 @@
 """Bounded storage for what reaches the data manager: trajectory blobs and the env's screenshots.
 
 A run writes three kinds of objects per episode: the trajectory's JSON and the images stored under its
-directory (``<blob_prefix>/<trajectory>/``, written at ingestion), and screenshots the env service
-stored by reference (``<screenshot_prefix>/<sha256>.png``, shared by every trajectory that saw the same
-screen). Published weights and checkpoints are the trainer's (``train.retention``).
+directory (``<blob_prefix>/<trajectory>/``, written at ingestion), and images the env service (screenshots)
+and the rollout service (resized prompt images) stored by reference (``<screenshot_prefix>/<sha256>.png``,
+shared by every trajectory that saw the same screen). Published weights and checkpoints are the trainer's (``train.retention``).
 
 **Trajectories.** A pass deletes a trajectory's directory when nothing can need it for training:
 
@@ -24,10 +24,11 @@ The index row stays, with ``pruned_at`` set: statistics and reports keep every t
 **Shared screenshots.** Ingestion records the keys of shared images each trajectory refers to
 (``image_refs``); pruning a trajectory drops its references. A pass lists the screenshot prefix and
 deletes an object that no stored trajectory refers to and that was last written more than
-``image_grace_s`` ago. Why that cannot pull an image from under a trajectory still on its way: the env
-service rewrites a screenshot it hands out if its last write is older than its ``screenshot_refresh_s``
-(:class:`dart.env.service.screenshots.ScreenshotOffload`), so a reference handed out at time t names an
-object written at or after ``t - screenshot_refresh_s``; with ``image_grace_s`` above that plus the time
+``image_grace_s`` ago. Why that cannot pull an image from under a trajectory still on its way: a service
+rewrites an image it hands out if its last write is older than its refresh period (the env's
+``screenshot_refresh_s``, the rollout's ``prompt_images.refresh_s``;
+:class:`dart.protocol.store.images.ImageOffload`), so a reference handed out at time t names an
+object written at or after ``t - refresh``; with ``image_grace_s`` above that plus the time
 from observation to ingestion, the object outlives the trajectory's arrival, and from then on its
 reference protects it. The reference check, a fresh ``stat`` and the delete run on the data manager's
 database thread, the same thread that checks a new trajectory's images and records its references, so

@@ -105,6 +105,23 @@ class ImageFetchError(RolloutError):
         )
 
 
+class ImageStoreError(RolloutError):
+    """A resized prompt image too large to travel inline could not be written to the artifact store.
+
+    The step cannot be recorded as fed; the trajectory ends as ``env_failed`` (not the policy's doing).
+
+    Attributes:
+        detail: What the store said.
+    """
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(
+            f"cannot store a prompt image: {detail}. Check the rollout service's store, or raise "
+            "rollout.prompt_images.inline_max_bytes to send the images inline."
+        )
+
+
 class EngineStartError(EngineError):
     """A vLLM server did not come up: it exited or did not answer ``/health`` in time (see its log)."""
 

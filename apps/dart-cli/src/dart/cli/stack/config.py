@@ -210,23 +210,44 @@ class RunConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _prompt_images_go_where_the_screenshots_go(self) -> RunConfig:
+        # Resized prompt images are stored beside the env's screenshots, under the same refresh rule.
+        images, env = self.rollout.prompt_images, self.env
+        if images.prefix is None or images.refresh_s is None:
+            filled = images.model_copy(
+                update={
+                    "prefix": env.screenshot_prefix if images.prefix is None else images.prefix,
+                    "refresh_s": env.screenshot_refresh_s if images.refresh_s is None else images.refresh_s,
+                }
+            )
+            self.rollout = self.rollout.model_copy(update={"prompt_images": filled})
+        return self
+
+    @model_validator(mode="after")
     def _screenshot_retention_agrees_with_the_env(self) -> RunConfig:
-        # Retention deletes unreferenced screenshots older than its grace period; the env service
-        # refreshes a screenshot it hands out once it is older than its refresh period.
-        retention, env = self.data.retention, self.env
+        # Retention deletes unreferenced images older than its grace period; the env service and the
+        # rollout's prompt images refresh an image they hand out once it is older than their refresh period.
+        retention, images = self.data.retention, self.rollout.prompt_images
         if not retention.enabled:
             return self
-        if retention.screenshot_prefix.strip("/") != env.screenshot_prefix.strip("/"):
-            raise ValueError(
-                f"data.retention.screenshot_prefix ({retention.screenshot_prefix!r}) must be env.screenshot_prefix "
-                f"({env.screenshot_prefix!r}): retention sweeps where the env service stores screenshots"
-            )
-        if retention.image_grace_s <= env.screenshot_refresh_s:
-            raise ValueError(
-                f"data.retention.image_grace_s ({retention.image_grace_s}) must exceed env.screenshot_refresh_s "
-                f"({env.screenshot_refresh_s}): a screenshot handed out just before its refresh would be "
-                "deleted before its trajectory arrives"
-            )
+        writers = [
+            ("env.screenshot_", self.env.screenshot_prefix, self.env.screenshot_refresh_s),
+            ("rollout.prompt_images.", images.prefix, images.refresh_s),
+        ]
+        for section, prefix, refresh_s in writers:
+            prefix_name, refresh_name = f"{section}prefix", f"{section}refresh_s"
+            assert prefix is not None and refresh_s is not None  # filled in above
+            if retention.screenshot_prefix.strip("/") != prefix.strip("/"):
+                raise ValueError(
+                    f"data.retention.screenshot_prefix ({retention.screenshot_prefix!r}) must be {prefix_name} "
+                    f"({prefix!r}): retention sweeps where the images are stored"
+                )
+            if retention.image_grace_s <= refresh_s:
+                raise ValueError(
+                    f"data.retention.image_grace_s ({retention.image_grace_s}) must exceed {refresh_name} "
+                    f"({refresh_s}): an image handed out just before its refresh would be deleted before its "
+                    "trajectory arrives"
+                )
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ from dart.env.osworld.env import OSWorldConfig
 from dart.env.service.health import RecycleConfig
 from dart.env.sim import SimConfig
 from dart.protocol.config import ConfigModel
+from dart.protocol.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S
 from dart.protocol.subjects import Subjects
 
 
@@ -70,9 +71,9 @@ class EnvServiceConfig(ConfigModel):
     store (``<screenshot_prefix>/<sha256>.png``, once per distinct image) and sent as an ``ImageRef``,
     which keeps replies and trajectories far below ``bus.max_message_bytes``. Needs the service to
     have a store (``dart run`` / ``dart serve`` give it the run's); None sends every screenshot inline."""
-    screenshot_prefix: str = "screenshots"
+    screenshot_prefix: str = DEFAULT_PREFIX
     """Key prefix of screenshots stored by reference."""
-    screenshot_refresh_s: float = Field(default=600.0, gt=0)
+    screenshot_refresh_s: float = Field(default=DEFAULT_REFRESH_S, gt=0)
     """A stored screenshot is handed out by reference only while its last write is younger than this,
     seconds; an older one is written again first. The data manager's retention deletes unreferenced
     screenshots last written more than ``data.retention.image_grace_s`` ago, which must exceed this."""

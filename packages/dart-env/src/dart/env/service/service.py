@@ -111,7 +111,11 @@ class EnvService:
     ) -> None:
         self.config = config
         self.screenshots = ScreenshotOffload(
-            store, config.inline_max_bytes, config.screenshot_prefix, refresh_s=config.screenshot_refresh_s
+            store,
+            config.inline_max_bytes,
+            config.screenshot_prefix,
+            refresh_s=config.screenshot_refresh_s,
+            setting="env.inline_max_bytes",
         )
         """Sends large screenshots by reference; its counters say how many."""
         self._bus = bus

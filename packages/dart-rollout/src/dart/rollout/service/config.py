@@ -20,6 +20,8 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
 from dart.protocol.models import DEFAULT_FAMILY, MODEL_FAMILIES, Coordinates, ModelFamily, family_of
+from dart.protocol.store import ArtifactStore
+from dart.protocol.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S, ImageOffload
 from dart.protocol.topology import STREAMS
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.engine.interface import PluginEngineConfig
@@ -246,6 +248,34 @@ class SyncConfig(ConfigModel):
     """Longest pause between two tries of the same version, seconds."""
 
 
+class PromptImagesConfig(ConfigModel):
+    """Which resized prompt images go by reference, and where (see :mod:`dart.protocol.store.images`).
+
+    They are stored beside the env service's screenshots and swept by the same retention, so ``dart run``
+    fills in the env's prefix and refresh period where these are None.
+    """
+
+    inline_max_bytes: int | None = Field(default=16 * 1024, ge=0)
+    """Largest resized image recorded inline in a step, bytes; larger ones are written to the artifact
+    store once per distinct image and the step records an ``ImageRef``. None records every one inline."""
+    prefix: str | None = None
+    """Key prefix of the stored images; None: ``env.screenshot_prefix`` under ``dart run``, else
+    ``screenshots``."""
+    refresh_s: float | None = Field(default=None, gt=0)
+    """A stored image is referenced only while its last write is younger than this, seconds (retention's
+    ``image_grace_s`` must exceed it); None: ``env.screenshot_refresh_s`` under ``dart run``, else 600."""
+
+    def offload(self, store: ArtifactStore | None) -> ImageOffload:
+        """The offload these settings describe, writing to ``store`` (None keeps every image inline)."""
+        return ImageOffload(
+            store,
+            self.inline_max_bytes,
+            DEFAULT_PREFIX if self.prefix is None else self.prefix,
+            refresh_s=DEFAULT_REFRESH_S if self.refresh_s is None else self.refresh_s,
+            setting="rollout.prompt_images.inline_max_bytes",
+        )
+
+
 class RolloutConfig(ConfigModel):
     """The rollout service: engines, runners and weight sync."""
 
@@ -258,6 +288,10 @@ class RolloutConfig(ConfigModel):
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     image_cache_mb: int = Field(default=256, ge=1, le=65536)
     """Bound of the cache of screenshots read by reference (shared by the runners), MiB."""
+    prompt_images: PromptImagesConfig = Field(default_factory=PromptImagesConfig)
+    """Which of the images the prompts were fed go in the trajectory by reference: a screenshot fed as
+    captured keeps the env's form; one resized (``runner.prompt.image_size``) is a new PNG, sent by
+    reference above ``inline_max_bytes`` (a 1920x1080 screen resized by the model's rule is hundreds of KB)."""
     sync: SyncConfig = Field(default_factory=SyncConfig)
     fetch_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
     """Long-poll of one work fetch, seconds; also bounds how fast a stop is noticed."""

@@ -8,18 +8,22 @@ location (a bucket, a directory) that is kept open and reused.
 
 :meth:`PromptImages.prepare` turns a screenshot into a :class:`~dart.rollout.model.prompt.PromptImage`:
 the RGB pixels handed to the processor and the record of exactly those pixels that the step stores
-(``StepRecord.prompt_images``).
+(``StepRecord.prompt_images``). A resized image is a new PNG; above ``rollout.prompt_images.inline_max_bytes``
+it is stored content-addressed beside the env's screenshots and the step records a reference
+(:mod:`dart.protocol.store.images`), so long episodes at 1920x1080 stay far below the bus's message limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from dart.protocol.errors import ConfigError, StoreError
-from dart.protocol.messages import Image, ImageRef
+from dart.protocol.messages import Image, ImageRef, InlineImage
 from dart.protocol.store import StoreConfig
 from dart.protocol.store.cache import ArtifactCache
-from dart.rollout.errors import ImageFetchError
+from dart.protocol.store.images import ImageOffload
+from dart.rollout.errors import ImageFetchError, ImageStoreError
 from dart.rollout.model.prompt import PromptImage, prompt_image
 from dart.rollout.model.screen import ImageSizing
 
@@ -62,19 +66,32 @@ class PromptImages:
         cache: Where referenced screenshots are read.
         size: How screenshots are sized (``runner.image_sizing()``): a square side, the model's resize
             rule, or None (fed as captured).
+        offload: Where a resized image goes when it is too large to travel inline
+            (``rollout.prompt_images``); None keeps every one inline.
     """
 
-    def __init__(self, cache: ImageCache, size: ImageSizing) -> None:
+    def __init__(self, cache: ImageCache, size: ImageSizing, offload: ImageOffload | None = None) -> None:
         self.cache = cache
         self.size = size
+        self.offload = offload
 
     async def prepare(self, screenshot: Image | None) -> PromptImage | None:
-        """The prompt image of a screenshot (None for none); decoding and resizing run in a thread.
+        """The prompt image of a screenshot (None for none); decoding, resizing and storing run in a thread.
 
         Raises:
             ImageFetchError: A referenced screenshot cannot be read.
+            ImageStoreError: A resized image above the offload's threshold could not be stored.
         """
         if screenshot is None:
             return None
         png = await self.cache.fetch(screenshot) if isinstance(screenshot, ImageRef) else screenshot.png
-        return await asyncio.to_thread(prompt_image, png, self.size, screenshot)
+        return await asyncio.to_thread(self._prepare, png, screenshot)
+
+    def _prepare(self, png: bytes, screenshot: Image) -> PromptImage:
+        fed = prompt_image(png, self.size, screenshot)
+        if self.offload is None or not isinstance(fed.record, InlineImage) or fed.record is screenshot:
+            return fed
+        try:
+            return replace(fed, record=self.offload.image(fed.record))
+        except StoreError as exc:
+            raise ImageStoreError(str(exc)) from exc

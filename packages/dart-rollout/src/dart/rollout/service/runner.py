@@ -39,10 +39,11 @@ from opentelemetry import trace
 from dart.protocol.bus import Bus
 from dart.protocol.messages import Fail, Finished, Observation, StepRecord, StepTimings, Trajectory, WorkItem
 from dart.protocol.messages.trajectory import TrajectoryStatus
+from dart.protocol.store.images import ImageOffload
 from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.interface import EngineError, GenerationRequest, GenerationResult
-from dart.rollout.errors import EnvFailed, ImageFetchError, NoEngineError
+from dart.rollout.errors import EnvFailed, ImageFetchError, ImageStoreError, NoEngineError
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
 from dart.rollout.model.screen import coordinate_scale
 from dart.rollout.service.config import RunnerConfig
@@ -96,6 +97,8 @@ class TrajectoryRunner:
         telemetry: Where the runner's busy records go; None keeps them in memory.
         images: Where screenshots sent by reference are read (the service shares one among its
             runners); None reads ``file://`` references through a cache of its own.
+        offload: Where resized prompt images too large to travel inline are stored (the service
+            shares one); None keeps them inline.
     """
 
     def __init__(
@@ -107,13 +110,14 @@ class TrajectoryRunner:
         *,
         telemetry: Telemetry | None = None,
         images: ImageCache | None = None,
+        offload: ImageOffload | None = None,
     ) -> None:
         self.runner_id = runner_id
         self._bus = bus
         self._router = router
         self._config = config
         self._sizing = config.prompt.image_sizing()
-        self._images = PromptImages(images or ImageCache(), self._sizing)
+        self._images = PromptImages(images or ImageCache(), self._sizing, offload)
         self._format = config.prompt.prompt_format()
         self._space = config.prompt.space()
         self._chat = config.prompt.model_family().chat
@@ -135,7 +139,7 @@ class TrajectoryRunner:
             try:
                 status, reward, success = await self._episode(env, episode)
                 trajectory = self._close(episode, status, reward=reward, success=success)
-            except (EnvFailed, ImageFetchError) as exc:
+            except (EnvFailed, ImageFetchError, ImageStoreError) as exc:
                 trajectory = self._close(episode, TrajectoryStatus.ENV_FAILED, error=str(exc))
             except (EngineError, NoEngineError) as exc:
                 trajectory = self._close(episode, TrajectoryStatus.FAILED, error=f"engine: {exc}")

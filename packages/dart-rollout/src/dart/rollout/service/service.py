@@ -27,7 +27,7 @@ from dart.protocol.bus import Bus, Delivery, PullConsumer, Service
 from dart.protocol.errors import DartError, JetStreamError, ServiceError
 from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, Trajectory, WorkItem
 from dart.protocol.retry import Backoff, retry
-from dart.protocol.store import StoreConfig
+from dart.protocol.store import StoreConfig, open_store
 from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import durable_name, ensure_topology
 from dart.protocol.waiting import cancel_and_wait
@@ -74,7 +74,8 @@ class RolloutService:
         engines: Engines to use instead of starting ``config.num_engines`` hf engines from
             ``config.engine``; the caller keeps ownership (they are not closed on stop).
         telemetry: Where busy intervals and engine update events go.
-        store_config: Endpoint and credentials for ``s3://`` weights and screenshot references.
+        store_config: Endpoint and credentials for ``s3://`` weights and screenshot references, and the
+            store resized prompt images go to (``config.prompt_images``); None keeps those inline.
     """
 
     def __init__(
@@ -94,6 +95,9 @@ class RolloutService:
         self._store_config = store_config
         self.images = ImageCache(store_config, max_bytes=config.image_cache_mb * 1024 * 1024)
         """Screenshots read by reference, shared by the runners."""
+        self._image_store = open_store(store_config) if store_config is not None else None
+        self.prompt_images = config.prompt_images.offload(self._image_store)
+        """Resized prompt images sent by reference, shared by the runners; its counters say how many."""
         self._given_engines = engines
         self._owned: list[InferenceEngine] = []
         self._router: EngineRouter | None = None
@@ -159,6 +163,7 @@ class RolloutService:
                 runner_config,
                 telemetry=self._telemetry,
                 images=self.images,
+                offload=self.prompt_images,
             )
             self._loops.append(asyncio.create_task(self._loop(runner, consumer), name=runner.runner_id))
         # Evaluations on these engines (the run's held-out validation), one at a time.
@@ -231,6 +236,8 @@ class RolloutService:
             await self._gpu.stop()
             self._gpu = None
         await asyncio.to_thread(self.images.close)
+        if self._image_store is not None:
+            await asyncio.to_thread(self._image_store.close)
 
     async def __aenter__(self) -> RolloutService:
         await self.start()
