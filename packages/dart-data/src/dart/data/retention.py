@@ -3,7 +3,8 @@
 A run writes three kinds of objects per episode: the trajectory's JSON and the images stored under its
 directory (``<blob_prefix>/<trajectory>/``, written at ingestion), and images the env service (screenshots)
 and the rollout service (resized prompt images) stored by reference (``<screenshot_prefix>/<sha256>.png``,
-shared by every trajectory that saw the same screen). Published weights and checkpoints are the trainer's (``train.retention``).
+shared by every trajectory that saw the same screen). Published weights and checkpoints are the
+trainer's (``train.retention``).
 
 **Trajectories.** A pass deletes a trajectory's directory when nothing can need it for training:
 

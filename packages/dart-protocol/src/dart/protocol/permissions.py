@@ -28,9 +28,10 @@ What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` 
     every role             sub _INBOX.<role>.>                                 replies to its requests
 
 Replies to requests need no publish grant: ``allow_responses`` lets a server answer the reply
-subject of a request it received, once, within a window (nats-server's default 2 minutes for env
-operations; hours for the rollout service's evaluations). A role's inbox prefix is ``_INBOX.<role>`` (the bus sets it
-from ``bus.user``), so no role can subscribe to another role's replies.
+subject of a request it received, once, within a window (two hours for env operations, whose
+deadline ``env.op_timeout_s`` may be one; six for the rollout service's evaluations). A role's inbox
+prefix is ``_INBOX.<role>`` (the bus sets it from ``bus.user``), so no role can subscribe to another
+role's replies.
 
 Not covered: every JetStream role may create and update (not delete or purge) the run's streams
 and consumers, because every service ensures the topology at start; a stolen credential could
@@ -61,7 +62,7 @@ class Permissions:
         subscribe: Subjects the user may subscribe to.
         allow_responses: Whether the user may answer requests it received (RPC servers).
         response_window_s: How long after a request its one reply may be sent, seconds; None keeps
-            nats-server's default (2 minutes), enough for env operations but not for an evaluation.
+            nats-server's default (2 minutes).
     """
 
     publish: tuple[str, ...]
@@ -73,6 +74,15 @@ class Permissions:
 EVAL_REPLY_WINDOW_S = 6 * 3600
 """How long the rollout service may take to answer an evaluation request (a held-out suite on a real
 checkpoint takes many minutes), seconds."""
+
+ENV_OP_TIMEOUT_MAX_S = 3600
+"""The longest deadline ``env.op_timeout_s`` may give one backend operation (a VM's boot, a heavy
+setup), seconds."""
+
+ENV_REPLY_WINDOW_S = 2 * ENV_OP_TIMEOUT_MAX_S
+"""How long the env service may take to answer a call, seconds: an operation at its longest deadline
+plus the restart of the backend it crashed. With nats-server's default (2 minutes) the reply to a
+longer reset was dropped and the caller ran the reset again."""
 
 
 def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
@@ -144,5 +154,5 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
         publish=tuple(dict.fromkeys(pub)),
         subscribe=tuple(dict.fromkeys(sub)),
         allow_responses=role in ("env", "rollout"),
-        response_window_s=EVAL_REPLY_WINDOW_S if role == "rollout" else None,
+        response_window_s={"rollout": EVAL_REPLY_WINDOW_S, "env": ENV_REPLY_WINDOW_S}.get(role),
     )

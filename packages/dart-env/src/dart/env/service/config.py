@@ -11,6 +11,7 @@ from dart.env.osworld.env import OSWorldConfig
 from dart.env.service.health import RecycleConfig
 from dart.env.sim import SimConfig
 from dart.protocol.config import ConfigModel
+from dart.protocol.permissions import ENV_OP_TIMEOUT_MAX_S
 from dart.protocol.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S
 from dart.protocol.subjects import Subjects
 
@@ -50,7 +51,7 @@ class EnvServiceConfig(ConfigModel):
     """Heartbeat interval suggested to holders, seconds (never more than a third of the lease ttl)."""
     reap_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
     """How often the reaper frees expired leases, seconds."""
-    op_timeout_s: float = Field(default=120.0, gt=0.0, le=3600.0)
+    op_timeout_s: float = Field(default=120.0, gt=0.0, le=ENV_OP_TIMEOUT_MAX_S)
     """Deadline of one backend reset/step/evaluate, seconds; past it the instance counts as crashed."""
     max_consecutive_failures: int = Field(default=3, ge=1, le=1000)
     """Crashes and failed restarts in a row after which an instance slot is retired instead of
