@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
 from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.store import LocalStore, S3Store, StoreConfig
-from dart.protocol.weights import WeightManifest, shard_files
+from dart.protocol.weights import WeightManifest, WeightShard, shard_files
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.engine.vllm_wire import safetensors_header, stage_weights, weights_header
@@ -204,3 +206,40 @@ def test_a_staged_sharded_version_outlives_its_deletion_from_the_store(
     single = tmp_path / "one.safetensors"
     save_file({"w": torch.zeros(2)}, str(single))
     assert sorted(p.name for p in stage_weights(directory, single).iterdir()) == ["model.safetensors"]
+
+
+async def test_a_manifest_swapped_in_the_store_or_naming_paths_is_refused_before_any_download(
+    s3_server: Any, policy_state: dict[str, torch.Tensor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever can write the store cannot steer a fetch: the announced manifest digest is checked before a
+    shard name is read, and a shard name is a plain file name even under a matching digest."""
+    store = _s3_store(s3_server, "manifest-test", monkeypatch)
+    publisher = WeightPublisher(store, config=PublishConfig(shard_mib=_shard_mib(policy_state, 2)))
+    model = await asyncio.to_thread(publisher.save, policy_state, 6, trainer_step=6, base_model="tiny")
+    assert model.manifest_sha256 is not None
+    config = StoreConfig(uri="s3://manifest-test", endpoint=s3_server.endpoint, secure=False)
+    cache = tmp_path / "deep" / "cache"
+    doc = json.loads(await asyncio.to_thread(store.get, "weights/v6/manifest.json"))
+    doc["shards"][0]["name"] = "../../escape.safetensors"
+    forged = json.dumps(doc).encode()
+    await asyncio.to_thread(store.put, "weights/v6/manifest.json", forged)
+
+    with pytest.raises(WeightFetchError, match="the manifest's sha256 is"):
+        await fetch_weights(model, store_config=config, cache_dir=cache)
+    # Announced with the forged manifest's own digest, the name itself is refused.
+    announced = model.model_copy(update={"manifest_sha256": hashlib.sha256(forged).hexdigest()})
+    with pytest.raises(WeightFetchError, match=r"(?s)cannot read the manifest.*shards.0.name"):
+        await fetch_weights(announced, store_config=config, cache_dir=cache)
+    assert not (tmp_path / "escape.safetensors").exists() and not (tmp_path / "deep" / "escape.safetensors").exists()
+    assert not cache.exists() or not any(cache.rglob("*.safetensors"))
+
+
+def test_a_shard_is_named_by_a_plain_file_name() -> None:
+    sha = "0" * 64
+    for name in ("model-00001-of-00002.safetensors", "model.safetensors"):
+        WeightShard(name=name, uri="s3://b/w", size_bytes=1, sha256=sha)
+    for name in ("../x.safetensors", "a/b.safetensors", ".hidden.safetensors", "/abs.safetensors", "x.pth"):
+        with pytest.raises(ValidationError):
+            WeightShard(name=name, uri="s3://b/w", size_bytes=1, sha256=sha)
+    with pytest.raises(ValidationError, match="manifest_sha256"):
+        ModelVersion(version=1, uri="s3://b/w", sha256=sha, created_at=0.0, manifest_uri="s3://b/m.json")

@@ -41,6 +41,7 @@ async def test_published_weights_load_into_the_hf_engine_and_match_the_trainer(
     assert path == store.path("weights/v1/model.safetensors") and model.shards == 1
     assert model.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and model.size_bytes == path.stat().st_size
     assert model.manifest_uri is not None and publisher.last == model
+    assert model.manifest_sha256 == hashlib.sha256(store.get("weights/v1/manifest.json")).hexdigest()
     manifest = WeightManifest.model_validate(json.loads(store.get("weights/v1/manifest.json")))
     assert (manifest.version, manifest.sha256, manifest.trainer_step) == (1, model.sha256, 1)
     assert manifest.base_model == tiny_checkpoint.name

@@ -20,6 +20,7 @@ A policy is named in one of three ways (:func:`resolve_policy`):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +86,8 @@ def _from_manifest(manifest_uri: str, store: StoreConfig | None) -> ModelVersion
     try:
         s, key = resolve_uri(manifest_uri, store)
         with s:
-            manifest = WeightManifest.model_validate_json(s.get(key))
+            body = s.get(key)
+        manifest = WeightManifest.model_validate_json(body)
     except Exception as exc:  # the store's own errors vary by backend; all mean "not readable"
         raise ConfigError("policy", "weights", f"cannot read manifest {manifest_uri}: {exc}") from None
     return ModelVersion(
@@ -93,6 +95,7 @@ def _from_manifest(manifest_uri: str, store: StoreConfig | None) -> ModelVersion
         uri=manifest.weights_uri,
         sha256=manifest.sha256,
         manifest_uri=manifest_uri,
+        manifest_sha256=hashlib.sha256(body).hexdigest(),
         shards=max(1, len(manifest.shards)),
         size_bytes=manifest.size_bytes,
         trainer_step=manifest.trainer_step,

@@ -33,6 +33,8 @@ INDEX_NAME = "model.safetensors.index.json"
 """File name of the index of a sharded version (``weight_map``: tensor name -> shard file name)."""
 MANIFEST_NAME = "manifest.json"
 """File name of a version's :class:`WeightManifest`."""
+SHARD_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.safetensors$"
+"""What a shard's file name may be: no directory part, no ``..``, not hidden."""
 ADAPTER_METADATA_KEY = "dart_adapter"
 """Safetensors metadata key of an adapter version's :class:`AdapterSpec` (JSON)."""
 
@@ -74,8 +76,9 @@ class WeightShard(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1)
-    """File name (``model.safetensors`` or ``model-0000i-of-0000K.safetensors``)."""
+    name: str = Field(min_length=1, max_length=255, pattern=SHARD_NAME_PATTERN)
+    """File name (``model.safetensors`` or ``model-0000i-of-0000K.safetensors``): a plain name, since a
+    fetch writes the shard under it in its download directory (no separator, no leading dot)."""
     uri: str = Field(min_length=1)
     """Artifact URI of the file."""
     size_bytes: int = Field(ge=0)

@@ -144,10 +144,10 @@ class WeightPublisher:
             shards=shards,
             adapter=adapter,
         )
+        manifest_bytes = manifest.model_dump_json(indent=2).encode()
+        manifest_sha256 = hashlib.sha256(manifest_bytes).hexdigest()
         manifest_info = self.store.put(
-            self.key(version, MANIFEST_NAME),
-            manifest.model_dump_json(indent=2).encode(),
-            content_type="application/json",
+            self.key(version, MANIFEST_NAME), manifest_bytes, content_type="application/json", sha256=manifest_sha256
         )
         log.info(
             "saved version %d: %d shard(s), %d bytes, %s", version, len(shards), manifest.size_bytes, manifest.dtype
@@ -157,6 +157,7 @@ class WeightPublisher:
             uri=entry_uri,
             sha256=entry_sha256,
             manifest_uri=manifest_info.uri,
+            manifest_sha256=manifest_sha256,
             shards=len(shards),
             size_bytes=manifest.size_bytes,
             trainer_step=trainer_step,

@@ -109,6 +109,9 @@ class ModelVersion(Message):
     """Digest of the file at ``uri``."""
     manifest_uri: str | None = None
     """Artifact URI of the manifest (every shard's uri and sha256, base model, trainer step)."""
+    manifest_sha256: Sha256Hex | None = None
+    """Digest of the manifest's bytes, set with ``manifest_uri``: a fetch checks it before it reads a
+    shard's name or digest from the manifest (whoever can write the store cannot swap it)."""
     shards: int = Field(default=1, ge=1)
     """Safetensors files the version is split into; above 1 the fetch reads their digests from the manifest."""
     size_bytes: int = Field(default=0, ge=0)
@@ -122,4 +125,6 @@ class ModelVersion(Message):
     def _sharded_has_manifest(self) -> ModelVersion:
         if self.shards > 1 and not self.manifest_uri:
             raise ValueError(f"shards is {self.shards}: a sharded version needs manifest_uri (it lists the shards)")
+        if self.manifest_uri and self.manifest_sha256 is None:
+            raise ValueError("manifest_uri needs manifest_sha256: a manifest is trusted only by its digest")
         return self

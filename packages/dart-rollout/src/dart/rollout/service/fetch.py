@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import os
 import tempfile
+import uuid
 from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any
@@ -171,8 +172,18 @@ async def _read_manifest(version: ModelVersion, uri: str, store_config: StoreCon
             return store.get(key)
 
     try:
-        manifest = WeightManifest.model_validate_json(await asyncio.to_thread(read))
-    except (StoreError, ConfigError, ValidationError) as exc:
+        body = await asyncio.to_thread(read)
+    except (StoreError, ConfigError) as exc:
+        raise WeightFetchError(uri, version.version, f"cannot read the manifest: {exc}") from exc
+    # The digest first: nothing of a manifest that is not the one announced is read (shard names
+    # become file names below the download directory).
+    actual = hashlib.sha256(body).hexdigest()
+    if actual != version.manifest_sha256:
+        detail = f"the manifest's sha256 is {actual}, the announcement's {version.manifest_sha256}"
+        raise WeightFetchError(uri, version.version, detail)
+    try:
+        manifest = WeightManifest.model_validate_json(body)
+    except ValidationError as exc:
         raise WeightFetchError(uri, version.version, f"cannot read the manifest: {exc}") from exc
     announced = (version.version, version.uri, version.sha256, version.shards)
     described = (manifest.version, manifest.weights_uri, manifest.sha256, len(manifest.shards))
@@ -202,7 +213,9 @@ async def _download_verified(
 
     def download() -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".dart-tmp-{path.name}")
+        # A name of its own: another process on this host (a validation engine, a second rollout service)
+        # may be downloading the same file into the same cache.
+        tmp = path.with_name(f".dart-tmp-{uuid.uuid4().hex}-{path.name}")
         digest = hashlib.sha256()
         store, key = resolve_uri(uri, store_config)
         try:
