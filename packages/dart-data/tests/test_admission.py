@@ -5,6 +5,7 @@ and trains on the real work as if it were not there; the record of emitted work 
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,8 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
     # the item's only answer).
     base = good(answered[0], 1.0)
     missing = m.ImageRef(uri=store.uri("nowhere/none.png"), sha256=SHA0, width=2, height=2)
+    foreign = m.ImageRef(uri="file:///etc/hostname", sha256=SHA0, width=2, height=2)
+    climbing = m.ImageRef(uri=store.uri("x")[:-1] + "../../etc/hostname", sha256=SHA0, width=2, height=2)
     bad_step = base.steps[0]
     bad = {
         "reward_out_of_range": good(answered[0], 1.0).model_copy(update={"reward": 2.0}),
@@ -98,6 +101,13 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
         ),
         "missing_image": good(answered[3], 0.0).model_copy(
             update={"steps": [bad_step.model_copy(update={"prompt_images": [missing]}), *base.steps[1:]]}
+        ),
+        # A reference to a host file (it exists, but not in the run's store), and one that climbs out of it.
+        "foreign_image": good(answered[0], 1.0).model_copy(
+            update={"steps": [bad_step.model_copy(update={"prompt_images": [foreign]}), *base.steps[1:]]}
+        ),
+        "climbing_image": good(answered[1], 1.0).model_copy(
+            update={"steps": [bad_step.model_copy(update={"prompt_images": [climbing]}), *base.steps[1:]]}
         ),
     }
     for kind, traj in bad.items():
@@ -115,17 +125,20 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
     for tid, step in (("nan", nan_step), ("misaligned", long_step)):
         await publish(unchecked(m.Trajectory, base, trajectory_id=tid, steps=[step]))
 
-    expected = {
-        "reward_out_of_range": 1,
-        "success_contradicts": 1,
-        "logprob_positive": 1,
-        "missing_image": 1,
-        "duplicate_work": 1,
-        "unknown_work": 1,
-        "work_mismatch": 1,
-        "logprob_not_finite": 1,
-        "misaligned_arrays": 1,
-    }
+    expected = Counter(
+        {
+            "reward_out_of_range": 1,
+            "success_contradicts": 1,
+            "logprob_positive": 1,
+            "missing_image": 1,
+            "foreign_image": 2,
+            "duplicate_work": 1,
+            "unknown_work": 1,
+            "work_mismatch": 1,
+            "logprob_not_finite": 1,
+            "misaligned_arrays": 1,
+        }
+    )
     await wait_until(lambda: service.stats.rejected == expected and service.stats.batches == 1)
     stats = service.stats
     # The real work trained as if nothing else came: 2 groups x 2 trajectories x 2 steps, one batch.
@@ -148,7 +161,9 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
     for i, w in enumerate(work[4:]):
         await publish(good(w, float(i)))
     await publish(good(work[4], 1.0).model_copy(update={"trajectory_id": "foreign-2", "work_id": "g-made-up-1"}))
-    await wait_until(lambda: again.stats.stored == 2 and sum(again.stats.rejected.values()) == 10)
+    await wait_until(
+        lambda: again.stats.stored == 2 and sum(again.stats.rejected.values()) == sum(expected.values()) + 1
+    )
     assert again.stats.rejected["unknown_work"] == 2
     await again.stop()
     await runner.close()
@@ -156,6 +171,6 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
     events = [
         r["attributes"] for r in read_jsonl(telemetry.jsonl_path, types={"event"}) if r["name"] == "data.rejected"
     ]
-    assert sorted(e["reason"] for e in events) == sorted([*expected, "unknown_work"])
+    assert sorted(e["reason"] for e in events) == sorted([*expected.elements(), "unknown_work"])
     await rollout.close()
     await data.close()

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dart.protocol.errors import ArtifactNotFoundError, IntegrityError
-from dart.protocol.store import LocalStore
+from dart.protocol.errors import ArtifactNotFoundError, IntegrityError, InvalidURIError
+from dart.protocol.store import LocalStore, StoreConfig, file_uri, parse_store_uri
 from dart.protocol.store.cache import ArtifactCache
+from dart.protocol.store.uri import key_in
 
 pytestmark = pytest.mark.unit
 
@@ -42,3 +43,27 @@ def test_a_wrong_digest_or_a_missing_artifact_is_a_typed_error(tmp_path: Path) -
         cache.get(store.uri("shots/missing.png"), "0" * 64)
     big = ArtifactCache(max_bytes=2)
     assert big.get(uri, hashlib.sha256(b"abc").hexdigest()) == b"abc" and big.cached_bytes == 0  # too big to keep
+
+
+def test_a_reference_outside_the_runs_store_is_refused_unread(tmp_path: Path) -> None:
+    root = tmp_path / "run" / "artifacts"
+    store = LocalStore(root, fsync=False)
+    inside = store.put("screenshots/a.png", b"abc").uri
+    outside = LocalStore(tmp_path / "other", fsync=False).put("a.png", b"abc").uri
+    sha = hashlib.sha256(b"abc").hexdigest()
+    cache = ArtifactCache(StoreConfig(uri=file_uri(root)))
+    assert cache.get(inside, sha) == b"abc"
+    beside = file_uri(tmp_path / "run" / "artifacts-x" / "a.png")  # a sibling sharing the root's name as a prefix
+    for uri in (outside, "file:///etc/hostname", "file:///dev/zero", "s3://dart/artifacts/screenshots/a.png", beside):
+        with pytest.raises(InvalidURIError, match="outside the run's store"):
+            cache.get(uri, sha)
+    assert cache.misses == 1
+
+
+def test_key_in_compares_scheme_bucket_and_prefix() -> None:
+    run = parse_store_uri("s3://dart/run-1")
+    assert key_in(run, "s3://dart/run-1/screenshots/a.png") == "screenshots/a.png"
+    assert [key_in(run, u) for u in ("s3://dart/run-10/a", "s3://other/run-1/a", "file:///run-1/a")] == [None] * 3
+    assert key_in(parse_store_uri("s3://dart"), "s3://dart/a/b") == "a/b"
+    with pytest.raises(InvalidURIError):
+        key_in(parse_store_uri("file:///srv/art"), "file:///srv/art/../../etc/passwd")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from PIL import Image, ImageDraw
 from dart.protocol.messages import ImageRef, InlineImage
 from dart.protocol.store import LocalStore
 from dart.protocol.store.images import ImageOffload
-from dart.protocol.testing import tiny_png
+from dart.protocol.testing import png_header, tiny_png
 from dart.rollout.errors import ImageFetchError, ImageStoreError
 from dart.rollout.model.prompt import HistoryStep, build_prompt, prompt_image
 from dart.rollout.model.screen import ResizeRule
@@ -102,3 +103,18 @@ async def test_a_resized_image_the_store_refuses_ends_the_step_with_a_named_erro
     shot = InlineImage(png=tiny_png(5, 4), width=5, height=4)
     fed = await small.prepare(shot)
     assert fed is not None and fed.record is shot
+
+
+async def test_a_screenshot_is_decoded_only_at_the_size_it_declares(tmp_path: Path) -> None:
+    """A forged or broken reference declaring a small screen over a 13k x 13k PNG is refused from its header,
+    before anything is decoded (that image would be 0.5 GB of pixels)."""
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    bomb = png_header(13000, 13000)
+    ref = ImageRef(
+        uri=store.put("screenshots/bomb.png", bomb).uri, sha256=hashlib.sha256(bomb).hexdigest(), width=5, height=4
+    )
+    images = PromptImages(ImageCache(), 224)
+    with pytest.raises(ImageFetchError, match="the PNG is 13000x13000, its message declares 5x4"):
+        await images.prepare(ref)
+    with pytest.raises(ImageFetchError, match=r"\(inline\).*the PNG is 5x4, its message declares 4x5"):
+        await images.prepare(InlineImage(png=tiny_png(5, 4), width=4, height=5))

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from dart.protocol.errors import StoreError
-from dart.protocol.messages import TrainingSample
+from dart.protocol.messages import ImageRef, TrainingSample
 from dart.protocol.retry import RetryPolicy
-from dart.protocol.store import ArtifactStore, LocalStore, parse_uri
+from dart.protocol.store import ArtifactStore, LocalStore, StoreConfig, file_uri, parse_uri
+from dart.protocol.testing import png_header, tiny_png
 from dart.train.backend import TorchBackend
-from dart.train.batching import StoreImageSource
+from dart.train.batching import StoreImageSource, decode_screenshot
 from dart.train.config import TrainerConfig
 from dart.train.errors import ImageCorruptError, ImageFetchError, ImageMissingError
 
@@ -85,3 +87,17 @@ def test_a_missing_or_corrupt_screenshot_is_a_permanent_typed_error(rollout_samp
         images(ref.model_copy(update={"sha256": "0" * 64}))
     # A digest mismatch is not read again: the same bytes would come back.
     assert corrupt.value.permanent and counts["reads"] == 1
+
+
+def test_an_image_is_decoded_only_at_the_size_its_reference_declares(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    source = StoreImageSource(StoreConfig(uri=file_uri(store.root)))
+    bomb = png_header(13000, 13000)
+    ref = ImageRef(uri=store.put("s/bomb.png", bomb).uri, sha256=hashlib.sha256(bomb).hexdigest(), width=4, height=4)
+    with pytest.raises(ImageCorruptError, match="the PNG is 13000x13000, its message declares 4x4"):
+        decode_screenshot(source(ref), ref)
+    # And a reference outside the run's store is not read at all: a permanent fault of its sample.
+    outside = ImageRef(uri="file:///etc/hostname", sha256="0" * 64, width=4, height=4)
+    with pytest.raises(ImageMissingError, match="outside the run's store"):
+        source(outside)
+    assert decode_screenshot(tiny_png(4, 4), ref.model_copy(update={"width": 4})).size == (4, 4)

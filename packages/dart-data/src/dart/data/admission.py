@@ -22,6 +22,9 @@ statistics, the experience pool, a group or a batch. Each rejection has one reas
     succeed) or with the reward (a success never earns the lowest reward, a failure never the highest).
 ``logprob_positive``
     A behaviour log-probability above 0 (a probability above 1).
+``foreign_image``
+    A step's screenshot or prompt image refers to a URI outside the run's store (another bucket,
+    ``file:///etc/...``): nothing outside the store is read on a message's word.
 ``missing_image``
     A step's screenshot or prompt image refers to an object that is not in the store.
 ``logprob_not_finite``, ``misaligned_arrays``, ``undecodable``
@@ -63,6 +66,7 @@ def check_trajectory(
     task: TaskSpec | None,
     answered_by: Sequence[str],
     image_exists: Callable[[ImageRef], bool],
+    image_is_ours: Callable[[ImageRef], bool] = lambda _: True,
 ) -> Rejection | None:
     """The first reason to refuse ``traj``, or None when it may be stored.
 
@@ -74,6 +78,7 @@ def check_trajectory(
             trajectory's copy.
         answered_by: Ids of stored trajectories that answered the same work item.
         image_exists: Whether an image reference names an object in the store.
+        image_is_ours: Whether an image reference lies in the run's store (checked first).
     """
     if require_work:
         if work is None:
@@ -106,6 +111,8 @@ def check_trajectory(
         for image in (step.observation.screenshot, *step.prompt_images):
             if isinstance(image, ImageRef) and image.uri not in checked:
                 checked.add(image.uri)
+                if not image_is_ours(image):
+                    return Rejection("foreign_image", f"steps[{step.index}] refers to {image.uri}, outside the store")
                 if not image_exists(image):
                     return Rejection("missing_image", f"steps[{step.index}] refers to {image.uri}, not in the store")
     return None

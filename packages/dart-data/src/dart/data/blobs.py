@@ -21,9 +21,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from dart.protocol.errors import DartError
 from dart.protocol.messages import ImageRef, InlineImage, Trajectory
-from dart.protocol.store import ArtifactStore, resolve_uri
+from dart.protocol.store import ArtifactStore
+from dart.protocol.store.uri import is_valid_key
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -127,19 +127,17 @@ class TrajectoryBlobs:
     def _key_of(self, uri: str) -> str | None:
         """The key of ``uri`` in this store, or None when it points elsewhere."""
         base = self.store.uri("probe")[: -len("probe")]
-        return uri[len(base) :] if uri.startswith(base) else None
+        key = uri[len(base) :] if uri.startswith(base) else None
+        return key if key is not None and is_valid_key(key) else None  # no ".." segment climbs out
+
+    def is_ours(self, ref: ImageRef) -> bool:
+        """Whether an image reference lies in this store (the run's): the only place images are read from."""
+        return self._key_of(ref.uri) is not None
 
     def image_exists(self, ref: ImageRef) -> bool:
-        """Whether an image reference names a stored object: in this store, or where its URI points."""
+        """Whether an image reference names a stored object in this store."""
         key = self._key_of(ref.uri)
-        if key is not None:
-            return self.store.exists(key)
-        try:
-            store, key = resolve_uri(ref.uri)
-            with store:
-                return store.exists(key)
-        except DartError:  # a malformed URI, or a store this process cannot open: unreadable for training too
-            return False
+        return key is not None and self.store.exists(key)
 
     def get(self, blob_key: str) -> Trajectory:
         """Read a stored trajectory back (screenshots stay references)."""

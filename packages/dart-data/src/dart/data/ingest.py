@@ -187,6 +187,7 @@ class Ingestor:
                 task=self._tasks.get(traj.task.task_id),
                 answered_by=index.trajectory_ids_of_work(traj.work_id),
                 image_exists=state.blobs.image_exists,
+                image_is_ours=state.blobs.is_ours,
             )
             if rejection is not None:
                 new = index.record_rejection(

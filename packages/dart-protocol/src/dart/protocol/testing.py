@@ -29,6 +29,19 @@ def tiny_png(width: int = 2, height: int = 2) -> bytes:
     return buf.getvalue()
 
 
+def png_header(width: int, height: int) -> bytes:
+    """The first bytes of a PNG declaring ``width`` x ``height`` and nothing after: what a decompression
+    bomb's start looks like to a reader that checks the header before decoding."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (
+        m.observation.PNG_SIGNATURE
+        + struct.pack(">I", 13)
+        + b"IHDR"
+        + ihdr
+        + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    )
+
+
 SHA = "ab" * 32
 TASK = m.TaskSpec(task_id="sim/click/1", backend="sim", instruction="Click OK", params={"target": "OK", "n": 3})
 OBS = m.Observation(

@@ -31,6 +31,7 @@ from dart.protocol.errors import (
     StoreError,
 )
 from dart.protocol.messages import ImageRef
+from dart.protocol.png import check_png
 from dart.protocol.retry import RetryPolicy, retry_call
 from dart.protocol.store import StoreConfig
 from dart.protocol.store.cache import ArtifactCache, StoreOpener
@@ -103,8 +104,19 @@ class StoreImageSource:
         self._cache.close()
 
 
-def decode_screenshot(png: bytes) -> Image.Image:
-    """Decode a recorded prompt image's PNG bytes to the RGB pixels the rollout fed (no resize: it was fed as is)."""
+def decode_screenshot(png: bytes, ref: ImageRef) -> Image.Image:
+    """Decode a recorded prompt image's PNG bytes to the RGB pixels the rollout fed (no resize: it was fed as is).
+
+    The PNG header is checked against the size ``ref`` declares (and :data:`MAX_IMAGE_PIXELS`) first, so a
+    forged reference cannot make the trainer decode a huge image.
+
+    Raises:
+        ImageCorruptError: Not a PNG of the declared size, or too large.
+    """
+    try:
+        check_png(png, ref.width, ref.height)
+    except ValueError as exc:
+        raise ImageCorruptError(ref.uri, str(exc)) from None
     return Image.open(io.BytesIO(png)).convert("RGB")
 
 

@@ -196,7 +196,7 @@ class SampleReader:
             SampleError: Tokens and images disagree.
             ImageFetchError: A screenshot cannot be read or fails its digest.
         """
-        images = [decode_screenshot(self.image_source(ref)) for ref in sample.images]
+        images = [decode_screenshot(self.image_source(ref), ref) for ref in sample.images]
         return self.builder.build(
             sample.prompt_token_ids,
             sample.response_token_ids,

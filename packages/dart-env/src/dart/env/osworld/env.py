@@ -39,6 +39,7 @@ from dart.env.osworld.tasks import BACKEND, OSWorldTask
 from dart.protocol.config import ConfigModel
 from dart.protocol.messages import TERMINAL_ACTION_KINDS, Action, InlineImage, Observation, TaskSpec, Wait
 from dart.protocol.messages.observation import MetadataValue
+from dart.protocol.png import png_size
 
 T = TypeVar("T")
 
@@ -399,7 +400,12 @@ class OSWorldEnv(EnvBackend):
             raise ProviderError("local", "the desktop died (Xvfb or its server exited)")
 
     def _observation(self, png: bytes) -> Observation:
-        width, height = self._size
+        # The image's own size (a VM may capture at another scale than the screen it reports):
+        # readers decode a screenshot only when it is the size its observation declares.
+        try:
+            width, height = png_size(png)
+        except ValueError as exc:
+            raise ProviderError(self.config.provider, f"the VM's screenshot is unusable: {exc}") from None
         return Observation(
             screenshot=InlineImage(png=png, width=width, height=height),
             text=self._instruction,

@@ -13,9 +13,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from dart.protocol.errors import IntegrityError
+from dart.protocol.errors import IntegrityError, InvalidURIError
 from dart.protocol.store.config import StoreConfig, resolve_uri
 from dart.protocol.store.interface import ArtifactStore
+from dart.protocol.store.uri import key_in, parse_store_uri
 
 StoreOpener = Callable[[str], tuple[ArtifactStore, str]]
 """Opens the store that holds an artifact URI: ``uri -> (store, key)``, as :func:`resolve_uri` does."""
@@ -27,9 +28,13 @@ class ArtifactCache:
     Thread-safe (reads run in worker threads). Concurrent misses of one artifact may both read it;
     they get the same bytes. An artifact larger than ``max_bytes`` is returned but not kept.
 
+    A URI outside the run's store (``store_config.uri``: its scheme, bucket and prefix, or its directory)
+    is refused before anything is opened: references arrive in messages, and one naming
+    ``file:///dev/zero`` or another bucket must not be read.
+
     Args:
-        store_config: Endpoint and credentials for ``s3://`` URIs (None: ``file://`` URIs and
-            environment-configured S3).
+        store_config: The run's store: where every URI read must lie, and the endpoint and credentials
+            for ``s3://`` URIs (None: any ``file://`` URI and environment-configured S3, for tools and tests).
         max_bytes: Upper bound on the cached bytes.
         opener: Opens the store of a URI (default: :func:`resolve_uri` with ``store_config``); tests
             pass one that opens a real store with injected faults.
@@ -43,6 +48,7 @@ class ArtifactCache:
         opener: StoreOpener | None = None,
     ) -> None:
         self._store_config = store_config
+        self._within = parse_store_uri(store_config.uri) if store_config is not None else None
         self._open: StoreOpener = opener or self._resolve
         self.max_bytes = max_bytes
         self._cache: OrderedDict[str, bytes] = OrderedDict()
@@ -64,9 +70,13 @@ class ArtifactCache:
         Raises:
             ArtifactNotFoundError: Nothing is stored at ``uri``.
             IntegrityError: The bytes are not those ``sha256`` names.
+            InvalidURIError: ``uri`` is malformed or lies outside the run's store.
             StoreError: The store could not be read.
             ConfigError: An S3 endpoint or credential is missing.
         """
+        if self._within is not None and key_in(self._within, uri) is None:
+            assert self._store_config is not None
+            raise InvalidURIError(f"{uri} lies outside the run's store {self._store_config.uri}: not read")
         with self._lock:
             data = self._cache.get(sha256)
             if data is not None:

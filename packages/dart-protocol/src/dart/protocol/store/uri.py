@@ -193,6 +193,29 @@ def parse_store_uri(uri: str) -> StoreLocation:
     return StoreLocation("file", str(path))
 
 
+def key_in(location: StoreLocation, uri: str) -> str | None:
+    """The key of artifact ``uri`` in the store at ``location``, or None when it lies anywhere else.
+
+    The URI is parsed first (so no ``..`` or empty segment can climb out), then compared by scheme, bucket
+    and prefix (``s3``) or by directory (``file``).
+
+    Raises:
+        InvalidURIError: ``uri`` is malformed.
+    """
+    parsed = parse_uri(uri)
+    if parsed.scheme != location.scheme:
+        return None
+    if parsed.scheme == "s3":
+        if parsed.root != location.root:
+            return None
+        if not location.prefix:
+            return parsed.key
+        head = location.prefix + "/"
+        return parsed.key[len(head) :] if parsed.key.startswith(head) else None
+    path, root = parsed.path, PurePosixPath(location.root)
+    return str(path.relative_to(root)) if path.is_relative_to(root) and path != root else None
+
+
 def s3_uri(bucket: str, key: str) -> str:
     """Format ``s3://bucket/key``."""
     return f"s3://{bucket}/{key}"

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from dart.protocol.errors import ConfigError, StoreError
 from dart.protocol.messages import Image, ImageRef, InlineImage
+from dart.protocol.png import check_png
 from dart.protocol.store import StoreConfig
 from dart.protocol.store.cache import ArtifactCache
 from dart.protocol.store.images import ImageOffload
@@ -88,6 +89,12 @@ class PromptImages:
         return await asyncio.to_thread(self._prepare, png, screenshot)
 
     def _prepare(self, png: bytes, screenshot: Image) -> PromptImage:
+        # Decoded only when it is the size its message declares (a forged one could hold a huge image).
+        try:
+            check_png(png, screenshot.width, screenshot.height)
+        except ValueError as exc:
+            where = screenshot.uri if isinstance(screenshot, ImageRef) else "(inline)"
+            raise ImageFetchError(where, str(exc)) from None
         fed = prompt_image(png, self.size, screenshot)
         if self.offload is None or not isinstance(fed.record, InlineImage) or fed.record is screenshot:
             return fed
