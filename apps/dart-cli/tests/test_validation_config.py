@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from dart.cli.stack.config import RunConfig
+from dart.cli.stack.config import RunConfig, load_tasks
 from dart.cli.stack.validation import heldout_summary, heldout_tasks
 from dart.protocol.errors import ConfigError
 
@@ -111,3 +113,24 @@ def test_runners_lease_from_the_env_pool() -> None:
     assert RunConfig(env={"pool": "desk"}, rollout={"runner": {"pool": "desk"}}).rollout.runner.pool == "desk"
     with pytest.raises(ValidationError, match=r"rollout.runner.pool \('sim'\) must be env.pool \('desk'\)"):
         RunConfig(env={"pool": "desk"}, rollout={"runner": {"pool": "sim"}})
+
+
+def test_a_runs_max_steps_is_every_tasks_budget_osworld_and_held_out_included(tmp_path: Path) -> None:
+    from dart.cli.stack.services import served
+    from dart.data.config import CurationConfig
+    from dart.data.curation import max_steps_for
+
+    osworld = RunConfig(suite="builtin:osworld/local", env={"backend": "osworld"}, max_steps=30)
+    tasks = load_tasks(osworld)
+    assert tasks and {t.max_steps for t in tasks} == {30}
+    assert {t.max_steps for t in load_tasks(osworld.model_copy(update={"max_steps": None}))} == {15}
+    # The data manager gets the same budget, and its adaptive length works within it.
+    data_config = served(RunConfig(max_steps=30, run={"run_dir": str(tmp_path)}), "data")[0]
+    assert data_config.max_steps == 30  # type: ignore[attr-defined]
+    assert max_steps_for(tasks[0], None, CurationConfig()) == 30
+    assert max_steps_for(tasks[0], None, CurationConfig(max_steps_ceiling=20)) == 20
+    # Validation episodes run on the same budget as training ones.
+    quick = RunConfig(max_steps=3)
+    assert {t.max_steps for t in heldout_tasks(quick)} == {3}
+    with pytest.raises(ValidationError, match="max_steps"):
+        RunConfig(max_steps=0)

@@ -29,15 +29,16 @@ class DataServeConfig(ServeConfig):
     data: DataConfig = Field(default_factory=DataConfig)
     suite: str = "builtin:smoke"
     """The tasks to curate: a suite file, or (with dart-env installed) ``builtin:...`` / ``osworld:<dir>``."""
+    max_steps: int | None = Field(default=None, ge=1, le=1000)
+    """Step budget of every task of ``suite``; None keeps each task's own (the run config's ``max_steps``)."""
 
 
 async def run_data(config: DataServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
     """Serve the data manager until ``stop`` is set (first asking the env pool which tasks it runs, where the
     suite's tasks name requirements)."""
     data = config.data
-    tasks = await runnable_on_pool(
-        bus, resolve_tasks(config.suite), data.env_pool, timeout_s=data.capabilities_timeout_s
-    )
+    suite = resolve_tasks(config.suite, max_steps=config.max_steps)
+    tasks = await runnable_on_pool(bus, suite, data.env_pool, timeout_s=data.capabilities_timeout_s)
     service = DataService(
         data,
         bus,

@@ -33,14 +33,15 @@ def load_task_suite(path: str | Path) -> list[TaskSpec]:
     return list(load_suite(path).tasks)
 
 
-def resolve_tasks(spec: str) -> list[TaskSpec]:
-    """The tasks a run config's ``suite`` names (see :func:`dart.protocol.suite.resolve_suite`).
+def resolve_tasks(spec: str, *, max_steps: int | None = None) -> list[TaskSpec]:
+    """The tasks a run config's ``suite`` names (see :func:`dart.protocol.suite.resolve_suite`), each with
+    ``max_steps`` as its step budget when given.
 
     Raises:
         ConfigError: A suite source that is not registered here, or a name it does not have.
         SuiteError: The suite file is missing or invalid.
     """
-    return list(resolve_suite(spec).tasks)
+    return list(resolve_suite(spec, max_steps=max_steps).tasks)
 
 
 async def runnable_on_pool(bus: Bus, tasks: Sequence[TaskSpec], pool: str, *, timeout_s: float) -> RunnableTasks:

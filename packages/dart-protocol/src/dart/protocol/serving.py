@@ -7,7 +7,7 @@ only that package's dependencies::
 
 The file is a run config (the one ``dart run`` writes into its run directory, or one written by hand for a
 deployment): each service reads the shared sections (``run``: name, run directory, torch threads; ``bus``;
-``store``; ``telemetry``) and its own (``env``, ``data`` with ``suite``, ``rollout``, ``train``), and
+``store``; ``telemetry``) and its own (``env``, ``data`` with ``suite`` and ``max_steps``, ``rollout``, ``train``), and
 ignores the sections of the others, so one file can serve every host. Keys outside the run config's
 sections are refused, naming the key. Environment overrides (``DART_<SECTION>__<FIELD>``) apply.
 
@@ -57,6 +57,7 @@ RUN_CONFIG_SECTIONS = frozenset(
         "model",
         "warm_start",
         "suite",
+        "max_steps",
         "env",
         "rollout",
         "data",

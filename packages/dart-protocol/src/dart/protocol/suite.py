@@ -114,15 +114,22 @@ SUITE_SOURCES: Registry[SuiteSource] = Registry("suites", what="suite source", c
 _SOURCE_SPEC = re.compile(r"^([a-z][a-z0-9_-]*):(.*)$")
 
 
-def resolve_suite(spec: str) -> TaskSuite:
+def resolve_suite(spec: str, *, max_steps: int | None = None) -> TaskSuite:
     """The suite a run config's ``suite`` names: ``<source>:<name>`` through :data:`SUITE_SOURCES`, or a
-    suite file path.
+    suite file path; with ``max_steps``, every task's step budget is that (a run's ``max_steps``).
 
     Raises:
         ConfigError: A source nobody registered (the message lists those that are), or a name its source
             does not have (field ``suite``).
         SuiteError: The suite file is missing or invalid.
     """
+    suite = _resolve(spec)
+    if max_steps is None:
+        return suite
+    return suite.model_copy(update={"tasks": tuple(t.model_copy(update={"max_steps": max_steps}) for t in suite.tasks)})
+
+
+def _resolve(spec: str) -> TaskSuite:
     match = _SOURCE_SPEC.match(spec)
     if match is None or Path(spec).exists():
         return load_suite(spec)

@@ -162,6 +162,10 @@ class RunConfig(ConfigModel):
     shipped MiniWoB++ suite, ``builtin:osworld/local`` for the shipped OSWorld-format local-desktop
     tasks, ``osworld:<dir>`` for the tasks of an OSWorld task directory that this host's local
     desktop runs, or a suite file path. Its tasks must suit ``env.backend``."""
+    max_steps: int | None = Field(default=None, ge=1, le=1000)
+    """Step budget of every task of the run (``suite`` and ``validation.suite``), replacing each task's
+    own (OSWorld's tasks say 15; the paper's agent had 30): the data manager's adaptive length
+    (``data.curation``) works within it. None keeps each task's own."""
     env: EnvServiceConfig = Field(default_factory=EnvServiceConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -356,7 +360,7 @@ def load_tasks(config: RunConfig) -> list[TaskSpec]:
     from dart.protocol.suite import resolve_suite
 
     try:
-        suite = resolve_suite(config.suite)
+        suite = resolve_suite(config.suite, max_steps=config.max_steps)
     except SuiteError as exc:  # a suite file that is missing or invalid: a config error like any other
         raise ConfigError("run config", "suite", str(exc)) from None
     wrong = sorted({t.backend for t in suite.tasks} - {config.env.backend})

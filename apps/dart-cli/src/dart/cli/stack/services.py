@@ -49,7 +49,7 @@ def served(config: RunConfig, service: ServiceName) -> tuple[ServeConfig, Any]:
     if service == "data":
         from dart.data.serve import DataServeConfig, run_data
 
-        return DataServeConfig(**shared, data=config.data, suite=config.suite), run_data
+        return DataServeConfig(**shared, data=config.data, suite=config.suite, max_steps=config.max_steps), run_data
     if service == "rollout":
         from dart.rollout.serve import RolloutServeConfig, run_rollout
 
