@@ -120,3 +120,35 @@ def test_a_redelivered_unusable_trajectory_counts_once_towards_closing() -> None
     assert asm.open_groups == 1
     ready = asm.add(traj("b", idx=2, size=3), 5)
     assert [t.trajectory_id for t in ready[0].trajectories] == ["a", "b"] and not ready[0].complete
+
+
+def _steps(n: int) -> list[m.StepRecord]:
+    shown = m.Observation(text="screen")
+    return [m.StepRecord(index=i, policy_version=5, observation=shown, parse_error="none") for i in range(n)]
+
+
+def test_a_group_of_long_episodes_waits_for_its_slowest_members() -> None:
+    """30-step desktop episodes at 20 s a step: an incomplete group waits 2 x 30 x 20 s = 1200 s, not the
+    300 s of timeout_s, so a failure that ran to the budget (10 minutes) is still a member."""
+    desktop = TASK.model_copy(update={"max_steps": 30})
+    clock = Clock()
+    asm = GroupAssembler(GroupingConfig(timeout_s=300, min_group_size=2), clock=clock)
+    assert asm.wait_s(30) == 300  # nothing measured yet
+
+    def long(tid: str, idx: int, steps: int, reward: float) -> m.Trajectory:
+        t = traj(tid, idx=idx, size=3, reward=reward).model_copy(update={"task": desktop, "steps": _steps(steps)})
+        return t.model_copy(update={"finished_at": 20.0 * steps})
+
+    asm.add(long("quick-success", 0, 5, 1.0), 5)
+    assert asm.wait_s(30) == 1200
+    clock.t = 600.0
+    assert asm.poll(5) == []
+    asm.add(long("slow-failure", 1, 30, 0.0), 5)
+    clock.t = 1199.0
+    assert asm.poll(5) == [] and asm.drops["late"] == 0
+    clock.t = 1200.0
+    ready = asm.poll(5)
+    assert [t.trajectory_id for t in ready[0].trajectories] == ["quick-success", "slow-failure"]
+    # Short tasks keep timeout_s; episode_slack 0 turns the stretching off.
+    assert asm.wait_s(3) == 300
+    assert GroupAssembler(GroupingConfig(timeout_s=300, episode_slack=0)).wait_s(30) == 300

@@ -36,7 +36,13 @@ class GroupingConfig(ConfigModel):
     """How trajectories form GRPO groups (see :class:`dart.data.groups.GroupAssembler`)."""
 
     timeout_s: float = Field(default=300.0, gt=0)
-    """Close an incomplete group this long after its first trajectory, seconds."""
+    """Close an incomplete group this long after its first trajectory at the earliest, seconds; longer when
+    the task's episodes may take longer (``episode_slack``)."""
+    episode_slack: float = Field(default=2.0, ge=0)
+    """An incomplete group waits at least this many times the longest episode its task's step budget
+    allows at the observed step time (the 90th percentile of recent trajectories' seconds per step), so
+    the slow members of long desktop episodes (mostly failures, which run to the budget) are not dropped
+    as late; 0 keeps ``timeout_s`` alone."""
     min_group_size: int = Field(default=2, ge=1)
     """Smallest group worth training on after filtering."""
     max_staleness: int | None = Field(default=4, ge=0)

@@ -2,8 +2,11 @@
 
 Group lifecycle: ``open`` when its first trajectory arrives -> ``complete`` when ``group_size``
 distinct trajectories arrived (by id, usable or not: a redelivered one counts once), or ``timed out``
-when ``timeout_s`` passed since the first one (then it is emitted if it has at least
-``min_group_size`` usable members, else dropped) -> emitted or dropped, never both. Just before that
+when its wait passed since the first one (then it is emitted if it has at least ``min_group_size``
+usable members, else dropped) -> emitted or dropped, never both. The wait is ``timeout_s``, or longer
+where the task's episodes may take longer: ``episode_slack`` times its step budget times the observed
+seconds per step (the 90th percentile of the last :data:`STEP_TIME_WINDOW` trajectories that took steps),
+so a 30-step desktop task whose steps take 20 s waits 20 minutes for its slowest members. Just before that
 decision, a group none of whose members succeeded may be filled with one stored success of the same
 task (the experience pool, through the ``fill`` hook). A trajectory is usable when its status is
 trainable and its policy lag (``current_version - min_policy_version``) is within ``max_staleness``.
@@ -11,14 +14,18 @@ trainable and its policy lag (``current_version - min_policy_version``) is withi
 
 from __future__ import annotations
 
+import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dart.data.advantages import has_variance
 from dart.data.config import GroupingConfig
 from dart.protocol.messages import Trajectory
+
+STEP_TIME_WINDOW = 64
+"""Recent trajectories whose seconds per step estimate how long an episode takes."""
 
 
 @dataclass
@@ -38,6 +45,8 @@ class _OpenGroup:
     expected: int
     first_seen: float
     task_id: str
+    budget: int
+    """The task's step budget."""
     members: dict[str, Trajectory] = field(default_factory=dict)
     """Usable members by trajectory id."""
     seen: set[str] = field(default_factory=set)
@@ -79,6 +88,7 @@ class GroupAssembler:
         self._on_drop = on_drop
         self._open: dict[str, _OpenGroup] = {}
         self._closed: set[str] = set()
+        self._step_s: deque[float] = deque(maxlen=STEP_TIME_WINDOW)
         self.drops: Counter[str] = Counter()
 
     def is_stale(self, traj: Trajectory, current_version: int) -> bool:
@@ -91,7 +101,11 @@ class GroupAssembler:
         if traj.group_id in self._closed:
             self.drops["late"] += 1
             return []
-        group = self._open.setdefault(traj.group_id, _OpenGroup(traj.group_size, self._clock(), traj.task.task_id))
+        group = self._open.setdefault(
+            traj.group_id, _OpenGroup(traj.group_size, self._clock(), traj.task.task_id, traj.task.max_steps)
+        )
+        if traj.steps and traj.finished_at > traj.started_at:
+            self._step_s.append((traj.finished_at - traj.started_at) / len(traj.steps))
         if traj.trajectory_id in group.seen:
             self.drops["duplicate"] += 1
             return []
@@ -115,9 +129,17 @@ class GroupAssembler:
                 if self.is_stale(traj, current_version):
                     del group.members[tid]
                     self.drops["stale"] += 1
-            if now - group.first_seen >= self.policy.timeout_s:
+            if now - group.first_seen >= self.wait_s(group.budget):
                 ready.extend(self._close(gid, complete=False))
         return ready
+
+    def wait_s(self, budget: int) -> float:
+        """How long an incomplete group of a task with step budget ``budget`` waits for its members, seconds."""
+        if not self._step_s or self.policy.episode_slack == 0:
+            return self.policy.timeout_s
+        ordered = sorted(self._step_s)
+        p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+        return max(self.policy.timeout_s, self.policy.episode_slack * budget * p90)
 
     def close(self, gid: str) -> list[ReadyGroup]:
         """Close one group now with the members it has (coupled mode's round timeout).
