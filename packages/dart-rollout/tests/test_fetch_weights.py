@@ -243,3 +243,25 @@ def test_a_shard_is_named_by_a_plain_file_name() -> None:
             WeightShard(name=name, uri="s3://b/w", size_bytes=1, sha256=sha)
     with pytest.raises(ValidationError, match="manifest_sha256"):
         ModelVersion(version=1, uri="s3://b/w", sha256=sha, created_at=0.0, manifest_uri="s3://b/m.json")
+
+
+async def test_the_download_cache_keeps_the_newest_versions_and_the_one_just_fetched(
+    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _s3_store(s3_server, "cache-bound-test", monkeypatch)
+    config = StoreConfig(uri="s3://cache-bound-test", endpoint=s3_server.endpoint, secure=False)
+    cache = tmp_path / "cache"
+    versions = {}
+    for n in (1, 2, 3, 4):
+        payload = PAYLOAD + bytes([n])
+        info = await asyncio.to_thread(store.put, f"weights/v{n}/model.safetensors", payload)
+        versions[n] = _version(info.uri, hashlib.sha256(payload).hexdigest(), version=n)
+    (cache / "unrelated").mkdir(parents=True)  # not a version: left alone
+    for n in (1, 2, 3):
+        await fetch_weights(versions[n], store_config=config, cache_dir=cache, keep=2)
+    assert sorted(p.name.split("-")[0] for p in cache.glob("v*")) == ["v2", "v3"]
+    # An evaluation asks for an old version: it is kept beside the newest, the one in between goes.
+    old = await fetch_weights(versions[1], store_config=config, cache_dir=cache, keep=2)
+    assert old.is_file() and sorted(p.name.split("-")[0] for p in cache.glob("v*")) == ["v1", "v3"]
+    await fetch_weights(versions[4], store_config=config, cache_dir=cache, keep=2)
+    assert sorted(p.name.split("-")[0] for p in cache.glob("v*")) == ["v3", "v4"] and (cache / "unrelated").is_dir()

@@ -241,6 +241,9 @@ class SyncConfig(ConfigModel):
     with two or more engines at least one engine always keeps serving, whatever the fraction."""
     cache_dir: str | None = None
     """Where fetched weights are kept for remote URIs; None uses a temporary directory."""
+    keep_versions: int | None = Field(default=2, ge=1)
+    """Versions left in ``cache_dir`` after each download, the newest (the one just fetched always among
+    them); None keeps every one (a 7B version is 16.6 GB in bf16)."""
     retry_backoff_s: float = Field(default=1.0, gt=0.0)
     """Pause before retrying a version that some engine failed to load (or whose weights could not be
     fetched), seconds; doubles per consecutive failure. A newer version announced meanwhile goes first."""

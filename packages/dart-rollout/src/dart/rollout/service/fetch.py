@@ -18,13 +18,21 @@ when its sha256 is the announcement's. A sharded version (``ModelVersion.shards 
 
 Any failure raises :class:`~dart.rollout.errors.WeightFetchError` before an engine is touched, so every
 engine keeps serving its current version.
+
+The download cache is bounded: with ``keep`` set, a successful download leaves only the ``keep`` newest
+versions in the cache directory (the one just fetched always among them, even when it is an old version
+an evaluation asked for). Engines do not need the files once loaded (hf reads them into memory, vLLM
+stages its own hard links), so a 7B run no longer fills the disk by 16.6 GB a version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
+import re
+import shutil
 import tempfile
 import uuid
 from collections.abc import Coroutine, Iterable
@@ -39,6 +47,8 @@ from dart.protocol.messages import ModelVersion
 from dart.protocol.store import StoreConfig, resolve_uri
 from dart.protocol.weights import INDEX_NAME, WeightManifest, read_index
 from dart.rollout.errors import WeightFetchError
+
+log = logging.getLogger("dart.rollout.sync")
 
 _CHUNK = 1 << 20
 FETCH_CONCURRENCY = 4
@@ -78,8 +88,16 @@ def _cache_root(cache_dir: str | Path | None) -> Path:
     return Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "dart-weights"
 
 
+_CACHED = re.compile(r"^v(\d+)-[0-9a-f]{16}(\.safetensors)?$")
+"""A version's entry in the download cache: its file (one shard) or its directory (sharded)."""
+
+
 async def fetch_weights(
-    version: ModelVersion, *, store_config: StoreConfig | None = None, cache_dir: str | Path | None = None
+    version: ModelVersion,
+    *,
+    store_config: StoreConfig | None = None,
+    cache_dir: str | Path | None = None,
+    keep: int | None = None,
 ) -> Path:
     """A local, sha256-verified path of ``version``'s weights (see the module docstring).
 
@@ -87,6 +105,8 @@ async def fetch_weights(
         version: The announced version.
         store_config: Endpoint and credentials of ``s3://`` URIs.
         cache_dir: Where ``s3://`` versions are downloaded (a temporary directory by default).
+        keep: Versions left in the download cache after a download (the newest, this one always
+            included); None keeps every one.
 
     Returns:
         The safetensors file of a one-shard version; the directory holding the index and the shards of a
@@ -95,6 +115,31 @@ async def fetch_weights(
     Raises:
         WeightFetchError: Unsupported scheme, a missing object or manifest, or a digest that does not match.
     """
+    path = await _fetch(version, store_config, cache_dir)
+    root = _cache_root(cache_dir)
+    if keep is not None and path.parent == root:  # downloaded (a file:// version is read in place)
+        await asyncio.to_thread(_prune, root, keep, path.name)
+    return path
+
+
+def _prune(root: Path, keep: int, fetched: str) -> None:
+    """Delete all but the ``keep`` newest versions in the cache ``root``, never ``fetched``."""
+    entries = sorted(
+        ((int(m.group(1)), p) for p in root.iterdir() if (m := _CACHED.match(p.name))), key=lambda e: e[0], reverse=True
+    )
+    others = [p.name for _, p in entries if p.name != fetched]
+    kept = {fetched, *others[: max(keep - 1, 0)]}
+    for _, path in entries:
+        if path.name in kept:
+            continue
+        log.info("dropping weights %s from the download cache (keeping %d versions)", path.name, keep)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+async def _fetch(version: ModelVersion, store_config: StoreConfig | None, cache_dir: str | Path | None) -> Path:
     if version.shards > 1:
         return await _fetch_sharded(version, store_config, _cache_root(cache_dir))
     try:

@@ -163,7 +163,12 @@ class WeightSyncController:
             if not stale:
                 return []
             try:
-                path = await fetch_weights(version, store_config=self._store_config, cache_dir=self._config.cache_dir)
+                path = await fetch_weights(
+                    version,
+                    store_config=self._store_config,
+                    cache_dir=self._config.cache_dir,
+                    keep=self._config.keep_versions,
+                )
             except WeightFetchError:
                 self.failed_fetches += 1
                 raise
@@ -207,7 +212,10 @@ class WeightSyncController:
                 if engine.version != target:
                     assert version is not None
                     path = await fetch_weights(
-                        version, store_config=self._store_config, cache_dir=self._config.cache_dir
+                        version,
+                        store_config=self._store_config,
+                        cache_dir=self._config.cache_dir,
+                        keep=self._config.keep_versions,
                     )
                     record = await self._update_one(engine_id, engine, path, target)
                     if not record.ok:
