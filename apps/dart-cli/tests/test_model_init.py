@@ -108,3 +108,50 @@ def test_init_tiny_is_still_the_tiny_writer(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["text_config"]["hidden_size"] == 128
     assert config["text_config"]["vocab_size"] < 3000
+
+
+def test_a_real_checkpoint_under_the_tiny_models_defaults_is_refused_or_warned(
+    qwen3b_cut: Path, tmp_path: Path
+) -> None:
+    """The tiny model's defaults with a real-width checkpoint: what cannot work is refused naming the setting,
+    the rest is warned about; the shipped real-checkpoint profile passes clean."""
+    from dart.cli.stack.config import RunConfig, load_run_config
+    from dart.cli.stack.real_checkpoint import check_real_checkpoint, image_tokens
+    from dart.cli.stack.run import finalize
+    from dart.protocol.errors import ConfigError
+
+    def final(**settings: object) -> RunConfig:
+        base = {"model": {"path": str(qwen3b_cut)}, "run": {"run_dir": str(tmp_path / "run")}}
+        config = RunConfig.model_validate({**base, **settings})
+        return finalize(config, qwen3b_cut, "nats://127.0.0.1:4222")
+
+    tiny_defaults = check_real_checkpoint(final(), qwen3b_cut)
+    assert any("image_size is 224" in w for w in tiny_defaults) and any("format is dart" in w for w in tiny_defaults)
+    with pytest.raises(ConfigError, match=r"max_new_tokens.*is 16, below the \d+ tokens of a short complete answer"):
+        check_real_checkpoint(final(rollout={"runner": {"max_new_tokens": 16}}), qwen3b_cut)
+    # Two 1920x1080 screens at the processor's own rule are 2 x 2,691 tokens: more than a 4,096-token context.
+    at_1080p = {
+        "env": {"sim": {"width": 1920, "height": 1080}},
+        "rollout": {
+            "engine": {"kind": "vllm", "launch": {"max_model_len": 4096}},
+            "runner": {"prompt": {"image_size": "model", "format": "ui-tars-1.5", "max_images": 2}},
+        },
+    }
+    assert image_tokens(final(**at_1080p)) == 2691
+    with pytest.raises(
+        ConfigError, match=r"max_model_len.*is 4096, below what one prompt needs.*2 screenshot\(s\) of 2691"
+    ):
+        check_real_checkpoint(final(**at_1080p), qwen3b_cut)
+    on_gpu = check_real_checkpoint(
+        final(rollout={"engine": {"kind": "hf", "device": "cuda", "dtype": "float32"}}, train={"device": "cuda"}),
+        qwen3b_cut,
+    )
+    assert any(w.startswith("rollout.engine.dtype is float32 on CUDA") for w in on_gpu)
+    assert any(w.startswith("train.dtype is float32 on CUDA") for w in on_gpu)
+    # The shipped profile, on this checkpoint: nothing to refuse, nothing to warn about.
+    root = Path(__file__).resolve().parents[3]
+    profile = load_run_config(root / "examples" / "real-checkpoint.yaml", [f"model.path={qwen3b_cut}"])
+    profile = profile.model_copy(update={"run": profile.run.model_copy(update={"run_dir": tmp_path / "profile"})})
+    assert check_real_checkpoint(finalize(profile, qwen3b_cut, "nats://127.0.0.1:4222"), qwen3b_cut) == []
+    # The tiny model is never checked.
+    assert check_real_checkpoint(RunConfig(), qwen3b_cut) == []

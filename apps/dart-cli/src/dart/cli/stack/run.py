@@ -30,6 +30,7 @@ from rich.table import Table
 from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config, warm_start_on
 from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store
 from dart.cli.stack.progress import RunProgress
+from dart.cli.stack.real_checkpoint import check_real_checkpoint
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
@@ -589,6 +590,12 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             config = _use_embedded_s3(s3, config)
         policy, info = prepare_policy(config)
         config = finalize(config, policy, nats.url if nats else None)
+        # A real checkpoint under the tiny model's defaults: what cannot work is refused, the rest said once.
+        warnings = check_real_checkpoint(config, policy)
+        for warning in warnings:
+            console.log(f"[yellow]warning:[/] {warning}")
+        if warnings:
+            info["config_warnings"] = warnings
         config_file = run_dir / "config.yaml"
         config_file.write_text(dump_config(config))
 
