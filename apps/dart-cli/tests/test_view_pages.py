@@ -23,10 +23,13 @@ from dart.protocol.telemetry import observed_window
 
 pytestmark = pytest.mark.unit
 
+LOCAL = "http://127.0.0.1"
+"""Where the test client addresses the viewer (it answers to loopback names only)."""
+
 
 @pytest.fixture
 def client(view_run: Any) -> Iterator[TestClient]:
-    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         yield c
 
 
@@ -56,7 +59,7 @@ def test_overview_counts_from_the_index(client: TestClient) -> None:
 
 def test_overview_shows_the_summary_when_the_run_wrote_one(view_run: Any) -> None:
     (view_run.run_dir / "summary.json").write_text(json.dumps({"versions_published": 7, "heldout": [{"v": 1}]}))
-    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         html = c.get("/").text
     assert "<tr><th>versions_published</th><td>7</td></tr>" in html
     assert 'id="no-summary"' not in html
@@ -74,7 +77,7 @@ def test_a_finished_runs_utilization_is_the_summarys_over_the_same_window(view_r
     start, end = clock.now - 30_000_000_000, clock.now
     (view_run.run_dir / "summary.json").write_text(json.dumps({"rl_start_unix_ns": start, "rl_end_unix_ns": end}))
     expected = utilization_by_kind(telemetry, start, end)
-    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         html = c.get("/").text
     assert _utilization(html) == {k: f"{100 * expected[k]:.1f}%" for k in ("env", "engine", "trainer")}
     assert "the RL window dart run recorded (as the summary)" in html and "(0.5 min)" in html
@@ -86,7 +89,7 @@ def test_a_run_in_progress_updates_itself(view_run: Any, kit: Any) -> None:
     start = clock.now
     kit.write_telemetry(view_run.run_dir, clock)  # written now: the services are writing
     (view_run.run_dir / RL_WINDOW_FILE).write_text(json.dumps({"rl_start_unix_ns": start}))
-    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         html = c.get("/").text
     assert 'id="live"' in html and "fetch(location.href" in html
     assert "the RL window dart run recorded, up to now" in html
@@ -102,7 +105,7 @@ def test_a_run_whose_services_went_quiet_without_a_summary_has_ended(view_run: A
     quiet = time.time() - 2 * QUIET_S
     for path in (view_run.run_dir / "telemetry").rglob("*.jsonl"):
         os.utime(path, (quiet, quiet))
-    with open_run(view_run.run_dir) as source, TestClient(create_app(source)) as c:
+    with open_run(view_run.run_dir) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         html = c.get("/").text
     assert 'id="live"' not in html and "up to the last record" in html
     window = observed_window(view_run.run_dir / "telemetry")
@@ -137,7 +140,7 @@ def test_pages_of_fifty_walk_forward_and_back(tmp_path: Path, kit: Any) -> None:
     run = kit.new_run(tmp_path / "run")
     for i in range(120):
         run.add(kit.make_traj(f"traj-{i:04d}", f"g-{i // 4}", i % 4, actions=()))
-    with open_run(run.run_dir) as source, TestClient(create_app(source)) as c:
+    with open_run(run.run_dir) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         first = c.get("/trajectories?status=ok").text
         assert "120 matching trajectories" in first
         assert _ids(first) == [f"traj-{i:04d}" for i in range(50)]
@@ -205,7 +208,7 @@ def test_tokens_are_shown_as_the_policys_tokenizer_writes_them(tmp_path: Path, k
     (run.run_dir / "config.yaml").write_text(config)
     moved = run.run_dir.rename(tmp_path / "new-place")
     expected = [load_tokenizer(moved / "model" / "sft").decode([i], skip_special_tokens=False) for i in (40, 41, 42)]
-    with open_run(moved) as source, TestClient(create_app(source)) as c:
+    with open_run(moved) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         html = c.get("/trajectories/traj-g-a-0").text
     cells = re.findall(r'<span class="tok" [^>]*>([^<]*)</span>', html)
     assert cells[:3] == [escape(t.replace("\n", "⏎")) or "∅" for t in expected]
@@ -234,11 +237,36 @@ def test_unknown_trajectory_group_and_path_are_404_pages(client: TestClient) -> 
         ("/groups/g-nope", "the index has no such group"),
         ("/nowhere", "Not Found"),
         ("/images/trajectories/none.png", "it is not in the store"),
-        ("/images/..%2Fconfig.yaml", "not a store key"),
+        ("/images/..%2Fconfig.yaml", "only the run's images"),
+        ("/images/..%2Fconfig.png", "not a store key"),
     ]:
         page = client.get(url)
         assert page.status_code == 404, url
         assert said in page.text, (url, page.text)
+
+
+def test_the_viewer_serves_only_images_and_only_to_its_own_host_names(client: TestClient, view_run: Any) -> None:
+    """Weights and trajectory JSON stay in the store; a page whose name was pointed at 127.0.0.1 (DNS
+    rebinding) is answered 400."""
+    weights = view_run.path_of("weights/v1/model.safetensors")
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"tensor bytes")
+    blob_key = view_run.stored["traj-g-a-2"].blob_key
+    disguised = view_run.path_of("trajectories/disguised.png")
+    disguised.write_bytes(view_run.path_of(blob_key).read_bytes())
+    for url, said in [
+        ("/images/weights/v1/model.safetensors", "only the run's images"),
+        (f"/images/{blob_key}", "only the run's images"),
+        ("/images/trajectories/disguised.png", "it is not an image"),
+    ]:
+        page = client.get(url)
+        assert (page.status_code, said in page.text) == (404, True), (url, page.text)
+    assert client.get("/").status_code == 200
+    for host in ("evil.example", "127.0.0.1.evil.example", "attacker.localhost.example"):
+        page = client.get("/", headers={"host": host})
+        assert page.status_code == 400 and "does not serve host" in page.text, host
+    assert client.get("/", headers={"host": "localhost:8765"}).status_code == 200
+    assert client.get("/", headers={"host": "[::1]:8765"}).status_code == 200
 
 
 def test_a_pruned_trajectory_says_retention_deleted_it(client: TestClient, view_run: Any) -> None:
@@ -286,7 +314,7 @@ def test_a_deployment_config_reads_its_database_and_store(tmp_path: Path, postgr
     config.write_text(
         f"run: {{name: dart}}\n{bus}store: {{uri: '{store}'}}\ndata: {{database_url: '{postgres_url}'}}\n"
     )
-    with open_run(config=config) as source, TestClient(create_app(source)) as c:
+    with open_run(config=config) as source, TestClient(create_app(source), base_url=LOCAL) as c:
         assert "training success (1 of 4 trainable" in c.get("/").text
         assert "a deployment&#39;s services write no summary.json" in c.get("/").text
         assert "no telemetry directory: start dart view with --telemetry DIR" in c.get("/").text
@@ -296,7 +324,7 @@ def test_a_deployment_config_reads_its_database_and_store(tmp_path: Path, postgr
     # Its services' telemetry, where they write it to a directory this host reads.
     kit.write_telemetry(tmp_path / "shared", kit.clock())
     with open_run(config=config, telemetry=tmp_path / "shared" / "telemetry") as source:
-        with TestClient(create_app(source)) as c:
+        with TestClient(create_app(source), base_url=LOCAL) as c:
             html = c.get("/").text
     assert set(_utilization(html)) == {"env", "engine", "trainer"} and "the span the telemetry covers" in html
     run.index.close()

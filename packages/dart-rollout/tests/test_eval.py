@@ -21,7 +21,7 @@ from dart.protocol.bus import Bus
 from dart.protocol.messages import Fail, Sampling, TaskSpec
 from dart.rollout.action_grammar import format_output
 from dart.rollout.engine.interface import GenerationRequest
-from dart.rollout.eval import difference_interval, evaluate, pass_at_k, pass_ks, wilson_interval
+from dart.rollout.eval import EvalReport, difference_interval, evaluate, pass_at_k, pass_ks, wilson_interval
 from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
@@ -136,6 +136,19 @@ async def test_evaluate_counts_env_failures_as_errors_not_as_failures(bus: Bus) 
     assert (report.n, report.errors, report.success) == (0, 2, None)
     assert report.statuses == {"env_failed": 2}
     assert report.pass_at() == {1: None}
+    assert report.setup_failures == 2  # no episode ever started: none is a policy's failure
+
+
+async def test_a_task_the_env_cannot_set_up_is_a_setup_failure_not_a_policy_failure(bus: Bus, pool: str) -> None:
+    (good,) = distinct_click_tasks(1)
+    broken = TaskSpec(task_id="sim/broken/0", backend="sim", instruction="Click OK", params={"family": "no-such"})
+    engine = ScriptedEngine(["Thought: x\nAction: wait()"])
+    report = await evaluate(bus, EngineRouter([engine]), RunnerConfig(pool=pool), [good, broken], episodes_per_task=1)
+    by_task = {t.task_id: (t.n, t.errors, t.setup_failures) for t in report.tasks}
+    assert by_task == {good.task_id: (1, 0, 0), broken.task_id: (0, 1, 1)}
+    assert report.to_dict()["setup_failures"] == 1 and report.n == 1
+    # The wire form carries it (the held-out validation reads the rollout service's answer).
+    assert EvalReport.from_result(report.to_result("e", "scripted")).setup_failures == 1
 
 
 @pytest.mark.unit

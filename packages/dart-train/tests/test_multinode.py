@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from dart.embedded.process import free_port
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
+from dart.protocol.store import LocalStore
 from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, ensure_topology
 from dart.train.config import FsdpBackendSettings, MegatronBackendSettings
 from dart.train.serve import torchrun_argv
@@ -92,12 +93,14 @@ def _train(
     nats_url: str,
     checkpoint: Path,
     samples: list[TrainingSample],
+    store: LocalStore,
     backend: dict[str, Any],
     nnodes: int,
     idle_s: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """Run the trainer on two batches (``idle_s`` apart) with ``nnodes`` launchers; the weights it published as
-    version 2."""
+    version 2. ``store`` holds the samples' screenshots (a trainer reads images in its run's store only); each
+    run publishes under a prefix of its own there."""
     run = f"mn-{uuid.uuid4().hex[:8]}"
     nodes = {"nnodes": nnodes}
     if nnodes > 1:
@@ -105,8 +108,9 @@ def _train(
     config = {
         "run": {"name": run, "run_dir": str(tmp / "run"), "torch_threads": 1},
         "bus": {"url": nats_url},
-        "store": {"uri": f"file://{tmp / 'artifacts'}"},
+        "store": {"uri": store.root.as_uri()},
         "train": {
+            "weights_prefix": f"weights-{run}",
             "model_path": str(checkpoint),
             "lr": 1e-3,
             "num_threads": 1,
@@ -138,7 +142,7 @@ def _train(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    shards = sorted((tmp / "artifacts" / "weights" / "v2").glob("*.safetensors"))
+    shards = sorted((store.root / f"weights-{run}" / "v2").glob("*.safetensors"))
     assert shards, "no published weights for version 2"
     weights: dict[str, torch.Tensor] = {}
     for shard in shards:
@@ -148,11 +152,17 @@ def _train(
 
 @pytest.mark.parametrize("kind", ["fsdp", "megatron"])
 def test_two_launchers_train_as_one(
-    kind: str, nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+    kind: str,
+    nats_url: str,
+    tiny_checkpoint: Path,
+    rollout_samples: list[TrainingSample],
+    shot_store: LocalStore,
+    tmp_path: Path,
 ) -> None:
-    one = _train(tmp_path / "one", nats_url, tiny_checkpoint, rollout_samples, BACKENDS[kind], nnodes=1)
+    samples, store = rollout_samples, shot_store
+    one = _train(tmp_path / "one", nats_url, tiny_checkpoint, samples, store, BACKENDS[kind], nnodes=1)
     idle = IDLE_S.get(kind, 0.0)
-    two = _train(tmp_path / "two", nats_url, tiny_checkpoint, rollout_samples, ACROSS_TWO[kind], nnodes=2, idle_s=idle)
+    two = _train(tmp_path / "two", nats_url, tiny_checkpoint, samples, store, ACROSS_TWO[kind], nnodes=2, idle_s=idle)
     assert one.keys() == two.keys()
     initial = load_file(str(tiny_checkpoint / "model.safetensors"))
     shared = one.keys() & initial.keys()

@@ -138,6 +138,7 @@ async def _on_bus(
 ) -> tuple[EvalReport, dict[str, Any]]:
     from dart.cli.evaluation import EvalEnv, evaluate_policy, start_engine
     from dart.cli.stack.config import store_config
+    from dart.data.tasks import runnable_on_pool
     from dart.protocol.bus import Bus
 
     bus_config = config.bus.model_copy(update={"url": url, "run": config.run.name, "name": "dart-eval"})
@@ -151,11 +152,13 @@ async def _on_bus(
             # A run's store: large screenshots go by reference, as in the run.
             store = config.store or (store_config(config) if config.run.run_dir is not None else None)
             async with EvalEnv(config, bus, pool=EVAL_POOL, instances=instances, store=store):
+                # As the data manager does: only the tasks this pool can set up count (the rest are reported).
+                runnable = await runnable_on_pool(bus, tasks, EVAL_POOL, timeout_s=config.data.capabilities_timeout_s)
                 report = await evaluate_policy(
                     config,
                     bus,
                     engine,
-                    tasks,
+                    list(runnable.tasks),
                     pool=EVAL_POOL,
                     episodes_per_task=episodes,
                     sampling=sampling,
@@ -174,6 +177,8 @@ async def _on_bus(
         "suite": suite,
         "engine": served_by,
         **report.to_dict(),
+        "excluded": runnable.excluded,
+        "excluded_by": dict(runnable.excluded_by),
     }
     return report, line
 
@@ -196,12 +201,14 @@ def report_table(report: EvalReport) -> Table:
     sampling = report.sampling
     mode = "greedy" if sampling.temperature == 0 else f"T={sampling.temperature:g}, top-p={sampling.top_p:g}"
     table = Table(title=f"policy v{report.policy_version}, {mode}, K={report.episodes_per_task}")
-    for column in ("task", "n", "success", "95% CI", "errors", "steps"):
+    for column in ("task", "n", "success", "95% CI", "errors", "of them setup", "steps"):
         table.add_column(column, justify="left" if column == "task" else "right")
     for t in report.tasks:
-        table.add_row(t.task_id, str(t.n), pct(t.success), ci(t.ci95), str(t.errors), f"{t.mean_steps:.1f}")
+        row = (str(t.n), pct(t.success), ci(t.ci95), str(t.errors), str(t.setup_failures), f"{t.mean_steps:.1f}")
+        table.add_row(t.task_id, *row)
     table.add_section()
-    table.add_row("overall", str(report.n), pct(report.success), ci(report.ci95), str(report.errors), "")
+    overall = (str(report.n), pct(report.success), ci(report.ci95), str(report.errors), str(report.setup_failures))
+    table.add_row("overall", *overall, "")
     passes = ", ".join(f"pass@{k} {pct(v)}" for k, v in report.pass_at().items())
     table.caption = f"{passes}; {report.seconds:.1f}s"
     return table

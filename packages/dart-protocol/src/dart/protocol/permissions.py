@@ -22,7 +22,7 @@ What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` 
                            sub P.env.*.capabilities                            say what the pool runs
                            pub P.env.inst.*.heartbeat                          probe for taken instance ids
     rollout, eval          pub P.env.*.lease, P.env.inst.*.*                   lease and drive envs
-    data                   pub P.env.*.capabilities                            keep the tasks the pool runs
+    data, eval             pub P.env.*.capabilities                            keep the tasks the pool runs
     rollout                sub P.eval.<run> + responses                        evaluate on its engines
     eval                   pub P.eval.<run>                                    request such an evaluation
     every role             sub _INBOX.<role>.>                                 replies to its requests
@@ -144,7 +144,7 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
         pub.append(f"{prefix}.env.inst.*.heartbeat")
     if role in _ENV_CALLERS:
         pub += [f"{prefix}.env.*.lease", f"{prefix}.env.inst.*.*"]
-    if role == "data":
+    if role in ("data", "eval"):
         pub.append(f"{prefix}.env.*.capabilities")
     if role == "rollout":
         sub.append(subjects.eval_request())

@@ -15,14 +15,16 @@ class RolloutError(DartError):
 
 
 class EnvFailed(RolloutError):
-    """The leased environment is gone for this episode: it crashed, the lease expired or was lost.
+    """The leased environment is gone for this episode (it crashed, the lease expired or was lost), or it
+    refused to set the episode's task up.
 
     The episode cannot continue; report the trajectory as ``env_failed`` and lease again.
 
     Attributes:
         instance_id: The env instance, or None when no lease was obtained.
-        code: The env service's error code (``env_failed``, ``expired``, ``not_found``), or
-            ``timeout`` / ``no_responders`` / ``unavailable`` when the service did not answer in time.
+        code: The env service's error code (``env_failed``, ``expired``, ``not_found``; at a reset, any code,
+            e.g. ``invalid_request`` for a task it cannot run), or ``timeout`` / ``no_responders`` /
+            ``unavailable`` when the service did not answer in time.
         detail: What happened.
     """
 

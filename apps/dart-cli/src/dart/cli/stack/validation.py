@@ -16,7 +16,8 @@ training slot, and one fixed decoding setup (greedy by default) is used whatever
 
 Validator lifecycle::
 
-    start() -> env pool ``validation.pool`` serving (and its own engine, when configured)
+    start() -> env pool ``validation.pool`` serving (and its own engine, when configured); the held-out
+         tasks the pool cannot set up left out, as the data manager does (counted by what they need)
       -> running: evaluate version 0 (unless ``at_start`` is off); then whenever the newest published
          version is at least ``every_versions`` past the last evaluated one, evaluate it
          (versions published during an evaluation are skipped, never queued)
@@ -26,9 +27,9 @@ Validator lifecycle::
 With the run's engines, ``dart run`` calls ``finish`` before it stops the rollout service (the final
 evaluation needs its engines), so the final version is the newest one when RL ends.
 
-Each evaluation appends one line to ``<run_dir>/heldout.jsonl`` (the full report, with ``served_by``
-and ``engine``: which engine served it) and writes a ``validation.heldout`` telemetry event
-(version, success, 95% interval, n).
+Each evaluation appends one line to ``<run_dir>/heldout.jsonl`` (the full report, with ``served_by`` and
+``engine``: which engine served it; ``excluded`` and ``excluded_by``: the tasks left out) and writes a
+``validation.heldout`` telemetry event (version, success, 95% interval, n).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from rich.console import Console
 
 from dart.cli.evaluation import EvalEnv, Policy, evaluate_policy, load_version, published_version, start_engine
 from dart.cli.stack.config import RunConfig, load_tasks, store_config
+from dart.data.tasks import runnable_on_pool
 from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import EvalRequest, EvalResult, ModelVersion, TaskSpec
@@ -133,6 +135,8 @@ class HeldOutValidator:
         self._state = state
         self._console = console
         self._tasks = heldout_tasks(config)
+        self._excluded: dict[str, Any] = {"excluded": 0, "excluded_by": {}}
+        """Held-out tasks the validation pool cannot run, left out (set at start)."""
         self._out = config.run.run_dir / HELDOUT_FILE
         self._store = store_config(config)
         self._env: EvalEnv | None = None
@@ -168,6 +172,17 @@ class HeldOutValidator:
         v = self._config.validation
         self._env = EvalEnv(self._config, self._env_bus, pool=v.pool, instances=v.instances, store=self._store)
         await self._env.__aenter__()
+        # As the data manager does: only the tasks the pool can set up count (the rest are reported).
+        runnable = await runnable_on_pool(
+            self._bus, self._tasks, v.pool, timeout_s=self._config.data.capabilities_timeout_s
+        )
+        self._tasks, self._excluded = (
+            list(runnable.tasks),
+            {
+                "excluded": runnable.excluded,
+                "excluded_by": dict(runnable.excluded_by),
+            },
+        )
         if v.engine is not None:
             engine_cfg = self._config.rollout.engine
             assert engine_cfg is not None and engine_cfg.model_path, "finalize() sets rollout.engine and its model"
@@ -270,7 +285,7 @@ class HeldOutValidator:
                 store=self._store,
             )
             served = {"served_by": "eval engine", "engine": self._engine.describe()}
-        entry = {"version": number, **report.to_dict(), **served}
+        entry = {"version": number, **report.to_dict(), **self._excluded, **served}
         self.results.append(entry)
         with self._out.open("a") as f:
             f.write(json.dumps(entry) + "\n")

@@ -42,7 +42,10 @@ def view(
     run_dir: RunDirArgument = None,
     config: ConfigOption = None,
     telemetry: TelemetryOption = None,
-    host: Annotated[str, typer.Option(help="Address to serve on (loopback by default).")] = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(help="Address to serve on (loopback by default; beyond it, anyone who reaches it reads the run)."),
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on; 0 picks a free one.")] = 8765,
 ) -> None:
     """Look at a run's trajectories in the browser (read-only)."""
@@ -51,6 +54,7 @@ def view(
 
     from dart.cli.view.app import create_app
     from dart.cli.view.errors import NotARunError
+    from dart.cli.view.hosts import LOOPBACK_HOSTS, is_loopback
     from dart.cli.view.source import open_run
 
     # SIGTERM as SIGINT: uvicorn re-raises the signal that stopped it, which must unwind (stopping the
@@ -58,7 +62,10 @@ def view(
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         with open_run(run_dir, config, telemetry) as source:
-            app = create_app(source)
+            # On loopback only requests addressed to loopback names are answered (no DNS rebinding).
+            app = create_app(source, hosts=LOOPBACK_HOSTS if is_loopback(host) else None)
+            if not is_loopback(host):
+                typer.echo(f"warning: serving on {host}: anyone who can reach it reads this run", err=True)
             try:
                 listener = socket.create_server((host, port), family=_family(host))
             except OSError as exc:

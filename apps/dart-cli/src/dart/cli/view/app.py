@@ -10,20 +10,21 @@ Routes:
                                    ``max_version``, ``group``; ``after`` / ``before`` page cursors)
     ``/trajectories/{id}``         every step of one trajectory
     ``/groups/{id}``               a group's rollouts side by side, with their advantages
-    ``/images/{key}``              image bytes from the run's store
+    ``/images/{key}``              image bytes from the run's store (``.png`` keys holding a PNG only)
     ``/static/view.css``           the stylesheet
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
@@ -31,6 +32,7 @@ from starlette.routing import Route
 from dart.cli.view.artifacts import RunArtifacts
 from dart.cli.view.errors import BadRequestError, NotFoundError, PageError, UnreadableError
 from dart.cli.view.figures import RESOURCE_KINDS, FiguresCache
+from dart.cli.view.hosts import LOOPBACK_HOSTS, HostCheck
 from dart.cli.view.links import Links
 from dart.cli.view.queries import PAGE_SIZE, Page, RunIndex, TrajectoryFilter, read_only_engine
 from dart.cli.view.render import STYLESHEET, environment, step_views
@@ -216,8 +218,13 @@ def open_viewer(source: RunSource, link: Links | None = None) -> Viewer:
     return Viewer(source, index, RunArtifacts(open_store(source.store)), link)
 
 
-def create_app(source: RunSource) -> Starlette:
+def create_app(source: RunSource, *, hosts: Collection[str] | None = LOOPBACK_HOSTS) -> Starlette:
     """The viewer of ``source``: its index opened read-only and its store.
+
+    Args:
+        source: The run.
+        hosts: Host names requests must be addressed to (:class:`~dart.cli.view.hosts.HostCheck`); None
+            accepts any (a viewer served beyond this machine, by a name it cannot know).
 
     Raises:
         NotARunError: The index is missing or not one this code reads.
@@ -238,7 +245,8 @@ def create_app(source: RunSource) -> Starlette:
         Route("/static/view.css", viewer.stylesheet),
     ]
     handlers = {PageError: viewer.on_page_error, HTTPException: viewer.on_http_error}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [Middleware(HostCheck, hosts=hosts)] if hosts is not None else []
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
 
 def _filter(params: dict[str, str]) -> TrajectoryFilter:

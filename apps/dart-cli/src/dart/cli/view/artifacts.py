@@ -85,6 +85,8 @@ class RunArtifacts:
             UnreadableError: The store failed, or the bytes do not match their digest.
         """
         what = f"image {key}"
+        if not key.endswith(".png"):  # screenshots and prompt images are PNGs; weights and JSON are not shown
+            raise NotFoundError(what, "only the run's images (.png keys) are served")
         try:
             data = self.store.get(validate_key(key))
         except InvalidURIError as exc:
@@ -95,5 +97,7 @@ class RunArtifacts:
             ) from exc
         except StoreError as exc:
             raise UnreadableError(what, f"the store failed: {exc}") from exc
-        kind = next((t for magic, t in _CONTENT_TYPES if data.startswith(magic)), "application/octet-stream")
+        kind = next((t for magic, t in _CONTENT_TYPES if data.startswith(magic)), None)
+        if kind is None:
+            raise NotFoundError(what, "it is not an image")
         return data, kind

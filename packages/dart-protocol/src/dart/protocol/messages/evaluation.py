@@ -50,6 +50,8 @@ class EvalTaskOutcome(Value):
     errors: int = Field(ge=0)
     """Episodes lost to the infrastructure."""
     mean_steps: NonNegFloat
+    setup_failures: int = Field(default=0, ge=0)
+    """Of the errors, episodes whose env could not set the task up (failed before a step)."""
 
 
 class EvalResult(Message):

@@ -6,7 +6,9 @@ Evaluation lifecycle (one :func:`evaluate` call)::
       -> ``concurrency`` runners pull them from one queue, each runs one episode at a time
          (lease from ``runner_config.pool``, engines from ``router``)
       -> ok / truncated trajectories count (success or not); env_failed / failed / aborted ones
-         are infrastructure losses, reported as ``errors`` and left out of the rates
+         are infrastructure losses, reported as ``errors`` and left out of the rates; of those, an
+         env_failed one without a step is a ``setup_failure`` (the env could not set the task up),
+         counted apart so a suite the env cannot prepare does not pass for a policy's failures
       -> EvalReport
 
 Nothing is published: trajectories stay in memory, so an evaluation never feeds training.
@@ -32,6 +34,11 @@ from dart.rollout.service.runner import TrajectoryRunner
 _COUNTED = frozenset({TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED})
 
 
+def _setup_failed(traj: Trajectory) -> bool:
+    """Whether the env could not set the episode's task up (it failed before the first step)."""
+    return traj.status is TrajectoryStatus.ENV_FAILED and not traj.steps
+
+
 @dataclass(frozen=True)
 class TaskResult:
     """Outcomes of one task's episodes.
@@ -42,6 +49,7 @@ class TaskResult:
         successes: Of those, the successful ones.
         errors: Episodes lost to the infrastructure (env_failed, failed, aborted).
         mean_steps: Mean steps of the counted episodes (0 when none).
+        setup_failures: Of the errors, episodes whose env could not set the task up (failed before a step).
     """
 
     task_id: str
@@ -49,6 +57,7 @@ class TaskResult:
     successes: int
     errors: int
     mean_steps: float
+    setup_failures: int = 0
 
     @property
     def success(self) -> float | None:
@@ -69,6 +78,7 @@ class TaskResult:
             "success": self.success,
             "ci95": list(self.ci95),
             "errors": self.errors,
+            "setup_failures": self.setup_failures,
             "mean_steps": round(self.mean_steps, 2),
         }
 
@@ -116,6 +126,11 @@ class EvalReport:
         return sum(t.errors for t in self.tasks)
 
     @property
+    def setup_failures(self) -> int:
+        """Episodes whose env could not set their task up, over all tasks (part of :attr:`errors`)."""
+        return sum(t.setup_failures for t in self.tasks)
+
+    @property
     def success(self) -> float | None:
         """Success rate over all counted episodes (every task weighs K episodes)."""
         return self.successes / self.n if self.n else None
@@ -149,6 +164,7 @@ class EvalReport:
             "ci95": list(self.ci95),
             "pass_at_k": {str(k): v for k, v in self.pass_at().items()},
             "errors": self.errors,
+            "setup_failures": self.setup_failures,
             "statuses": dict(self.statuses),
             "seconds": round(self.seconds, 2),
             "tasks": [t.to_dict() for t in self.tasks],
@@ -163,7 +179,12 @@ class EvalReport:
             episodes_per_task=self.episodes_per_task,
             tasks=[
                 EvalTaskOutcome(
-                    task_id=t.task_id, n=t.n, successes=t.successes, errors=t.errors, mean_steps=t.mean_steps
+                    task_id=t.task_id,
+                    n=t.n,
+                    successes=t.successes,
+                    errors=t.errors,
+                    mean_steps=t.mean_steps,
+                    setup_failures=t.setup_failures,
                 )
                 for t in self.tasks
             ],
@@ -181,7 +202,9 @@ class EvalReport:
             policy_version=result.policy_version,
             sampling=result.sampling,
             episodes_per_task=result.episodes_per_task,
-            tasks=tuple(TaskResult(t.task_id, t.n, t.successes, t.errors, t.mean_steps) for t in result.tasks),
+            tasks=tuple(
+                TaskResult(t.task_id, t.n, t.successes, t.errors, t.mean_steps, t.setup_failures) for t in result.tasks
+            ),
             seconds=result.seconds,
             statuses=dict(result.statuses),
         )
@@ -279,6 +302,7 @@ def _report(
                 successes=sum(1 for t in counted if t.success),
                 errors=len(by_task[task.task_id]) - len(counted),
                 mean_steps=sum(len(t.steps) for t in counted) / len(counted) if counted else 0.0,
+                setup_failures=sum(1 for t in by_task[task.task_id] if _setup_failed(t)),
             )
         )
     return EvalReport(

@@ -157,10 +157,15 @@ class EnvClient:
         """Reset the instance to ``task``; step numbering restarts at 0.
 
         Raises:
-            EnvFailed: The lease is lost or the instance failed.
+            EnvFailed: The lease is lost, the instance failed, or the env refused to set the task up (its
+                params, a setup step): the episode cannot start, which is the env's side, not the policy's.
         """
         lease = self._require()
-        reply = await self._call("reset", ResetRequest(lease_id=lease.lease_id, task=task, seed=seed), ResetReply)
+        try:
+            reply = await self._call("reset", ResetRequest(lease_id=lease.lease_id, task=task, seed=seed), ResetReply)
+        except RemoteError as exc:
+            detail = f"the env could not set task {task.task_id!r} up: {exc.message}"
+            raise EnvFailed(lease.instance_id, exc.code, detail) from exc
         self._next_step = 0
         return reply
 
