@@ -124,22 +124,31 @@ class GroupAssembler:
         """Close groups that timed out, and drop members that went stale while waiting."""
         ready: list[ReadyGroup] = []
         now = self._clock()
+        step_s = self._step_time()  # once per poll, not per open group
         for gid, group in list(self._open.items()):
             for tid, traj in list(group.members.items()):
                 if self.is_stale(traj, current_version):
                     del group.members[tid]
                     self.drops["stale"] += 1
-            if now - group.first_seen >= self.wait_s(group.budget):
+            if now - group.first_seen >= self._wait(group.budget, step_s):
                 ready.extend(self._close(gid, complete=False))
         return ready
 
     def wait_s(self, budget: int) -> float:
         """How long an incomplete group of a task with step budget ``budget`` waits for its members, seconds."""
-        if not self._step_s or self.policy.episode_slack == 0:
+        return self._wait(budget, self._step_time())
+
+    def _wait(self, budget: int, step_s: float | None) -> float:
+        if step_s is None or self.policy.episode_slack == 0:
             return self.policy.timeout_s
+        return max(self.policy.timeout_s, self.policy.episode_slack * budget * step_s)
+
+    def _step_time(self) -> float | None:
+        """The 90th percentile of recent trajectories' seconds per step; None before any was seen."""
+        if not self._step_s:
+            return None
         ordered = sorted(self._step_s)
-        p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-        return max(self.policy.timeout_s, self.policy.episode_slack * budget * p90)
+        return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
     def close(self, gid: str) -> list[ReadyGroup]:
         """Close one group now with the members it has (coupled mode's round timeout).
