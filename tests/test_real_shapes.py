@@ -1,8 +1,9 @@
 """Real shapes through the pipeline: a Qwen2.5-VL-3B-wide checkpoint on a 1920x1080 screen, on CPU.
 
 ``dart model init``'s writer makes a checkpoint with every width, the vocabulary (151,936) and the image
-processor of the published 3B model, cut to 2 decoder layers and 2 vision blocks (543M parameters,
-float32). A real env service renders a 1920x1080 sim screen; a runner drives the hf engine on it with
+processor of the published 3B model, cut to 1 decoder layer and 2 vision blocks (a window-attention and a
+full-attention one; 466M parameters, float32: a second layer would repeat the first's widths and only add
+compute). A real env service renders a 1920x1080 sim screen; a runner drives the hf engine on it with
 the screenshot fed as is, so the processor patches it at the model's own resolution rules (an
 aspect-preserving resize to 1932x1092 within min/max pixels: 78 x 138 patches, 2,691 image tokens).
 Then:
@@ -83,7 +84,7 @@ if not VLLM_PYTHON.is_file():
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     os.environ["HF_HUB_OFFLINE"] = "1"
     path = tmp_path_factory.mktemp("qwen2.5-vl-3b-cut")
-    write_checkpoint(path, get_architecture("qwen2.5-vl-3b").cut(layers=2, vision_blocks=2), dtype="float32")
+    write_checkpoint(path, get_architecture("qwen2.5-vl-3b").cut(layers=1, vision_blocks=2), dtype="float32")
     yield path
     shutil.rmtree(path, ignore_errors=True)  # 2 GB: freed with the module, not at the end of the session
 

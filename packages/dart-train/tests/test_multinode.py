@@ -6,7 +6,8 @@ global rank 0 (node 0) consumes the batches and publishes. The weights it publis
 batches must equal those of one launcher running every rank itself: FSDP2 with 2 nodes x 1 rank, and
 megatron-core with its tensor-parallel group of 2 split across the two nodes. The megatron run across two
 launchers has a 15 s collective timeout and no batch for 30 s between its two: the ranks outside rank 0 wait
-for its next command on the store, not in a collective, so the idle spell kills nothing.
+for its next command on the store, not in a collective, so the idle spell kills nothing. The one-launcher run
+it is compared with trains during that spell (the machine would otherwise wait it out).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +52,24 @@ IDLE_S = {"megatron": 30.0}
 
 
 async def _feed_and_wait(
-    url: str, run: str, samples: list[TrainingSample], procs: list[subprocess.Popen[bytes]], idle_s: float
+    url: str,
+    run: str,
+    samples: list[TrainingSample],
+    procs: list[subprocess.Popen[bytes]],
+    idle_s: float,
+    on_idle: Callable[[], None] | None,
 ) -> None:
-    """Publish a batch, wait until version 1 is announced, leave the trainer ``idle_s`` without a batch, publish
-    the second and wait until version 2 is announced (a launcher dying fails it)."""
+    """Publish a batch, wait until version 1 is announced, leave the trainer ``idle_s`` without a batch (calling
+    ``on_idle`` as the spell begins), publish the second and wait until version 2 is announced (a launcher dying
+    fails it)."""
     async with await Bus.connect(BusConfig(url=url, run=run)) as bus:
         await ensure_topology(bus)
         state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET))
         deadline = time.monotonic() + 800.0
         for i in range(2):
             if i == 1 and idle_s:
+                if on_idle is not None:
+                    on_idle()
                 await _alive_for(procs, idle_s)
             batch = TrainingBatch(
                 batch_id=f"b{i}",
@@ -97,8 +108,10 @@ def _train(
     backend: dict[str, Any],
     nnodes: int,
     idle_s: float = 0.0,
+    on_idle: Callable[[], None] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Run the trainer on two batches (``idle_s`` apart) with ``nnodes`` launchers; the weights it published as
+    """Run the trainer on two batches (``idle_s`` apart, ``on_idle`` called as the spell begins) with ``nnodes``
+    launchers; the weights it published as
     version 2. ``store`` holds the samples' screenshots (a trainer reads images in its run's store only); each
     run publishes under a prefix of its own there."""
     run = f"mn-{uuid.uuid4().hex[:8]}"
@@ -129,7 +142,7 @@ def _train(
             procs.append(subprocess.Popen(command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         try:
-            asyncio.run(_feed_and_wait(nats_url, run, samples, procs, idle_s))
+            asyncio.run(_feed_and_wait(nats_url, run, samples, procs, idle_s, on_idle))
         except AssertionError as e:
             logs = {n: (tmp / f"node-{n}.log").read_text()[-3000:] for n in range(nnodes)}
             raise AssertionError(f"{e}; logs: {logs}") from None
@@ -160,9 +173,18 @@ def test_two_launchers_train_as_one(
     tmp_path: Path,
 ) -> None:
     samples, store = rollout_samples, shot_store
-    one = _train(tmp_path / "one", nats_url, tiny_checkpoint, samples, store, BACKENDS[kind], nnodes=1)
+    args = (nats_url, tiny_checkpoint, samples, store)
     idle = IDLE_S.get(kind, 0.0)
-    two = _train(tmp_path / "two", nats_url, tiny_checkpoint, samples, store, ACROSS_TWO[kind], nnodes=2, idle_s=idle)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        started: list[Future[dict[str, torch.Tensor]]] = []
+
+        def train_one() -> None:
+            started.append(pool.submit(_train, tmp_path / "one", *args, BACKENDS[kind], nnodes=1))
+
+        two = _train(tmp_path / "two", *args, ACROSS_TWO[kind], nnodes=2, idle_s=idle, on_idle=train_one)
+        if not started:  # no idle spell: one launcher after the other
+            train_one()
+        one = started[0].result()
     assert one.keys() == two.keys()
     initial = load_file(str(tiny_checkpoint / "model.safetensors"))
     shared = one.keys() & initial.keys()
