@@ -105,8 +105,9 @@ def test_vllm_environment_is_reported(tmp_path: Path) -> None:
         assert summary["checks"]["vllm"]["status"] == "ok" and "vllm 0." in summary["checks"]["vllm"]["detail"]
 
 
-def test_vllm_args_prints_the_server_command_of_a_run_config() -> None:
-    """What a server of an attach deployment must run: the arguments the launched servers get, dev mode on."""
+def test_vllm_args_prints_the_server_command_of_a_run_config(tmp_path: Path) -> None:
+    """What a server of an attach deployment must run: the arguments and environment the launched servers get
+    from the config, dev mode on."""
     import shlex
 
     from dart.cli.stack.config import load_run_config
@@ -117,15 +118,29 @@ def test_vllm_args_prints_the_server_command_of_a_run_config() -> None:
     assert result.exit_code == 0, result.stdout
     engine = load_run_config(examples / "smoke-vllm.yaml").rollout.engine
     expected = server_args(engine, model_path="/m", host="0.0.0.0", port=8000)  # type: ignore[arg-type]
-    assert result.stdout.strip() == "VLLM_SERVER_DEV_MODE=1 vllm serve " + shlex.join(expected)
+    env, command = result.stdout.strip().split(" vllm serve ")
+    assert command == shlex.join(expected)
+    assert "VLLM_SERVER_DEV_MODE=1" in env.split() and "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" not in env
     assert "--logprobs-mode processed_logprobs" in result.stdout and "--enable-lora" not in result.stdout
     # A LoRA run: servers with LoRA on at the trainer's rank, and the routes that load adapters at run time.
     lora = CliRunner().invoke(
         app, ["doctor", "--vllm-args", str(examples / "smoke-vllm-lora.yaml"), "--vllm-model", "/m"]
     )
     assert lora.exit_code == 0, lora.stdout
-    assert lora.stdout.startswith("VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ")
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in lora.stdout.split(" vllm serve ")[0].split()
     assert "--enable-lora --max-lora-rank 8 --max-loras 2 --max-cpu-loras 3" in lora.stdout
+    # What the config sets reaches the line: context, batching, KV cache, its environment and extra arguments.
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"extends: {examples / 'smoke-vllm.yaml'}\n"
+        "rollout:\n  engine:\n    launch:\n      max_model_len: 12288\n      kv_cache_gib: 7\n"
+        "      env: {VLLM_CPU_OMP_THREADS_BIND: '0-3'}\n      extra_args: [--max-num-seqs, '5']\n"
+    )
+    custom = CliRunner().invoke(app, ["doctor", "--vllm-args", str(config), "--vllm-model", "/m"])
+    assert custom.exit_code == 0, custom.stdout
+    env, command = custom.stdout.strip().split(" vllm serve ")
+    assert {"VLLM_CPU_KVCACHE_SPACE=7", "VLLM_CPU_OMP_THREADS_BIND=0-3"} <= set(env.split())
+    assert "--max-model-len 12288" in command and command.endswith("--max-num-seqs 5")
     # A run config whose engine is not vLLM: one error line, exit code 2.
     refused = CliRunner().invoke(app, ["doctor", "--vllm-args", str(examples / "smoke.yaml")])
     assert refused.exit_code == 2 and "rollout.engine.kind" in refused.stderr

@@ -345,8 +345,9 @@ def render(checks: list[Check], console: Console) -> None:
 
 
 def vllm_command_line(config_path: str, model_path: str | None = None, port: int = 8000) -> str:
-    """The ``vllm serve`` command line (and environment) a server for the run config's vLLM engine needs:
-    what to run in each container or on each GPU node of an ``attach`` deployment.
+    """The ``vllm serve`` command line, and the environment before it, that a server for the run config's vLLM
+    engine needs, both from the config (``rollout.engine.launch``: context, batching, KV cache, ``env``,
+    ``extra_args``): what to run in each container or on each GPU node of an ``attach`` deployment.
 
     Raises:
         ConfigError: The run config's engine is not ``vllm``, or no model path is known.
@@ -355,8 +356,8 @@ def vllm_command_line(config_path: str, model_path: str | None = None, port: int
 
     from dart.cli.stack.config import load_run_config
     from dart.protocol.errors import ConfigError
-    from dart.rollout.engine.vllm_config import VLLMEngineConfig
-    from dart.rollout.engine.vllm_server import server_args
+    from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
+    from dart.rollout.engine.vllm_server import configured_env, server_args
 
     config = load_run_config(config_path)
     engine = config.rollout.engine
@@ -367,8 +368,8 @@ def vllm_command_line(config_path: str, model_path: str | None = None, port: int
     if model is None:
         raise ConfigError(config_path, "rollout.engine.model_path", "no checkpoint named: pass --vllm-model")
     args = server_args(engine, model_path=str(model), host="0.0.0.0", port=port)
-    env = "VLLM_SERVER_DEV_MODE=1 " + ("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True " if engine.lora is not None else "")
-    return env + "vllm serve " + shlex.join(args)
+    env = configured_env(engine.launch or VLLMLaunchConfig(), runtime_lora=engine.lora is not None)
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " vllm serve " + shlex.join(args)
 
 
 def doctor_command(

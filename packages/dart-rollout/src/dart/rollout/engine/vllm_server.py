@@ -83,11 +83,28 @@ def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: i
     return args + list(launch.extra_args)
 
 
+def configured_env(launch: VLLMLaunchConfig, *, runtime_lora: bool = False) -> dict[str, str]:
+    """The environment a run config gives every server of its engine, on any host: offline, dev-mode routes
+    (pause / reload / resume) on, the CPU build's KV cache size, with ``runtime_lora`` the routes that load
+    and unload adapters, and ``launch.env`` over all of it. ``dart doctor --vllm-args`` prints it for
+    servers run by hand."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(launch.kv_cache_gib),
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    if runtime_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    env.update(launch.env)
+    return env
+
+
 def server_env(
     launch: VLLMLaunchConfig, cache_root: Path, index: int = 0, *, runtime_lora: bool = False
 ) -> dict[str, str]:
-    """Environment of a launched server: offline, dev-mode routes (pause / reload / resume) on, and with
-    ``runtime_lora`` the routes that load and unload adapters.
+    """Environment of a launched server: this process's, then :func:`configured_env`, with its own compile
+    cache and unbuffered output.
 
     CPU builds bind their compute threads to cores; left to itself every server on a host picks the same
     core, so server ``index`` gets core ``index mod cores`` (set ``VLLM_CPU_OMP_THREADS_BIND`` in
@@ -95,19 +112,8 @@ def server_env(
     """
     env = dict(os.environ)
     env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
-    env.update(
-        {
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": str(launch.kv_cache_gib),
-            "VLLM_CACHE_ROOT": str(cache_root),
-            "VLLM_NO_USAGE_STATS": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    if runtime_lora:
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    env.update(launch.env)
+    env.update({"VLLM_CACHE_ROOT": str(cache_root), "PYTHONUNBUFFERED": "1"})
+    env.update(configured_env(launch, runtime_lora=runtime_lora))
     return env
 
 
