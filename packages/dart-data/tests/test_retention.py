@@ -24,7 +24,7 @@ from dart.data.service import DataService
 from dart.protocol import messages as m
 from dart.protocol.bus import Bus, BusConfig, KeyValueStore
 from dart.protocol.store import ArtifactStore, LocalStore
-from dart.protocol.testing import SHA, tiny_png, wait_until
+from dart.protocol.testing import SHA, TASK, tiny_png, wait_until
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
@@ -171,3 +171,50 @@ async def test_a_screenshot_written_before_references_were_recorded_is_kept(bus:
         await older_than_grace(store, key)
         done = await service.retention.run_pass()
     assert done.screenshots == 0 and store.exists(key)
+
+
+async def test_a_screenshot_of_an_episode_longer_than_the_grace_stays_until_its_trajectory_arrives(  # type: ignore[no-untyped-def]
+    bus: Bus, tmp_path: Path, traj_factory
+) -> None:
+    """An episode that runs past the grace period: the screenshot its first step stored is not deleted while
+    the episode's work is awaited (before, any unreferenced screenshot older than the grace went), and goes
+    once the group's trajectories are in and none of them refers to it."""
+    store = LocalStore(tmp_path / "store")
+    await ensure_topology(bus)
+    config = DataConfig(
+        database_url=f"sqlite:///{tmp_path / 'data.sqlite3'}",
+        grouping=GroupingConfig(timeout_s=60, poll_interval_s=0.05),
+        curation=CurationConfig(default_rollouts=2, min_rollouts=2, max_rollouts=2, experience_pool=False),
+        emission=EmissionConfig(max_groups=1, work_timeout_s=3600),
+        retention=RetentionConfig(interval_s=3600, image_grace_s=GRACE_S),
+    )
+    async with DataService(config, bus, store, [TASK]) as service:
+        runner = await bus.pull_consumer("work", durable_name(bus, "work"), m.WorkItem)
+        work: list[m.WorkItem] = []
+        while len(work) < 2:
+            for delivery in await runner.fetch(2 - len(work), timeout=5):
+                work.append(delivery.message)
+                await delivery.ack()
+        first_step = shared_screenshot(store, 11)  # what the env stored at the episode's first step
+        key = first_step.uri.removeprefix(store.uri("k")[:-1])
+        await older_than_grace(store, key)
+        assert (await service.retention.run_pass()).screenshots == 0 and store.exists(key)
+
+        # The episodes end (their trajectories carry other screenshots, as if the agent's screen changed).
+        for w in work:
+            traj = traj_factory(f"t-{w.work_id}", gid=w.group_id, idx=w.rollout_index, work_id=w.work_id)
+            await bus.js_publish(bus.subjects.stream_subject("traj"), traj, msg_id=traj.trajectory_id)
+        await wait_until(lambda: service.stats.stored == 2)
+        await wait_until(lambda: service.emitter is not None and service.emitter.outstanding.count == 0)
+        await wait_for_ingest_acks(bus)  # a pass leaves screenshots alone while trajectories wait on the stream
+        assert (await service.retention.run_pass()).screenshots == 1 and not store.exists(key)
+
+
+async def wait_for_ingest_acks(bus: Bus) -> None:
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        ingest = await bus.consumer_state("traj", durable_name(bus, "traj"))
+        if not (ingest.num_pending or ingest.num_ack_pending):
+            return
+        assert asyncio.get_running_loop().time() < deadline, "the ingestor's acks never reached the server"
+        await asyncio.sleep(0.05)

@@ -182,9 +182,11 @@ class RetentionConfig(ConfigModel):
     interval_s: float = Field(default=60.0, gt=0)
     """How often a retention pass runs, seconds."""
     image_grace_s: float = Field(default=3600.0, gt=0)
-    """Delete an unreferenced screenshot only when it was last written longer ago than this, seconds.
-    Must exceed the env service's ``screenshot_refresh_s`` plus the longest time from a step's
-    observation to its trajectory's ingestion, or a trajectory still on its way can lose an image."""
+    """Delete an unreferenced screenshot only when it was last written longer ago than this, seconds
+    (counted back from the request of the oldest episode still awaited, where this data manager emits
+    the work). Must exceed the env service's ``screenshot_refresh_s`` plus the longest time from a step's
+    observation (from a trajectory's end, where this data manager emits the work) to its trajectory's
+    ingestion, or a trajectory still on its way can lose an image."""
     screenshot_prefix: str = "screenshots"
     """Key prefix the env service stores screenshots under (its ``screenshot_prefix``)."""
     max_per_pass: int = Field(default=2000, ge=1)

@@ -23,20 +23,22 @@ trainer's (``train.retention``).
 The index row stays, with ``pruned_at`` set: statistics and reports keep every trajectory.
 
 **Shared screenshots.** Ingestion records the keys of shared images each trajectory refers to
-(``image_refs``); pruning a trajectory drops its references. A pass lists the screenshot prefix and
-deletes an object that no stored trajectory refers to and that was last written more than
-``image_grace_s`` ago. Why that cannot pull an image from under a trajectory still on its way: a service
-rewrites an image it hands out if its last write is older than its refresh period (the env's
-``screenshot_refresh_s``, the rollout's ``prompt_images.refresh_s``;
-:class:`dart.protocol.store.images.ImageOffload`), so a reference handed out at time t names an
-object written at or after ``t - refresh``; with ``image_grace_s`` above that plus the time
-from observation to ingestion, the object outlives the trajectory's arrival, and from then on its
-reference protects it. The reference check, a fresh ``stat`` and the delete run on the data manager's
-database thread, the same thread that checks a new trajectory's images and records its references, so
-the two never interleave. Screenshots no trajectory ever referred to (held-out evaluation episodes,
-rejected trajectories) go the same way. Passes skip the screenshots while trajectories wait on the
-stream (their references are not recorded yet), and never delete one last written before the index
-recorded references (schema version 4).
+(``image_refs``); pruning a trajectory drops its references. A pass lists the screenshot prefix and deletes
+an object that no stored trajectory refers to and that was last written more than ``image_grace_s`` ago. Why
+that cannot pull an image from under a trajectory still on its way: a service rewrites an image it hands out
+if its last write is older than its refresh period (the env's ``screenshot_refresh_s``, the rollout's
+``prompt_images.refresh_s``; :class:`dart.protocol.store.images.ImageOffload`), so a reference handed out at
+time t names an object written at or after ``t - refresh``; with ``image_grace_s`` above that plus the time
+from observation to ingestion, the object outlives the trajectory's arrival, and from then on its reference
+protects it. Episodes longer than the grace period are covered too: where this data manager emits the run's
+work, the grace counts from the emission of the oldest group still awaited (written off after
+``emission.work_timeout_s``), not from now, so a screenshot from the first step of a long desktop episode
+stays until the episode's trajectory arrives. The reference check, a fresh ``stat`` and the delete run on
+the data manager's database thread, the same thread that checks a new trajectory's images and records its
+references, so the two never interleave. Screenshots no trajectory ever referred to (held-out evaluation
+episodes, rejected trajectories) go the same way. Passes skip the screenshots while trajectories wait on the
+stream (their references are not recorded yet), and never delete one last written before the index recorded
+references (schema version 4).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
@@ -85,12 +87,21 @@ class Retention:
         config: What is kept.
         state: The data manager's state (index, blobs, version, counters, database thread).
         bus: The bus (the trainer's and the ingestor's consumer positions).
+        in_flight_s: How long ago the oldest episode still awaited was requested, seconds (0 when none;
+            None: nothing here emits work). Screenshots written since then, less the grace, are kept.
     """
 
-    def __init__(self, config: RetentionConfig, state: DataState, bus: Bus) -> None:
+    def __init__(
+        self,
+        config: RetentionConfig,
+        state: DataState,
+        bus: Bus,
+        in_flight_s: Callable[[], float] | None = None,
+    ) -> None:
         self.config = config
         self._state = state
         self._bus = bus
+        self._in_flight_s = in_flight_s
 
     async def run(self) -> None:
         """A pass every ``interval_s`` until cancelled; a failing pass is logged and retried."""
@@ -151,13 +162,19 @@ class Retention:
     async def _sweep_screenshots(self) -> tuple[int, int]:
         state = self._state
         since = await state.db(state.index.references_since)
-        cutoff = time.time() - self.config.image_grace_s
+        cutoff = self._cutoff()
         old = await asyncio.to_thread(self._old_screenshots, cutoff, since)
         n = size = 0
         for chunk in _chunks(old, _CHUNK):
             deleted = await state.db(self._delete_unreferenced, chunk)
             n, size = n + len(deleted), size + sum(i.size for i in deleted)
         return n, size
+
+    def _cutoff(self) -> float:
+        """Screenshots last written before this wall-clock time may go: the grace period before now, or
+        before the request of the oldest episode still awaited."""
+        in_flight = self._in_flight_s() if self._in_flight_s is not None else 0.0
+        return time.time() - in_flight - self.config.image_grace_s
 
     def _old_screenshots(self, cutoff: float, since: float) -> list[ArtifactInfo]:
         """Screenshots last written before ``cutoff`` and after ``since`` (listing thread)."""
@@ -181,7 +198,7 @@ class Retention:
                 fresh = store.stat(info.key)
             except ArtifactNotFoundError:
                 continue
-            if fresh.modified is None or fresh.modified.timestamp() >= time.time() - self.config.image_grace_s:
+            if fresh.modified is None or fresh.modified.timestamp() >= self._cutoff():
                 continue  # the env service rewrote it: a new reference may be on its way
             store.delete(info.key)
             deleted.append(fresh)

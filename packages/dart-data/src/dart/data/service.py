@@ -187,7 +187,13 @@ class DataService:
             tasks={t.task_id: t for t in tasks},
             require_work=emission.enabled,
         )
-        self.retention = Retention(config.retention, self.state, bus)
+        outstanding = self.emitter.outstanding if self.emitter is not None and emission.enabled else None
+        self.retention = Retention(
+            config.retention,
+            self.state,
+            bus,
+            in_flight_s=None if outstanding is None else lambda: outstanding.oldest_age(emission.work_timeout_s),
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._consumer: PullConsumer[Trajectory] | None = None
         self._kv: KeyValueStore | None = None

@@ -66,6 +66,12 @@ class OutstandingWork:
             del self._groups[group_id]
         return True
 
+    def oldest_age(self, within_s: float) -> float:
+        """Seconds since the oldest group still awaited was emitted, 0.0 when none is; a group emitted
+        ``within_s`` or more ago counts as written off (what :meth:`expire` does to it when next called)."""
+        now = self._clock()
+        return max((age for p in self._groups.values() if (age := now - p.emitted_at) < within_s), default=0.0)
+
     def expire(self, timeout_s: float) -> int:
         """Forget groups emitted more than ``timeout_s`` ago; returns the trajectories written off."""
         now = self._clock()
