@@ -20,8 +20,17 @@ from dart.protocol.errors import (
 )
 from dart.protocol.messages import LeaseReply, LeaseRequest
 from dart.protocol.permissions import ENV_OP_TIMEOUT_MAX_S, ENV_REPLY_WINDOW_S, service_permissions
+from dart.protocol.subjects import Subjects
 from dart.protocol.testing import all_messages
-from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, STREAMS, Role, durable_name, ensure_topology
+from dart.protocol.topology import (
+    LATEST_MODEL_KEY,
+    ROLES,
+    STREAMS,
+    Role,
+    announced_version,
+    durable_name,
+    ensure_topology,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -128,6 +137,8 @@ async def test_each_role_can_do_its_work(buses: dict[Role, Bus]) -> None:
     await states["train"].put(LATEST_MODEL_KEY, model)
     for role in ("rollout", "data", "run", "eval"):
         assert await states[role].get(LATEST_MODEL_KEY, type(model)) == model
+    # The rollout service reads a version an evaluation asks for from the trainer's announcements.
+    assert await announced_version(rollout, model.version) == model
 
     # Watchers (engines' sync controllers, the data manager) see the current value.
     async def first_watched(role: str) -> Any:
@@ -191,6 +202,9 @@ async def test_permissions_follow_the_topology() -> None:
     assert env.response_window_s == ENV_REPLY_WINDOW_S >= 2 * ENV_OP_TIMEOUT_MAX_S
     askers = [r for r in ROLES if f"{PREFIX}.eval.{RUN}" in service_permissions(r, PREFIX, RUN).publish]
     assert askers == ["eval"]
+    # Only the rollout service reads the announced versions back (the trainer alone writes them).
+    model_reads = f"$JS.API.STREAM.MSG.GET.{Subjects(prefix=PREFIX, run=RUN).stream_name('model')}"
+    assert [r for r in ROLES if model_reads in service_permissions(r, PREFIX, RUN).publish] == ["rollout"]
     with pytest.raises(ValueError, match="unknown role"):
         service_permissions("admin", PREFIX, RUN)  # type: ignore[arg-type]
 

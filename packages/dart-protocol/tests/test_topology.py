@@ -5,8 +5,9 @@ import uuid
 import pytest
 
 from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.messages import ModelVersion
 from dart.protocol.testing import all_messages
-from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, announced_version, durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
 
@@ -30,3 +31,19 @@ async def test_topology_is_idempotent_and_usable(nats_url: str) -> None:
         model = next(msg for msg in all_messages() if msg.kind == "model_version")  # type: ignore[attr-defined]
         await state.put(LATEST_MODEL_KEY, model)
         assert await state.get(LATEST_MODEL_KEY, type(model)) == model
+
+
+async def test_announced_versions_are_found_by_number_on_the_model_stream(nats_url: str) -> None:
+    config = BusConfig(url=nats_url, run=f"topo{uuid.uuid4().hex[:8]}")
+    async with await Bus.connect(config) as bus:
+        await ensure_topology(bus)
+        assert await announced_version(bus, 1) is None  # nothing announced yet
+        model = next(msg for msg in all_messages() if isinstance(msg, ModelVersion))
+        announced = {v: model.model_copy(update={"version": v, "created_at": float(v)}) for v in (1, 3, 4)}
+        for version in announced.values():
+            await bus.js_publish(bus.subjects.stream_subject("model"), version, msg_id=f"model-v{version.version}")
+        for number, version in announced.items():
+            assert await announced_version(bus, number) == version
+        # Never announced: before the first, between two, past the newest.
+        for number in (0, 2, 5):
+            assert await announced_version(bus, number) is None

@@ -14,9 +14,10 @@ from safetensors.torch import save, save_file
 from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.protocol.testing import wait_until
 from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.engine.interface import GenerationRequest
+from dart.rollout.engine.interface import EngineState, GenerationRequest
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.config import SyncConfig
@@ -190,3 +191,63 @@ async def test_an_evaluation_holds_one_engine_at_its_version_and_the_sync_catche
     with pytest.raises(NoEngineAtVersionError, match="version 0"):
         async with sync.hold(None, timeout_s=5.0):
             pass
+
+
+@pytest.mark.unit
+async def test_an_engine_lent_to_an_evaluation_takes_no_training_until_it_is_back_at_the_rollout_version(
+    tmp_path: Path,
+) -> None:
+    v1, v2, v3 = (tmp_path / f"v{v}.safetensors" for v in (1, 2, 3))
+    for version, path in enumerate((v1, v2, v3), 1):
+        save_file({"w": torch.full((2,), float(version))}, str(path))
+    engines = {n: ScriptedEngine(["Action: wait()"], update_s=0.05) for n in ("a", "b")}
+    sync = WeightSyncController(dict(engines), SyncConfig())
+    router = EngineRouter(dict(engines), admits=sync.serves_training)
+    await sync.apply(_model_version(v2, 2))
+    assert sync.rollout_version == 2
+
+    def routed() -> set[str]:
+        return {router.engine_id(engine) for _ in range(8) if (engine := router.try_pick()) is not None}
+
+    async with sync.hold(_model_version(v1, 1), timeout_s=5.0) as (held_id, held):
+        other = "b" if held_id == "a" else "a"
+        assert held.version == 1 and not sync.serves_training(held_id)
+        assert routed() == {other}
+    # Released at version 1 and serving, yet no training reaches it before it is back at version 2.
+    assert held.state is EngineState.SERVING and held.version == 1
+    assert not sync.serves_training(held_id) and routed() == {other}
+    [update] = await sync.apply(_model_version(v2, 2))
+    assert update.engine_id == held_id and update.ok and held.version == 2
+    assert sync.serves_training(held_id) and routed() == {"a", "b"}
+    # Held at the rollout version itself, it serves training beside the evaluation until a newer version.
+    async with sync.hold(_model_version(v2, 2), timeout_s=5.0) as (held_id, held):
+        other = "b" if held_id == "a" else "a"
+        assert held.version == 2 and routed() == {"a", "b"}
+        [update] = await sync.apply(_model_version(v3, 3))
+        assert update.engine_id == other and held.version == 2 and routed() == {other}
+    assert not sync.serves_training(held_id) and routed() == {other}
+    [update] = await sync.apply(_model_version(v3, 3))
+    assert update.engine_id == held_id and routed() == {"a", "b"}
+
+
+@pytest.mark.integration
+async def test_an_engine_released_by_an_evaluation_is_brought_back_by_the_watching_sync(
+    bus: Bus, tmp_path: Path
+) -> None:
+    state = await ensure_topology(bus)
+    v1, v2 = tmp_path / "v1.safetensors", tmp_path / "v2.safetensors"
+    save_file({"w": torch.ones(2)}, str(v1))
+    save_file({"w": torch.full((2,), 2.0)}, str(v2))
+    engines = {n: ScriptedEngine(["Action: wait()"], update_s=0.05) for n in ("a", "b")}
+    sync = WeightSyncController(dict(engines), SyncConfig())
+    try:
+        await sync.start(state)
+        await state.put(LATEST_MODEL_KEY, _model_version(v2, 2))
+        await wait_until(lambda: all(e.version == 2 for e in engines.values()))
+        async with sync.hold(_model_version(v1, 1), timeout_s=5.0) as (held_id, held):
+            assert held.version == 1
+        assert not sync.serves_training(held_id)
+        await wait_until(lambda: sync.serves_training(held_id))
+        assert held.version == 2 and held.loaded[-1] == v2
+    finally:
+        await sync.stop()

@@ -14,7 +14,8 @@ What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` 
                            $JS.API.INFO                                        account limits (read)
     stream publishers      P.<kind>.<run>                                      js_publish
     consumer members       $JS.API.CONSUMER.MSG.NEXT.S.C, $JS.ACK.S.C.>        fetch, ack/nak/in-progress
-    message readers        $JS.API.STREAM.MSG.GET.S                            read stored messages (run: traj)
+    message readers        $JS.API.STREAM.MSG.GET.S                            read stored messages (run: traj,
+                                                                               rollout: model)
     bucket readers         $JS.API.DIRECT.GET.KV_B(.>), STREAM.MSG.GET.KV_B    get
                            $JS.API.CONSUMER.{CREATE,INFO,DELETE}.KV_B.>        watch (ephemeral consumer)
     bucket writers         $KV.B.>                                             put / update

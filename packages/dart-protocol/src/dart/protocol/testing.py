@@ -160,7 +160,7 @@ def _model_messages() -> list[m.Message]:
         m.ModelVersion(version=5, uri="s3://w/v5.safetensors", sha256=SHA, created_at=2.0, size_bytes=10),
         m.EvalRequest(
             label="heldout-v5",
-            version=m.ModelVersion(version=5, uri="s3://w/v5.safetensors", sha256=SHA, created_at=2.0),
+            version=5,
             tasks=[TASK],
             pool="heldout",
             episodes_per_task=2,

@@ -14,7 +14,9 @@ stream     message           published by     consumed by (durable) dedupe id
 =========  ================  ===============  ====================  ===========================
 
 The ``state`` KV bucket holds the latest :class:`ModelVersion` under :data:`LATEST_MODEL_KEY`;
-engines' sync controllers and the data manager watch it.
+engines' sync controllers and the data manager watch it. The ``model`` stream keeps every version
+the trainer announced, in increasing order: :func:`announced_version` looks one up by number there
+(the rollout service, before it loads a version an evaluation asks for).
 
 Who publishes and consumes what is recorded here too (``publishers``, ``consumers``, ``readers``,
 ``writers``): :func:`dart.protocol.permissions.service_permissions` derives each service's NATS
@@ -23,10 +25,12 @@ permissions from these tables, so a new stream or bucket is declared once.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
 from dart.protocol.bus import Bus, KeyValueStore
+from dart.protocol.messages import ModelVersion
 from dart.protocol.subjects import StreamKind
 
 LATEST_MODEL_KEY = "model-latest"
@@ -71,7 +75,8 @@ class StreamSpec:
     """Roles allowed to publish to the stream's subject."""
     message_readers: tuple[Role, ...] = ()
     """Roles allowed to read stored messages by sequence (``Bus.largest_message``: the run summary's
-    largest trajectory message)."""
+    largest trajectory message; ``Bus.stored_messages``: the rollout service's look-up of announced
+    versions)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ STREAMS: dict[StreamKind, StreamSpec] = {
         ConsumerSpec("trainer", ack_wait_s=300.0, max_deliver=5, consumers=("train",)),
         publishers=("data",),
     ),
-    "model": StreamSpec("model", "limits", None, publishers=("train",)),
+    "model": StreamSpec("model", "limits", None, publishers=("train",), message_readers=("rollout",)),
 }
 
 BUCKETS: dict[str, BucketSpec] = {
@@ -150,3 +155,23 @@ async def ensure_topology(bus: Bus) -> KeyValueStore:
             )
     state = BUCKETS[STATE_BUCKET]
     return await bus.kv(bus.subjects.kv_bucket(state.name), history=state.history, replicas=bus.config.replicas)
+
+
+async def announced_version(bus: Bus, version: int) -> ModelVersion | None:
+    """The :class:`ModelVersion` the trainer announced as ``version``, read from the ``model`` stream.
+
+    Only the ``train`` role publishes there, so the record found (weights' and manifest's URIs and
+    digests) is the trainer's own, whoever asks for the version. The stream is read from its newest
+    message back; versions are announced in increasing order, so the search stops at the first older one.
+
+    Returns:
+        The announced record, or None when no version of that number was announced.
+
+    Raises:
+        JetStreamError: The stream could not be read.
+    """
+    async with contextlib.aclosing(bus.stored_messages("model", ModelVersion)) as stored:
+        async for announced in stored:
+            if announced.version <= version:
+                return announced if announced.version == version else None
+    return None

@@ -3,11 +3,13 @@
 Who serves the episodes (``validation.engine``):
 
 - unset: the run's own engines. The validator sends an :class:`~dart.protocol.messages.EvalRequest`
-  to the rollout service, which holds one of its engines at the version under test (loading it when
-  that engine serves another), runs the episodes with its own runners, and releases the engine to
-  its weight sync (:meth:`dart.rollout.service.sync.WeightSyncController.hold`). What is measured is
-  what the run serves: the same engine kind, device, dtype and server, vLLM included; training
-  keeps going on every engine meanwhile (on the held one at that version).
+  naming the version by number to the rollout service, which reads that version's announcement on the
+  ``model`` stream, holds one of its engines at it (loading it when that engine serves another), runs
+  the episodes with its own runners, and releases the engine to its weight sync
+  (:meth:`dart.rollout.service.sync.WeightSyncController.hold`). What is measured is what the run
+  serves: the same engine kind, device, dtype and server, vLLM included; training keeps going on the
+  other engines meanwhile, and on the held one only at the newest version (held at an older one, once
+  the weight sync has brought it back).
 - an engine config: the validator starts that engine itself (an hf engine on its device, or a vLLM
   server) and loads each version into it: one more model, but the run's engines never pause an update.
 
@@ -256,7 +258,7 @@ class HeldOutValidator:
         if self._engine is None:
             request = EvalRequest(
                 label=label,
-                version=version,
+                version=number,  # the rollout service reads the version's record from the model stream
                 tasks=self._tasks,
                 pool=v.pool,
                 episodes_per_task=v.episodes_per_task,

@@ -6,7 +6,8 @@ that only works as a base of ``Bus``, which provides the attributes it declares.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, TypeVar, cast, get_args, overload
 
 import nats.errors
@@ -36,14 +37,17 @@ from dart.protocol.bus.jetstream import (
 from dart.protocol.bus.kv import KeyValueStore, open_bucket
 from dart.protocol.bus.stats import BusStats
 from dart.protocol.bus.tracing import BusTracer
-from dart.protocol.errors import JetStreamError
+from dart.protocol.errors import JetStreamError, MessageValidationError
 from dart.protocol.messages.base import Message
+from dart.protocol.messages.codec import decode
 from dart.protocol.subjects import StreamKind, Subjects
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 _STREAM_KINDS: frozenset[str] = frozenset(get_args(StreamKind))
+
+log = logging.getLogger("dart.protocol.bus")
 
 
 class JetStreamMethods:
@@ -234,6 +238,30 @@ class JetStreamMethods:
                 raise JetStreamError("largest_message", name, f"{exc!r}") from exc
             largest = max(largest, len(msg.data or b""))
         return largest
+
+    async def stored_messages(self, stream: StreamKind | str, schema: type[M]) -> AsyncGenerator[M]:
+        """The messages stored in a stream, newest first, read one by one by sequence.
+
+        The caller stops iterating when it has found what it looks for. A message that does not
+        decode as ``schema`` is logged and skipped. Reading needs the stream's message-get grant
+        (``message_readers`` in :mod:`dart.protocol.topology`).
+
+        Raises:
+            JetStreamError: The stream does not exist or a read failed.
+        """
+        name = self._stream_name(stream)
+        state = await stream_state(self._js, name)
+        for seq in range(state.last_seq, state.first_seq - 1, -1) if state.messages else ():
+            try:
+                msg = await self._js.get_msg(name, seq)
+            except nats.js.errors.NotFoundError:
+                continue  # deleted or expired since the state was read
+            except (nats.errors.Error, TimeoutError) as exc:
+                raise JetStreamError("stored_messages", name, f"{exc!r}") from exc
+            try:
+                yield decode(msg.data or b"", schema)
+            except MessageValidationError as exc:
+                log.error("skipping undecodable message %d of %s: %s", seq, name, exc)
 
     async def consumer_state(self, stream: StreamKind | str, durable: str) -> ConsumerState:
         """Backlog of a durable consumer right now: pending, unacked, redelivered, waiting."""

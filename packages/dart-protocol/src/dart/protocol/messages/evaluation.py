@@ -3,7 +3,11 @@
 The rollout service answers an :class:`EvalRequest` by holding one of its engines at the requested
 version (loading that version into it when it serves another), running the episodes on it with its
 own trajectory runners against the env pool the request names, and releasing the engine to its
-regular weight sync. Training keeps using the other engines, and the held one too (at that version).
+regular weight sync. The request names the version by number only: the rollout service reads the
+weights' record (URIs and digests) from the trainer's announcement on the ``model`` stream and refuses
+a number never announced, so an evaluation cannot make an engine load weights the trainer did not
+publish. Training keeps using the other engines; the held one serves training only at the newest
+version (held at an older one, it takes no training request until it is back there).
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from pydantic import Field
 from dart.protocol.messages.base import Message, NonEmptyStr, NonNegFloat, PolicyVersion, Value
 from dart.protocol.messages.sampling import Sampling
 from dart.protocol.messages.tasks import TaskSpec
-from dart.protocol.messages.training import ModelVersion
 
 MAX_EVAL_TASKS = 4096
 
@@ -26,8 +29,9 @@ class EvalRequest(Message):
     kind: Literal["eval_request"] = "eval_request"
     label: NonEmptyStr
     """What is evaluated (e.g. ``heldout-v3``); part of the episodes' work ids."""
-    version: ModelVersion | None = None
-    """The version under test; None: the checkpoint the engines started from."""
+    version: PolicyVersion = 0
+    """The version under test, by number: one the trainer announced on the ``model`` stream (its record
+    there says which weights), or 0: the checkpoint the engines started from."""
     tasks: list[TaskSpec] = Field(min_length=1, max_length=MAX_EVAL_TASKS)
     pool: NonEmptyStr
     """Env pool the episodes lease from (the evaluator's own, never a training pool)."""

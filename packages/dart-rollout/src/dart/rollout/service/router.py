@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dart.protocol.telemetry import BusySection, BusyTracker, Telemetry
 from dart.rollout.engine.interface import EngineState, InferenceEngine
@@ -15,8 +15,9 @@ class EngineRouter:
     """Picks an engine per request: the least loaded among those SERVING.
 
     Engines that are draining or loading (a weight update) or closed are skipped, so an update
-    on one engine shifts its traffic to the others instead of queueing behind it. When no engine
-    is serving, :meth:`pick` waits until one is. Ties go round-robin so idle engines share work.
+    on one engine shifts its traffic to the others instead of queueing behind it, and so are engines
+    ``admits`` turns away (the rollout service's: engines lent to an evaluation). When no engine is
+    serving, :meth:`pick` waits until one is. Ties go round-robin so idle engines share work.
 
     Engine busy time (any request in flight) is accounted per engine with a
     :class:`~dart.protocol.telemetry.BusyTracker`; wrap each generate call in :meth:`busy`.
@@ -33,6 +34,9 @@ class EngineRouter:
         telemetry: Where busy intervals go; None keeps them in memory.
         poll_interval_s: How often a waiting :meth:`pick` re-checks engine states, seconds
             (engines do not announce state changes).
+        admits: Whether an engine id may take requests now, beyond its state (e.g.
+            :meth:`~dart.rollout.service.sync.WeightSyncController.serves_training`); None admits every
+            serving engine.
     """
 
     def __init__(
@@ -41,6 +45,7 @@ class EngineRouter:
         *,
         telemetry: Telemetry | None = None,
         poll_interval_s: float = 0.01,
+        admits: Callable[[str], bool] | None = None,
     ) -> None:
         if not isinstance(engines, dict):
             engines = {f"engine-{i}": engine for i, engine in enumerate(engines)}
@@ -50,6 +55,7 @@ class EngineRouter:
         self._ids = {id(engine): engine_id for engine_id, engine in self._engines.items()}
         self._busy = {engine_id: BusyTracker("engine", engine_id, telemetry) for engine_id in self._engines}
         self._poll_interval_s = poll_interval_s
+        self._admits = admits
         self._turn = 0
 
     @property
@@ -70,8 +76,14 @@ class EngineRouter:
         return {engine_id: tracker.busy_seconds for engine_id, tracker in self._busy.items()}
 
     def try_pick(self, min_version: int = 0) -> InferenceEngine | None:
-        """The least-loaded serving engine at ``min_version`` or newer, or None right now."""
-        candidates = [e for e in self._engines.values() if e.state is EngineState.SERVING and e.version >= min_version]
+        """The least-loaded serving (and admitted) engine at ``min_version`` or newer, or None right now."""
+        candidates = [
+            e
+            for engine_id, e in self._engines.items()
+            if e.state is EngineState.SERVING
+            and e.version >= min_version
+            and (self._admits is None or self._admits(engine_id))
+        ]
         if not candidates:
             return None
         least = min(e.load for e in candidates)

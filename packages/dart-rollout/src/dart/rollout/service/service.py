@@ -25,11 +25,11 @@ from types import TracebackType
 
 from dart.protocol.bus import Bus, Delivery, PullConsumer, Service
 from dart.protocol.errors import DartError, JetStreamError, ServiceError
-from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, Trajectory, WorkItem
+from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, ModelVersion, Trajectory, WorkItem
 from dart.protocol.retry import Backoff, retry
 from dart.protocol.store import StoreConfig, open_store
 from dart.protocol.telemetry import GpuSampler, Telemetry
-from dart.protocol.topology import durable_name, ensure_topology
+from dart.protocol.topology import announced_version, durable_name, ensure_topology
 from dart.protocol.waiting import cancel_and_wait
 from dart.rollout.engine.interface import ENGINES, EngineError, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
@@ -142,10 +142,11 @@ class RolloutService:
         engines = self._given_engines
         if engines is None:
             engines = await self._start_engines()
-        self._router = EngineRouter(engines, telemetry=self._telemetry)
         self._sync = WeightSyncController(
             engines, self.config.sync, telemetry=self._telemetry, store_config=self._store_config
         )
+        # Training goes only to engines no evaluation has borrowed (see WeightSyncController.hold).
+        self._router = EngineRouter(engines, telemetry=self._telemetry, admits=self._sync.serves_training)
         await self._sync.start(state)
         durable = durable_name(self._bus, "work")
         engine = self.config.engine
@@ -172,14 +173,19 @@ class RolloutService:
         )
 
     async def _evaluate(self, request: EvalRequest) -> EvalResult:
-        """Run ``request``'s episodes on one engine held at its version (see :meth:`WeightSyncController.hold`)."""
+        """Run ``request``'s episodes on one engine held at its version (see :meth:`WeightSyncController.hold`).
+
+        The version's weights are the ones the trainer announced under that number on the ``model``
+        stream; a number never announced is refused (``not_found``) and no engine changes.
+        """
         from dart.rollout.eval import evaluate
 
         if self._sync is None or self._stopping.is_set():
             raise ServiceError(ErrorCode.UNAVAILABLE, "the rollout service is not serving", retryable=True)
+        version = await self._announced(request.version) if request.version else None
         runner_config = self._runner_config.model_copy(update={"pool": request.pool})
         try:
-            async with self._sync.hold(request.version, timeout_s=request.hold_timeout_s) as (engine_id, engine):
+            async with self._sync.hold(version, timeout_s=request.hold_timeout_s) as (engine_id, engine):
                 log.info("evaluation %s on %s at version %d", request.label, engine_id, engine.version)
                 report = await evaluate(
                     self._bus,
@@ -197,6 +203,22 @@ class RolloutService:
         except (WeightFetchError, EngineError, TimeoutError) as exc:
             raise ServiceError(ErrorCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}", retryable=True) from None
         return report.to_result(engine_id, engine.describe())
+
+    async def _announced(self, version: int) -> ModelVersion:
+        try:
+            announced = await announced_version(self._bus, version)
+        except JetStreamError as exc:
+            raise ServiceError(
+                ErrorCode.UNAVAILABLE, f"the model stream could not be read: {exc}", retryable=True
+            ) from None
+        if announced is None:
+            raise ServiceError(
+                ErrorCode.NOT_FOUND,
+                f"version {version} was never announced on the model stream: evaluate a version the trainer "
+                "published (or 0, the checkpoint the engines started from)",
+                {"version": version},
+            )
+        return announced
 
     async def _start_engines(self) -> dict[str, InferenceEngine]:
         config = self.config.engine

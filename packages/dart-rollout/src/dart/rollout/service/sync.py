@@ -16,10 +16,15 @@ Engine update lifecycle (driven by :class:`WeightSyncController`)::
 In ``decoupled`` mode with two or more engines, at least one engine is serving at any time, so
 trajectory runners never stall on an update; ``coupled`` mode updates every engine at once.
 
-An evaluation holds one engine at the version under test (:meth:`WeightSyncController.hold`): the
-engine is chosen among those serving that version (or loaded with it when none does), the
-controller leaves it out of updates until the hold ends, and then brings it to the newest version.
-It keeps serving training requests meanwhile.
+An evaluation holds one engine at the version under test (:meth:`WeightSyncController.hold`). An
+engine lent to an evaluation serves training only at the rollout version (the newest announced or
+applied; :meth:`WeightSyncController.serves_training`, which the service's router asks)::
+
+    serving training --hold(v)--> held: out of updates; the least-loaded engine at v, or else the
+        least-loaded one, loaded with v once the training requests it had taken are answered.
+        Out of training unless v is the rollout version (then until a newer one is announced).
+      --the hold ends--> returning: out of training; the applier brings it to the rollout version
+      --at the rollout version--> serving training (an engine already there skips ``returning``)
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ from dart.rollout.service.fetch import fetch_weights
 __all__ = ["EngineUpdate", "WeightSyncController", "fetch_weights", "max_concurrent_updates"]
 
 log = logging.getLogger("dart.rollout.sync")
+
+_DRAIN_POLL_S = 0.01
+"""How often a hold re-reads the load of the engine it waits to load, seconds."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,9 @@ class WeightSyncController:
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._apply_lock = asyncio.Lock()
-        self._held: set[str] = set()
+        self._held: dict[str, int] = {}  # engine id -> the version it is held at
+        self._returning: set[str] = set()
+        self._rollout_version = 0
         self.updates: list[EngineUpdate] = []
         """Every update attempted, in completion order."""
         self.failed_fetches = 0
@@ -128,6 +138,23 @@ class WeightSyncController:
     def max_concurrent(self) -> int:
         """Engines that may update at once."""
         return self._limit
+
+    @property
+    def rollout_version(self) -> int:
+        """The newest version announced or applied (0 before any): what training is served with."""
+        return self._rollout_version
+
+    def serves_training(self, engine_id: str) -> bool:
+        """Whether ``engine_id`` may take training requests now; the service's router admits only such engines.
+
+        Every engine may, except one lent to an evaluation at another version than :attr:`rollout_version`
+        (held there, or released and not yet back): held at the rollout version itself, it serves training
+        beside the evaluation, until a newer version is announced.
+        """
+        if engine_id in self._returning:
+            return False
+        held_at = self._held.get(engine_id)
+        return held_at is None or held_at == self._rollout_version == self._engines[engine_id].version
 
     async def start(self, state: KeyValueStore) -> None:
         """Watch ``state`` for new versions and apply them in the background."""
@@ -145,6 +172,7 @@ class WeightSyncController:
         """Queue ``version`` for the background applier (newer versions replace older pending ones)."""
         if self._latest is None or version.version > self._latest.version:
             self._latest = version
+            self._rollout_version = max(self._rollout_version, version.version)
             self._wakeup.set()
 
     async def apply(self, version: ModelVersion) -> list[EngineUpdate]:
@@ -157,6 +185,7 @@ class WeightSyncController:
             WeightFetchError: The weights could not be fetched or verified; no engine changed.
         """
         async with self._apply_lock:
+            self._rollout_version = max(self._rollout_version, version.version)
             stale = [
                 (eid, e) for eid, e in self._engines.items() if e.version < version.version and eid not in self._held
             ]
@@ -187,8 +216,14 @@ class WeightSyncController:
         """One engine serving exactly ``version``, kept there until the block ends (see the module docstring).
 
         The least-loaded engine already at the version is taken; when none is, the least-loaded one
-        is loaded with it (``version`` None means the checkpoint the engines started from, which is
-        never loaded back). Updates wait while the choice and that load happen, not while the block runs.
+        is loaded with it once the training requests it had taken are answered (``version`` None means
+        the checkpoint the engines started from, which is never loaded back). Updates wait while the
+        choice and that load happen, not while the block runs. From the choice on, the engine takes
+        training requests only while it is at :attr:`rollout_version` (:meth:`serves_training`); held at
+        another version, it takes none until the sync has brought it back after the block.
+
+        ``version`` is trusted: the caller passes a record the trainer announced (the rollout service
+        reads it from the ``model`` stream), never one a request carried.
 
         Raises:
             NoEngineAtVersionError: Every engine is held or closed, or none serves the start checkpoint
@@ -207,10 +242,15 @@ class WeightSyncController:
                 served = sorted({e.version for _, e in free})
                 raise NoEngineAtVersionError(target, served, len(self._engines) - len(free))
             engine_id, engine = min(exact or free, key=lambda pair: pair[1].load)
-            self._held.add(engine_id)
+            self._held[engine_id] = target
+            self._returning.discard(engine_id)
             try:
                 if engine.version != target:
                     assert version is not None
+                    # Requests the router gave it before the hold would be answered by the evaluated
+                    # weights if they waited in its queue through the load: let them finish first.
+                    while engine.load > 0:  # noqa: ASYNC110  (engines do not announce their load)
+                        await asyncio.sleep(_DRAIN_POLL_S)
                     path = await fetch_weights(
                         version,
                         store_config=self._store_config,
@@ -229,9 +269,10 @@ class WeightSyncController:
             self._release(engine_id)
 
     def _release(self, engine_id: str) -> None:
-        self._held.discard(engine_id)
-        if self._latest is not None:
-            self._wakeup.set()  # the applier brings it to the newest version
+        self._held.pop(engine_id, None)
+        if self._engines[engine_id].version < self._rollout_version:
+            self._returning.add(engine_id)
+            self._wakeup.set()  # the applier brings it to the rollout version
 
     async def _update_one(self, engine_id: str, engine: InferenceEngine, path: Path, version: int) -> EngineUpdate:
         started = time.time()
@@ -243,6 +284,8 @@ class WeightSyncController:
             error = str(exc)
             log.error("engine %s could not load version %d: %s", engine_id, version, exc)
         record = EngineUpdate(engine_id, version, started, time.time(), error is None, error)
+        if engine.version >= self._rollout_version:
+            self._returning.discard(engine_id)  # back from an evaluation: it serves training again
         self.updates.append(record)
         self._event(
             "engine.update.end",
