@@ -7,7 +7,9 @@ it gets, so each test compares an action with the events a real X client saw.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -64,17 +66,20 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Probe]:
     desk = XDesktop(DesktopConfig(width=WIDTH, height=HEIGHT, window_manager="none"))
     desk.start()
     out = tmp_path_factory.mktemp("probe") / "events.jsonl"
+    # Started by the test, not through /setup/launch: under root the desktop's user may not reach this
+    # interpreter (a root-only virtualenv) nor the test's temp dir.
     cmd = [sys.executable, "-m", "dart.env.desktop.probe", "--out", str(out)]
-    resp = requests.post(desk.url + "/setup/launch", json={"command": cmd}, timeout=10)
-    assert resp.status_code == 200, resp.text
+    app = subprocess.Popen(cmd, env=dict(os.environ, DISPLAY=desk.display), stdin=subprocess.DEVNULL)
     p = Probe(desk, out)
     deadline = time.monotonic() + 15
     while not p.events():
-        assert time.monotonic() < deadline, "the probe did not report ready"
+        assert time.monotonic() < deadline and app.poll() is None, "the probe did not report ready"
         time.sleep(0.05)
     assert p.events()[0] == {"type": "ready", "width": WIDTH, "height": HEIGHT}
     p.seen = len(p.events())
     yield p
+    app.kill()
+    app.wait()
     desk.close()
 
 

@@ -8,8 +8,6 @@ browser's WebDriver, as the oracles do); the X events the probe app recorded on 
 from __future__ import annotations
 
 import asyncio
-import shlex
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -234,7 +232,8 @@ def _probe_plans(case: str, points: dict[str, Point]) -> dict[str, Plan]:
         checker: Callable[[Sequence[Action]], Awaitable[Verdict]] = harness.check_events
         return await checker(actions)
 
-    probe = f'exec {shlex.quote(sys.executable)} -m dart.env.desktop.probe --out "$HOME/{PROBE_FILE}"'
+    # The desktop's python3 is the service's Python (dart.env.desktop.interpreter), runnable by the desktop's user.
+    probe = f'exec python3 -m dart.env.desktop.probe --out "$HOME/{PROBE_FILE}"'
     osworld_task = TaskSpec(
         task_id=f"conformance/{case}",
         backend="osworld",

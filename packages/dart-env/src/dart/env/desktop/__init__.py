@@ -6,6 +6,8 @@
 - :mod:`dart.env.desktop.xinput`: persistent XTest input and mss screenshots.
 - :mod:`dart.env.desktop.display`: Xvfb and the window manager.
 - :mod:`dart.env.desktop.windows`: top-level windows and the X11 window-tree XML.
+- :mod:`dart.env.desktop.sandbox`: what its processes run with (a scrubbed environment, an unprivileged
+  user under root); :mod:`dart.env.desktop.interpreter`: its ``python`` and ``python3``.
 - :mod:`dart.env.desktop.probe`: an X client that logs the input it receives (test ground truth).
 
 The public names are imported lazily, so the server and probe processes (which import this

@@ -35,7 +35,9 @@ from pydantic import Field
 
 from dart.env.desktop.display import XvfbDisplay, kill_group
 from dart.env.desktop.errors import DesktopError
+from dart.env.desktop.interpreter import install_python
 from dart.env.desktop.processes import MARKER_VAR, kill_marked
+from dart.env.desktop.sandbox import desktop_environment, resolve_desktop_user
 from dart.protocol.config import ConfigModel
 
 
@@ -58,6 +60,9 @@ class DesktopConfig(ConfigModel):
     """Directory copied into the fresh HOME at start and on every revert; None: an empty HOME."""
     server_log: Literal["file", "inherit"] = "file"
     """Where the server's stderr goes: a log file in the temp dir (its tail is in errors), or this process's."""
+    desktop_user: str = "nobody"
+    """Account that Xvfb, the window manager, apps and every command run as when this process is root
+    (it must exist; a dedicated one keeps desktops apart); ignored otherwise. See :mod:`dart.env.desktop.sandbox`."""
 
 
 class XDesktop:
@@ -124,30 +129,35 @@ class XDesktop:
         cfg = self.config
         self._tmp = Path(tempfile.mkdtemp(prefix="dart-desktop-")).resolve()
         home = self._tmp / "home"
-        # GSettings without a session bus (dconf) would drop every `gsettings set`: the keyfile
-        # backend keeps them in HOME/.config, so they last the episode and a revert clears them.
-        env = dict(os.environ, HOME=str(home), NO_AT_BRIDGE="1", GSETTINGS_BACKEND="keyfile")
-        for var in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
-            env.pop(var, None)
         try:
+            user = resolve_desktop_user(cfg.desktop_user)
+            if user is not None:
+                # The temp dir stays root's (logs, the window manager's rc); the user may only pass through it.
+                self._tmp.chmod(0o711)
+            python_bin = install_python(self._tmp / "python", user)
+            path = f"{python_bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+            env = desktop_environment(home, user, extra={"PATH": path})
             home.mkdir()
             if cfg.home_template is not None:
                 try:
                     shutil.copytree(cfg.home_template, home, symlinks=True, dirs_exist_ok=True)
                 except OSError as exc:
                     raise DesktopError("home", f"cannot copy the home template {cfg.home_template}: {exc}") from exc
+            if user is not None:
+                user.give(home)
             self._display = XvfbDisplay(
                 cfg.width,
                 cfg.height,
                 window_manager=cfg.window_manager,
                 log_dir=self._tmp,
                 env=env,
+                user=user,
                 start_timeout_s=cfg.start_timeout_s,
                 # Carrying the server's marker, so a revert closes terminals opened by the shortcut too.
                 terminal_command=["env", f"{MARKER_VAR}={home}", "xterm"],
             )
             display = self._display.start()
-            self._start_server(display, home, env)
+            self._start_server(display, home, env, python_bin / "python3")
             self._wait_healthy()
         except BaseException:
             # A failed start is final: the object stays closed and a new XDesktop is needed.
@@ -155,7 +165,7 @@ class XDesktop:
             self._teardown()
             raise
 
-    def _start_server(self, display: str, home: Path, env: dict[str, str]) -> None:
+    def _start_server(self, display: str, home: Path, env: dict[str, str], python: Path) -> None:
         cfg = self.config
         assert self._tmp is not None
         cmd = [
@@ -175,6 +185,7 @@ class XDesktop:
         ]
         if cfg.home_template is not None:
             cmd += ["--home-template", str(cfg.home_template)]
+        cmd += ["--desktop-user", cfg.desktop_user, "--python", str(python)]
         assert self._display is not None
         for pid in self._display.pids.values():
             if pid is not None:

@@ -16,9 +16,11 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import escape as xml_escape
 
 from dart.env.desktop.errors import DesktopError
+from dart.env.desktop.sandbox import DesktopUser, desktop_environment
 
 _KILL_GRACE_S = 2.0
 """Seconds between SIGTERM and SIGKILL when stopping a process group."""
@@ -65,7 +67,9 @@ class XvfbDisplay:
         height: Screen height, pixels.
         window_manager: Executable of the window manager (``openbox``), or ``none``.
         log_dir: Where ``xvfb.log`` and ``wm.log`` go.
-        env: Environment of the window manager (``HOME`` etc.); ``DISPLAY`` is added.
+        env: Environment of Xvfb and the window manager (``HOME`` etc.; ``DISPLAY`` is added); default:
+            :func:`~dart.env.desktop.sandbox.desktop_environment` with this process's HOME.
+        user: Account both run as (a root caller's ``desktop_user``); None: this process's.
         start_timeout_s: How long Xvfb may take to announce its display.
         terminal_command: With openbox: what Ctrl+Alt+T runs (Ubuntu's terminal shortcut, which
             OSWorld-style agents use); None leaves openbox's own key bindings alone.
@@ -79,6 +83,7 @@ class XvfbDisplay:
         window_manager: str = "openbox",
         log_dir: Path,
         env: Mapping[str, str] | None = None,
+        user: DesktopUser | None = None,
         start_timeout_s: float = 10.0,
         terminal_command: Sequence[str] | None = None,
     ) -> None:
@@ -86,7 +91,8 @@ class XvfbDisplay:
         self.height = height
         self.window_manager = window_manager
         self.log_dir = log_dir
-        self.env = dict(env if env is not None else os.environ)
+        self.env = dict(env) if env is not None else desktop_environment(Path.home(), user)
+        self.user = user
         self.start_timeout_s = start_timeout_s
         self.terminal_command = list(terminal_command) if terminal_command is not None else None
         self.display: str = ""
@@ -123,7 +129,9 @@ class XvfbDisplay:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     pass_fds=(write_fd,),
+                    env=self.env,
                     start_new_session=True,
+                    **self._as_user(),
                 )
             os.close(write_fd)
             write_fd = -1
@@ -173,8 +181,12 @@ class XvfbDisplay:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                **self._as_user(),
             )
         self._wait_wm()
+
+    def _as_user(self) -> dict[str, Any]:
+        return self.user.popen_kwargs() if self.user is not None else {}
 
     def _openbox_rc(self) -> Path | None:
         """openbox's system rc.xml plus a Ctrl+Alt+T binding to the terminal, written to the log dir

@@ -13,7 +13,8 @@ class DesktopError(EnvError):
     or set ``window_manager="none"``.
 
     Attributes:
-        part: ``xvfb``, ``wm``, ``server``, ``home`` (the home template) or ``request``.
+        part: ``xvfb``, ``wm``, ``server``, ``home`` (the home template), ``user`` (the ``desktop_user``
+            setting) or ``request``.
     """
 
     def __init__(self, part: str, detail: str) -> None:

@@ -18,6 +18,10 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dart.env.desktop.sandbox import DesktopUser
 
 MARKER_VAR = "DART_DESKTOP_HOME"
 """Environment variable set on every command the server starts: the desktop's HOME."""
@@ -81,10 +85,12 @@ class ProcessTracker:
         env: Environment of every command (``DISPLAY``, ``HOME`` ...); :data:`MARKER_VAR` is added
             (set to ``cwd``) unless present.
         cwd: Working directory of every command.
+        user: Account every command runs as; None: this process's.
     """
 
-    def __init__(self, env: Mapping[str, str], cwd: Path) -> None:
+    def __init__(self, env: Mapping[str, str], cwd: Path, user: DesktopUser | None = None) -> None:
         self.env = dict(env)
+        self._as_user: dict[str, Any] = user.popen_kwargs() if user is not None else {}
         self.marker = self.env.setdefault(MARKER_VAR, str(cwd))
         self.cwd = cwd
         self._lock = threading.Lock()
@@ -112,6 +118,7 @@ class ProcessTracker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            **self._as_user,
         )
         self._track(proc)
         return proc
@@ -138,6 +145,7 @@ class ProcessTracker:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             start_new_session=True,
+            **self._as_user,
         )
         self._track(proc)
         try:

@@ -18,7 +18,9 @@ DART extensions: ``GET /dart/health``, ``POST /dart/action`` (one typed action o
 Bad input (bad JSON, missing or mistyped keys) is answered 400 with
 ``{"status": "error", "message": ...}`` (plus OSWorld's own error keys where it has them); a dead
 display 503; unexpected failures 500 (see :mod:`dart.env.desktop.httpd`, which serves these routes).
-Commands run with the desktop's ``DISPLAY`` and ``HOME``, with HOME as working directory.
+Commands run with the desktop's ``DISPLAY`` and ``HOME``, with HOME as working directory, in the scrubbed
+environment of :mod:`dart.env.desktop.sandbox`, and as its desktop user when the server is root (files the
+server writes into HOME are given to that user).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from dart.env.desktop import windows
 from dart.env.desktop.errors import DesktopError
 from dart.env.desktop.httpd import BadRequest, Reply, Request, Router, json_field
 from dart.env.desktop.processes import ProcessTracker
+from dart.env.desktop.sandbox import DesktopUser, desktop_environment
 from dart.env.desktop.xinput import XInput, to_pixel
 from dart.protocol.messages.actions import (
     ACTION_ADAPTER,
@@ -76,15 +79,26 @@ class DesktopRoutes:
         display_name: The X display (``:N``).
         home: The desktop's HOME (working directory of every command).
         home_template: Directory whose contents HOME is reset to on revert; None resets to empty.
+        user: Account every command runs as (see :func:`~dart.env.desktop.sandbox.resolve_desktop_user`);
+            None: the server's own.
+        python: Interpreter of ``/run_python`` (the desktop's ``python3``, see :mod:`dart.env.desktop.interpreter`).
     """
 
-    def __init__(self, display_name: str, home: Path, home_template: Path | None = None) -> None:
+    def __init__(
+        self,
+        display_name: str,
+        home: Path,
+        home_template: Path | None = None,
+        user: DesktopUser | None = None,
+        python: str = sys.executable,
+    ) -> None:
         self.display_name = display_name
         self.home = home
         self.home_template = home_template
+        self.user = user
+        self.python = python
         self.xin = XInput(display_name)
-        env = dict(os.environ, DISPLAY=display_name, HOME=str(home), NO_AT_BRIDGE="1")
-        self.procs = ProcessTracker(env, home)
+        self.procs = ProcessTracker(desktop_environment(home, user, display=display_name), home, user)
 
     def router(self) -> Router:
         """The routing table of every route; a dead display is answered 503."""
@@ -139,6 +153,24 @@ class DesktopRoutes:
         if not command:
             raise BadRequest("key 'command' is empty")
         return command, shell
+
+    def _give(self, path: Path) -> None:
+        """Hand ``path`` and the folders above it inside HOME, written by this server, to the desktop user."""
+        if self.user is None:
+            return
+        self.user.give(path)
+        for parent in path.parents:
+            if parent == self.home or not parent.is_relative_to(self.home):
+                break
+            self.user.give(parent, recursive=False)
+
+    def _script(self, text: str, suffix: str) -> str:
+        """A temp file holding ``text`` that the desktop user can read; the caller removes it."""
+        with tempfile.NamedTemporaryFile("w", suffix=suffix, prefix="dart_run_", delete=False) as tmp:
+            tmp.write(text)
+        if self.user is not None:
+            self.user.give(Path(tmp.name))
+        return tmp.name
 
     # -- OSWorld routes -----------------------------------------------------------------------
 
@@ -231,6 +263,7 @@ class DesktopRoutes:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(files["file_data"])
+            self._give(target)
         except OSError as exc:
             return Reply.json({"status": "error", "message": str(exc), "error": f"Failed to upload file: {exc}"}, 500)
         return Reply.text(f"File Uploaded: {target.stat().st_size} bytes")
@@ -325,10 +358,9 @@ class DesktopRoutes:
         code = json_field(data, "code", str, "")
         if not code:
             raise BadRequest("Code not supplied!")
-        with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="dart_run_", delete=False) as tmp:
-            tmp.write(code)
+        script = self._script(code, ".py")
         try:
-            rc, out, err = self.procs.run([sys.executable, tmp.name], shell=False, timeout=RUN_PYTHON_TIMEOUT_S)
+            rc, out, err = self.procs.run([self.python, script], shell=False, timeout=RUN_PYTHON_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return Reply.json(
                 {
@@ -341,7 +373,7 @@ class DesktopRoutes:
                 500,
             )
         finally:
-            os.unlink(tmp.name)
+            os.unlink(script)
         message = out + (("\n" if out else "") + err if err else "")
         if rc != 0 and not err:
             err = f"Process exited with code {rc}"
@@ -377,11 +409,10 @@ class DesktopRoutes:
                 raise BadRequest(msg, output=msg, error="", returncode=-1)
         if "#!/bin/bash" not in script:
             script = "#!/bin/bash\n\n" + script
-        with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="dart_run_", delete=False) as tmp:
-            tmp.write(script)
+        path = self._script(script, ".sh")
         try:
             rc, out, _ = self.procs.run(
-                ["/bin/bash", tmp.name], shell=False, timeout=float(timeout), cwd=cwd, merge_stderr=True
+                ["/bin/bash", path], shell=False, timeout=float(timeout), cwd=cwd, merge_stderr=True
             )
         except subprocess.TimeoutExpired:
             return Reply.json(
@@ -394,7 +425,7 @@ class DesktopRoutes:
                 500,
             )
         finally:
-            os.unlink(tmp.name)
+            os.unlink(path)
         return Reply.json({"status": "success" if rc == 0 else "error", "output": out, "error": "", "returncode": rc})
 
     # -- DART routes --------------------------------------------------------------------------
@@ -453,6 +484,8 @@ class DesktopRoutes:
                 entry.unlink(missing_ok=True)
         if self.home_template is not None:
             shutil.copytree(self.home_template, self.home, symlinks=True, dirs_exist_ok=True)
+        if self.user is not None:
+            self.user.give(self.home)
 
     def close(self) -> None:
         """Kill the episode's processes and close the X connection."""

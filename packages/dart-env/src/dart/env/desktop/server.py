@@ -2,7 +2,7 @@
 
 Run as a process, one per desktop::
 
-    python -m dart.env.desktop.server --display :N --port 0 --home DIR [--home-template DIR]
+    python -m dart.env.desktop.server --display :N --port 0 --home DIR [--home-template DIR] [--desktop-user NAME]
 
 Once listening it writes one JSON line ``{"port": P}`` to stdout (``--port 0`` picks a free port).
 The routes are :mod:`dart.env.desktop.routes`, served by :mod:`dart.env.desktop.httpd`. The process
@@ -26,6 +26,7 @@ from pathlib import Path
 from dart.env.desktop.errors import DesktopError
 from dart.env.desktop.httpd import serve
 from dart.env.desktop.routes import DesktopRoutes
+from dart.env.desktop.sandbox import resolve_desktop_user
 
 
 def _watch_parent(parent_pid: int, stop: Callable[[], None]) -> None:
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--home", default=None, help="the desktop's HOME (default: this process's HOME)")
     parser.add_argument("--home-template", default=None, help="directory HOME is reset to on /dart/revert")
+    parser.add_argument("--desktop-user", default="nobody", help="account commands run as when this process is root")
+    parser.add_argument("--python", default=sys.executable, help="interpreter of /run_python (the desktop's python3)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument(
         "--reap-group",
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["DISPLAY"] = args.display
     template = Path(args.home_template).resolve() if args.home_template else None
     try:
-        desk = DesktopRoutes(args.display, home, template)
+        desk = DesktopRoutes(args.display, home, template, resolve_desktop_user(args.desktop_user), args.python)
     except DesktopError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
