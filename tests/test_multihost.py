@@ -11,6 +11,7 @@ on SIGTERM with exit code 0, and every trajectory on the bus is in the data host
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import sqlite3
@@ -119,6 +120,15 @@ def test_four_hosts_that_share_only_nats_and_s3_run_the_job(tmp_path: Path, s3_s
         procs: dict[str, subprocess.Popen[bytes]] = {}
         hosts: dict[str, Path] = {}
         try:
+            # The run's streams, consumers and bucket first, as the run user: the services may only bind to them.
+            admin = tmp_path / "host-admin"
+            admin.mkdir()
+            bus = {"url": nats.url, "user": "run", "password_file": str(credentials["run"])}
+            (admin / "run.yaml").write_text(yaml.safe_dump({"run": {"name": RUN}, "bus": bus}))
+            dart = str(Path(sys.executable).parent / "dart")
+            made = subprocess.run([dart, "topology", "--config", "run.yaml"], cwd=admin, capture_output=True, text=True)
+            assert made.returncode == 0, made.stderr[-2000:]
+            assert json.loads(made.stdout.strip().splitlines()[-1])["run"] == RUN
             for service in ORDER:
                 host = hosts[service] = tmp_path / f"host-{service}"
                 host.mkdir()

@@ -21,7 +21,7 @@ from dart.protocol.permissions import service_permissions
 from dart.protocol.store import LocalStore
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.protocol.testing import TASK, wait_until
-from dart.protocol.topology import ROLES, Role, durable_name
+from dart.protocol.topology import ROLES, Role, durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +67,8 @@ async def test_meaningless_trajectories_are_rejected_counted_and_kept_out(  # ty
     store = LocalStore(tmp_path / "store")
     telemetry = setup_telemetry("dart-data", version="1", run_id="r", config=TelemetryConfig(run_dir=tmp_path))
     data, rollout = await connect(secure_nats, "data"), await connect(secure_nats, "rollout")
+    async with await connect(secure_nats, "run") as run:  # the run's topology: the services only bind to it
+        await ensure_topology(run)
     subject = rollout.subjects.stream_subject("traj")
 
     async def publish(traj: m.Trajectory) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from dart.embedded.nats import EmbeddedNats, NatsUser
@@ -20,7 +21,7 @@ from dart.protocol.errors import (
 )
 from dart.protocol.messages import LeaseReply, LeaseRequest
 from dart.protocol.permissions import ENV_OP_TIMEOUT_MAX_S, ENV_REPLY_WINDOW_S, service_permissions
-from dart.protocol.subjects import Subjects
+from dart.protocol.subjects import Subjects, inbox_prefix
 from dart.protocol.testing import all_messages
 from dart.protocol.topology import (
     LATEST_MODEL_KEY,
@@ -30,6 +31,7 @@ from dart.protocol.topology import (
     announced_version,
     durable_name,
     ensure_topology,
+    open_topology,
 )
 
 pytestmark = pytest.mark.integration
@@ -104,7 +106,8 @@ async def test_wrong_password_and_unknown_user_are_refused(
 
 async def test_each_role_can_do_its_work(buses: dict[Role, Bus]) -> None:
     env, rollout, data, train, run = (buses[r] for r in ("env", "rollout", "data", "train", "run"))
-    states = {role: await ensure_topology(buses[role]) for role in ("rollout", "data", "train", "run", "eval")}
+    states = {"run": await ensure_topology(run)}  # the run role creates; the services bind
+    states |= {role: await open_topology(buses[role]) for role in ("rollout", "data", "train", "eval")}
 
     # env serves a lease pool (a reply needs allow_responses); rollout and eval call it.
     lease_reply = message("env.lease.reply")
@@ -158,7 +161,7 @@ async def test_each_role_can_do_its_work(buses: dict[Role, Bus]) -> None:
 
 async def test_publishing_outside_permissions_is_refused(buses: dict[Role, Bus]) -> None:
     env, rollout, data = buses["env"], buses["rollout"], buses["data"]
-    await ensure_topology(data)
+    await ensure_topology(buses["run"])
     before = {kind: (await data.stream_state(kind)).messages for kind in ("traj", "batch")}
     started = time.monotonic()
     # The env service may not publish trajectories, nor rollout training batches.
@@ -177,10 +180,67 @@ async def test_publishing_outside_permissions_is_refused(buses: dict[Role, Bus])
         await rollout.serve(rollout.subjects.env_lease("pool-a"), LeaseRequest, lambda _: None)  # type: ignore[arg-type, return-value]
     assert info.value.operation == "subscribe"
     # Only the trainer writes the model version.
-    state = await ensure_topology(rollout)
+    state = await open_topology(rollout)
     with pytest.raises(JetStreamError):
         await state.put(LATEST_MODEL_KEY, message("model_version"))
     assert rollout.denials.denied("publish", f"$KV.{rollout.subjects.kv_bucket('state')}.{LATEST_MODEL_KEY}")
+
+
+async def test_a_service_binds_to_the_topology_the_run_role_made(tmp_path: Path) -> None:
+    """A service role cannot make the run's streams: it waits for the run role's, then binds to them."""
+    run = "fresh"
+    files = {role: tmp_path / f"{role}.password" for role in ("rollout", "run")}
+    for path in files.values():
+        path.write_text(secrets.token_urlsafe(24))
+    users = [NatsUser(role, files[role], service_permissions(role, PREFIX, run)) for role in files]  # type: ignore[arg-type]
+
+    def config(role: str) -> BusConfig:
+        return BusConfig(url=server.url, prefix=PREFIX, run=run, user=role, password_file=files[role])
+
+    with EmbeddedNats(users=users) as server:
+        async with await Bus.connect(config("rollout")) as rollout, await Bus.connect(config("run")) as admin:
+            with pytest.raises(JetStreamError, match="await_topology"):
+                await open_topology(rollout, wait_s=0.5)  # nothing made yet, and it may not make it
+            waiting = asyncio.create_task(open_topology(rollout, wait_s=60))
+            await ensure_topology(admin)
+            state = await waiting
+            assert state.bucket == rollout.subjects.kv_bucket("state")
+            await rollout.flush()
+            assert rollout.denials.count == 0  # it only looked
+
+
+async def test_no_service_role_can_reconfigure_the_runs_streams_or_consumers(
+    secure_nats: tuple[EmbeddedNats, dict[str, Path]], buses: dict[Role, Bus]
+) -> None:
+    """The forgery a live run once allowed: the rollout role added a subject it may publish on to the batch
+    stream, whose consumer feeds the trainer. No service role may change a stream or make a consumer now,
+    and each durable consumer reads its own stream's subject only."""
+    server, files = secure_nats
+    await ensure_topology(buses["run"])
+    batch = buses["run"].subjects.stream_subject("batch")
+    extra = f"{PREFIX}.forged.{RUN}"
+    rollout = buses["rollout"]  # the other service roles hold the same grants (test_permissions_follow_the_topology)
+    with pytest.raises(JetStreamError):
+        await rollout.ensure_stream("batch", [batch, extra])
+    with pytest.raises(JetStreamError):
+        await rollout.ensure_consumer("batch", "stolen")
+    await rollout.flush()
+    name = rollout.subjects.stream_name("batch")
+    assert rollout.denials.denied("publish", f"$JS.API.STREAM.UPDATE.{name}")
+    # As the run role (it may read the configs): the batch stream is as made, each consumer filters.
+    nc = await nats.connect(
+        server.url, user="run", password=files["run"].read_text().strip(), inbox_prefix=inbox_prefix("run")
+    )
+    try:
+        js = nc.jetstream()
+        subjects = buses["run"].subjects
+        assert (await js.stream_info(subjects.stream_name("batch"))).config.subjects == [batch]
+        for kind, spec in STREAMS.items():
+            if spec.consumer is not None:
+                info = await js.consumer_info(subjects.stream_name(kind), durable_name(buses["run"], kind))
+                assert info.config.filter_subject == subjects.stream_subject(kind)
+    finally:
+        await nc.close()
 
 
 async def test_permissions_follow_the_topology() -> None:
@@ -200,6 +260,18 @@ async def test_permissions_follow_the_topology() -> None:
     assert rollout.response_window_s is not None and rollout.response_window_s >= 3600
     # An env call may run for env.op_timeout_s (up to an hour), then restart its backend: answered once.
     assert env.response_window_s == ENV_REPLY_WINDOW_S >= 2 * ENV_OP_TIMEOUT_MAX_S
+    # Only the run role creates or changes streams and consumers (the services find them and bind).
+    admin = [
+        r
+        for r in ROLES
+        if any(
+            f".{op}." in s
+            for s in service_permissions(r, PREFIX, RUN).publish
+            for op in ("CREATE", "UPDATE")
+            if not s.startswith("$JS.API.CONSUMER.CREATE.KV_")  # a bucket reader's watcher (ephemeral)
+        )
+    ]
+    assert admin == ["run"]
     askers = [r for r in ROLES if f"{PREFIX}.eval.{RUN}" in service_permissions(r, PREFIX, RUN).publish]
     assert askers == ["eval"]
     # Only the rollout service reads the announced versions back (the trainer alone writes them).

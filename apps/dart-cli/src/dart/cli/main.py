@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from dart.cli import doctor, env_command, eval_command, model, nats_server, report, run_command, view
+from dart.cli import doctor, env_command, eval_command, model, nats_server, report, run_command, topology_command, view
 from dart.cli.versions import version_text
 
 app = typer.Typer(
@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     view,
     doctor,
     nats_server,
+    topology_command,
     model,
     env_command,
 )

@@ -9,7 +9,7 @@ their shared :class:`dart.data.state.DataState`. The service watches the model v
 and owns the lifecycle.
 
 Service lifecycle: ``created`` -> :meth:`DataService.start` (migrate the database, reload task
-statistics and the pool, ensure the bus topology, start the loops) -> ``running`` ->
+statistics and the pool, open the bus topology, start the loops) -> ``running`` ->
 :meth:`DataService.stop` (cancel the loops, release the consumer and the database) -> ``stopped``.
 Groups still open or waiting in an unfinished batch at stop are not trained on; their
 trajectories stay stored and indexed.
@@ -39,7 +39,7 @@ from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, TaskSpec, Trajectory
 from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import Telemetry
-from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, open_topology
 from dart.protocol.waiting import cancel_and_wait
 
 log = logging.getLogger("dart.data")
@@ -210,7 +210,7 @@ class DataService:
         if self.config.emission.enabled and self.emitter is None:
             raise ConfigError("DataService", "emission.enabled", "work emission needs tasks: pass a task list")
         await self.state.load()
-        self._kv = await ensure_topology(self.bus)
+        self._kv = await open_topology(self.bus)
         latest = await self._kv.get(LATEST_MODEL_KEY, ModelVersion)
         if latest is not None:
             self.state.observe_version(latest.version)

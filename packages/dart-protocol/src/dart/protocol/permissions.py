@@ -9,9 +9,11 @@ hand-written list, so a stream added there is permitted here without further edi
 What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` its durable consumer,
 ``B`` a KV bucket of the run)::
 
-    every JetStream role   $JS.API.STREAM.{INFO,CREATE,UPDATE}.S and .KV_B     ensure_topology
-                           $JS.API.CONSUMER.{INFO,CREATE,DURABLE.CREATE}.S.C   ensure_topology
+    every JetStream role   $JS.API.STREAM.INFO.S and .KV_B                     await_topology
+                           $JS.API.CONSUMER.INFO.S.C                           await_topology
                            $JS.API.INFO                                        account limits (read)
+    run (creator)          $JS.API.STREAM.{CREATE,UPDATE}.S and .KV_B          ensure_topology
+                           $JS.API.CONSUMER.{CREATE,DURABLE.CREATE}.S.C(.>)    ensure_topology
     stream publishers      P.<kind>.<run>                                      js_publish
     consumer members       $JS.API.CONSUMER.MSG.NEXT.S.C, $JS.ACK.S.C.>        fetch, ack/nak/in-progress
     message readers        $JS.API.STREAM.MSG.GET.S                            read stored messages (run: traj,
@@ -34,10 +36,12 @@ deadline ``env.op_timeout_s`` may be one; six for the rollout service's evaluati
 prefix is ``_INBOX.<role>`` (the bus sets it from ``bus.user``), so no role can subscribe to another
 role's replies.
 
-Not covered: every JetStream role may create and update (not delete or purge) the run's streams
-and consumers, because every service ensures the topology at start; a stolen credential could
-reconfigure them. Roles are per service, not per process: two rollout replicas share a user. The
-control-plane subjects (``P.ctl.*``) are granted to nobody until a service serves them.
+Only the ``run`` role (``dart run``'s supervisor, ``dart topology`` in a deployment) may create and
+update the run's streams, consumers and bucket (nobody may delete or purge them); the services only
+find and bind to them (:func:`dart.protocol.topology.open_topology`), so no service can add a subject
+it publishes on to a stream another role consumes, or change a consumer another role reads from.
+Roles are per service, not per process: two rollout replicas share a user. The control-plane subjects
+(``P.ctl.*``) are granted to nobody until a service serves them.
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ from dart.protocol.topology import BUCKETS, ROLES, STREAMS, Role
 JS_API = "$JS.API"
 
 _JETSTREAM_ROLES: frozenset[Role] = frozenset({"rollout", "data", "train", "run", "eval"})
-"""Roles that ensure the topology at start and so need the stream/consumer admin subjects."""
+"""Roles that use JetStream, and so look the run's streams and consumers up."""
+_TOPOLOGY_ADMIN = "run"
+"""The role that creates and updates the run's streams, consumers and bucket (``TOPOLOGY_CREATORS``)."""
 _ENV_CALLERS: frozenset[Role] = frozenset({"rollout", "eval"})
 
 
@@ -106,9 +112,11 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
 
     if role in _JETSTREAM_ROLES:
         pub.append(f"{JS_API}.INFO")
+        admin = role == _TOPOLOGY_ADMIN
+        stream_ops = ("INFO", "CREATE", "UPDATE") if admin else ("INFO",)
         for kind, spec in STREAMS.items():
             name = subjects.stream_name(kind)
-            pub += [f"{JS_API}.STREAM.{op}.{name}" for op in ("INFO", "CREATE", "UPDATE")]
+            pub += [f"{JS_API}.STREAM.{op}.{name}" for op in stream_ops]
             if role in spec.publishers:
                 pub.append(subjects.stream_subject(kind))
             if role in spec.message_readers:
@@ -116,18 +124,19 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
             if spec.consumer is None:
                 continue
             durable = subjects.consumer_name(kind, spec.consumer.group)
-            pub += [
-                f"{JS_API}.CONSUMER.INFO.{name}.{durable}",
-                f"{JS_API}.CONSUMER.CREATE.{name}.{durable}",
-                f"{JS_API}.CONSUMER.CREATE.{name}.{durable}.>",
-                f"{JS_API}.CONSUMER.DURABLE.CREATE.{name}.{durable}",
-            ]
+            pub.append(f"{JS_API}.CONSUMER.INFO.{name}.{durable}")
+            if admin:
+                pub += [
+                    f"{JS_API}.CONSUMER.CREATE.{name}.{durable}",
+                    f"{JS_API}.CONSUMER.CREATE.{name}.{durable}.>",
+                    f"{JS_API}.CONSUMER.DURABLE.CREATE.{name}.{durable}",
+                ]
             if role in spec.consumer.consumers:
                 pub += [f"{JS_API}.CONSUMER.MSG.NEXT.{name}.{durable}", f"$JS.ACK.{name}.{durable}.>"]
         for bucket in BUCKETS.values():
             kv = subjects.kv_bucket(bucket.name)
             stream = f"KV_{kv}"
-            pub += [f"{JS_API}.STREAM.{op}.{stream}" for op in ("INFO", "CREATE", "UPDATE")]
+            pub += [f"{JS_API}.STREAM.{op}.{stream}" for op in stream_ops]
             if role in bucket.readers or role in bucket.writers:
                 pub += [
                     f"{JS_API}.DIRECT.GET.{stream}",

@@ -1,8 +1,14 @@
 """The durable pipeline topology every service agrees on: streams, consumers and the state bucket.
 
-Each service calls :func:`ensure_topology` at start. Because every stream and consumer has exactly
-one definition (here), concurrent starts of several services are idempotent instead of fighting
-over settings.
+The run's streams, consumers and state bucket are created by :func:`ensure_topology`, called by a
+topology creator (:data:`TOPOLOGY_CREATORS`: ``dart run``'s supervisor before it starts the services,
+``dart topology`` in a deployment, or any process on a server without per-role users). Each service
+calls :func:`open_topology` at start: a creator ensures the topology, every other role waits until it
+exists (:func:`await_topology`) and only binds to it, since its NATS user may not create or change a
+stream or consumer (:mod:`dart.protocol.permissions`): no role can add a subject it publishes on to a
+stream another role consumes. Each durable consumer also filters on its stream's own subject. Because
+every stream and consumer has exactly one definition (here), concurrent calls are idempotent instead of
+fighting over settings.
 
 =========  ================  ===============  ====================  ===========================
 stream     message           published by     consumed by (durable) dedupe id
@@ -25,11 +31,14 @@ permissions from these tables, so a new stream or bucket is declared once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Literal
 
 from dart.protocol.bus import Bus, KeyValueStore
+from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import ModelVersion
 from dart.protocol.subjects import StreamKind
 
@@ -40,6 +49,15 @@ STATE_BUCKET = "state"
 Role = Literal["env", "rollout", "data", "train", "run", "eval"]
 """A NATS identity: the four services, the ``dart run`` supervisor, and ``dart eval``."""
 ROLES: tuple[Role, ...] = ("env", "rollout", "data", "train", "run", "eval")
+
+TOPOLOGY_CREATORS: frozenset[str | None] = frozenset({None, "run"})
+"""Bus users that create and update the run's streams, consumers and bucket: the ``run`` role and a
+connection without a user (a server without per-role users). The other roles only bind to them."""
+
+TOPOLOGY_WAIT_S = 120.0
+"""How long a service waits at start for a creator to make the run's topology, seconds."""
+
+_TOPOLOGY_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -152,9 +170,67 @@ async def ensure_topology(bus: Bus) -> KeyValueStore:
                 ack_wait_s=spec.consumer.ack_wait_s,
                 max_deliver=spec.consumer.max_deliver,
                 max_ack_pending=spec.consumer.max_ack_pending,
+                filter_subject=bus.subjects.stream_subject(spec.kind),
             )
     state = BUCKETS[STATE_BUCKET]
     return await bus.kv(bus.subjects.kv_bucket(state.name), history=state.history, replicas=bus.config.replicas)
+
+
+async def open_topology(bus: Bus, *, wait_s: float = TOPOLOGY_WAIT_S) -> KeyValueStore:
+    """What a service calls at start: :func:`ensure_topology` when its bus user is a topology creator,
+    else :func:`await_topology`; returns the state bucket.
+
+    Raises:
+        JetStreamError: The topology could not be created, or was not there within ``wait_s``.
+    """
+    if bus.config.user in TOPOLOGY_CREATORS:
+        return await ensure_topology(bus)
+    return await await_topology(bus, wait_s=wait_s)
+
+
+async def await_topology(bus: Bus, *, wait_s: float = TOPOLOGY_WAIT_S) -> KeyValueStore:
+    """Wait until every stream, consumer and the state bucket exist, then bind to the bucket (creating,
+    changing or checking settings is the creator's).
+
+    Raises:
+        JetStreamError: Something was still missing after ``wait_s`` (the message names it and who creates it).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        missing = await missing_topology(bus)
+        if not missing:
+            return await bus.kv(bus.subjects.kv_bucket(BUCKETS[STATE_BUCKET].name), create=False)
+        if time.monotonic() >= deadline:
+            raise JetStreamError(
+                "await_topology",
+                ", ".join(missing),
+                f"not there after {wait_s:g} s: the run's streams, consumers and bucket are created by dart run, "
+                "or in a deployment by `dart topology --config RUN_CONFIG` as the run user, before the services start",
+            )
+        await asyncio.sleep(_TOPOLOGY_POLL_S)
+
+
+async def missing_topology(bus: Bus) -> list[str]:
+    """Names of the run's streams, durable consumers and buckets that do not exist (or cannot be seen) now."""
+    missing = []
+    for spec in STREAMS.values():
+        name = bus.subjects.stream_name(spec.kind)
+        try:
+            await bus.stream_state(spec.kind)
+        except JetStreamError:
+            missing.append(f"stream {name}")
+            continue
+        if spec.consumer is not None:
+            try:
+                await bus.consumer_state(spec.kind, durable_name(bus, spec.kind))
+            except JetStreamError:
+                missing.append(f"consumer {name}/{durable_name(bus, spec.kind)}")
+    bucket = bus.subjects.kv_bucket(BUCKETS[STATE_BUCKET].name)
+    try:
+        await bus.kv(bucket, create=False)
+    except JetStreamError:
+        missing.append(f"bucket {bucket}")
+    return missing
 
 
 async def announced_version(bus: Bus, version: int) -> ModelVersion | None:

@@ -23,7 +23,7 @@ from dart.protocol.errors import ConfigError, DartError
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.store import ArtifactStore, StoreConfig
 from dart.protocol.telemetry import BusyTracker, GpuSampler, Telemetry
-from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, open_topology
 from dart.protocol.weights import AdapterSpec
 from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -143,7 +143,7 @@ class TrainerService:
         telemetry: Telemetry | None = None,
         instance_id: str = "trainer-0",
     ) -> TrainerService:
-        """Ensure the topology, load the model (off the loop), resume, and bind the batch consumer.
+        """Open the topology, load the model (off the loop), resume, and bind the batch consumer.
 
         Args:
             config: Trainer configuration.
@@ -158,7 +158,7 @@ class TrainerService:
         """
         if config.checkpoint_every is not None and config.checkpoint_dir is None:
             raise ConfigError("TrainerConfig", "checkpoint_dir", "checkpoint_every needs a directory to write to")
-        state: KeyValueStore = await ensure_topology(bus)
+        state: KeyValueStore = await open_topology(bus)
         images = StoreImageSource(store_config, retry=config.image_reads)
         backend = await asyncio.to_thread(load_backend, config, image_source=images)
         version = 0

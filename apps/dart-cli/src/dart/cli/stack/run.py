@@ -35,7 +35,7 @@ from dart.cli.stack.secrets import as_role, service_environment, write_bus_crede
 from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import HeldOutValidator, heldout_summary
-from dart.protocol.bus import Bus, KeyValueStore
+from dart.protocol.bus import Bus, BusConfig, KeyValueStore
 from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
@@ -337,6 +337,12 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
+async def create_topology(bus_config: BusConfig) -> None:
+    """Create (or confirm) the run's streams, consumers and state bucket as ``bus_config``'s user."""
+    async with await Bus.connect(bus_config) as bus:
+        await ensure_topology(bus)
+
+
 async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor) -> str | None:
     """Wait for the rollout service's ``service.ready`` event (its engines are serving); why not, if not."""
     from dart.protocol.telemetry import read_jsonl
@@ -604,11 +610,13 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             env = service_environment(service, credentials[service]) if credentials else None
             return spawn(service, config_file, run_dir, env)
 
+        if credentials:  # the supervisor connects as the ``run`` role
+            config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
+        # The services only bind to the run's streams, consumers and bucket: the supervisor makes them first.
+        asyncio.run(create_topology(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"})))
         for service in SERVICES:
             procs[service] = respawn(service)
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
-        if credentials:  # the supervisor connects as the ``run`` role
-            config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
         servers: dict[str, Server] = {"nats-server": nats} if nats is not None else {}
         figures = asyncio.run(monitor(config, procs, respawn, credentials, servers))
         storage = store_usage(store_config(config), config.train.weights_prefix)

@@ -58,10 +58,20 @@ def _operation(raw: str | None) -> KvOperation:
 
 
 async def open_bucket(
-    js: JetStreamContext, bucket: str, *, history: int, ttl_s: float | None, storage: Storage, replicas: int = 1
+    js: JetStreamContext,
+    bucket: str,
+    *,
+    history: int,
+    ttl_s: float | None,
+    storage: Storage,
+    replicas: int = 1,
+    create: bool = True,
 ) -> KeyValueStore:
-    """Bind to a bucket, creating it (or updating its history, TTL and replicas) as needed; idempotent."""
+    """Bind to a bucket, creating it (or updating its history, TTL and replicas) as needed; idempotent.
+    With ``create`` False it only binds: a missing bucket raises, and its settings are left as they are."""
     try:
+        if not create:
+            return KeyValueStore(bucket, await js.key_value(bucket))
         try:
             kv = await js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:

@@ -275,6 +275,7 @@ class JetStreamMethods:
         ttl_s: float | None = None,
         storage: Storage = "file",
         replicas: int = 1,
+        create: bool = True,
     ) -> KeyValueStore:
         """Open a KV bucket, creating it (or updating history/TTL) as needed; idempotent.
 
@@ -284,8 +285,15 @@ class JetStreamMethods:
             ttl_s: Expire values older than this; None keeps them.
             storage: ``file`` or ``memory``.
             replicas: Copies in a cluster.
+            create: False only binds to an existing bucket (what a role without the right to create
+                or change buckets can do); the settings above are then ignored.
+
+        Raises:
+            JetStreamError: The bucket could not be created, changed or (``create`` False) found.
         """
-        return await open_bucket(self._js, bucket, history=history, ttl_s=ttl_s, storage=storage, replicas=replicas)
+        return await open_bucket(
+            self._js, bucket, history=history, ttl_s=ttl_s, storage=storage, replicas=replicas, create=create
+        )
 
     # --- internals ----------------------------------------------------------------------------
     def _stream_name(self, stream: str) -> str:

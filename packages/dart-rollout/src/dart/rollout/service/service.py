@@ -29,7 +29,7 @@ from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, ModelVers
 from dart.protocol.retry import Backoff, retry
 from dart.protocol.store import StoreConfig, open_store
 from dart.protocol.telemetry import GpuSampler, Telemetry
-from dart.protocol.topology import announced_version, durable_name, ensure_topology
+from dart.protocol.topology import announced_version, durable_name, open_topology
 from dart.protocol.waiting import cancel_and_wait
 from dart.rollout.engine.interface import ENGINES, EngineError, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
@@ -133,8 +133,8 @@ class RolloutService:
         return self._stats
 
     async def start(self) -> None:
-        """Ensure the topology, start engines, the sync controller and the runner loops."""
-        state = await ensure_topology(self._bus)
+        """Open the topology, start engines, the sync controller and the runner loops."""
+        state = await open_topology(self._bus)
         if self._telemetry is not None and self.config.gpu_sample_interval_s is not None:
             # Records gpu.sample events when a GPU is visible; one gpu.unavailable event otherwise.
             self._gpu = GpuSampler(self._telemetry, interval_s=self.config.gpu_sample_interval_s, source="rollout")
