@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.store import LocalStore, StoreConfig
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, durable_name, ensure_topology
+from dart.train.backend import TorchBackend
 from dart.train.config import TrainerConfig
+from dart.train.publish import WeightPublisher
 from dart.train.service import TrainerService
 
 pytestmark = pytest.mark.integration
@@ -218,7 +221,10 @@ async def test_samples_staler_than_the_batch_bound_are_dropped_and_counted(
 
     async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
         state = await ensure_topology(bus)
-        await state.put(LATEST_MODEL_KEY, ModelVersion(version=5, uri="file:///w/v5", sha256="ab" * 32, created_at=1))
+        # Version 5 as a trainer published it (a restarted trainer continues from its weights).
+        weights = (await asyncio.to_thread(TorchBackend.load, config)).full_state_dict()
+        v5 = await asyncio.to_thread(WeightPublisher(store).save, weights, 5, trainer_step=4, base_model="tiny")
+        await state.put(LATEST_MODEL_KEY, v5)
         subject = bus.subjects.stream_subject("batch")
         await bus.js_publish(subject, batch("b-all-stale", [too_old.model_copy(update={"policy_version": 1})]), "b1")
         await bus.js_publish(subject, batch("b-mixed", [at_bound, too_old, pooled]), "b2")
@@ -241,3 +247,47 @@ async def test_samples_staler_than_the_batch_bound_are_dropped_and_counted(
     [step] = [e["attributes"] for e in events if e["name"] == "trainer.step"]
     assert step["samples"] == 2 and step["stale_dropped"] == 1
     assert step["max_policy_lag"] == 2 and step["pool_samples"] == 1 and step["pool_max_policy_lag"] == 5
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+async def test_a_trainer_without_a_checkpoint_continues_from_the_published_version_or_refuses(
+    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path, lora: bool
+) -> None:
+    """A trainer restarted with no checkpoint after versions were published must not publish its initial
+    weights under the next number: it takes the newest published version's weights (train.resume:
+    latest_version, the default) or does not start (refuse)."""
+    run = f"resume-{uuid.uuid4().hex[:8]}"
+    config = TrainerConfig(
+        model_path=str(tiny_checkpoint),
+        lr=1e-2,
+        num_threads=2,
+        publish_every=1,
+        lora={"rank": 4, "alpha": 8} if lora else None,
+    )
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    telemetry = setup_telemetry(
+        "dart-train", version="0.1.0", run_id=run, config=TelemetryConfig(jsonl_path=tmp_path / "train.jsonl")
+    )
+    async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
+        await ensure_topology(bus)
+        await bus.js_publish(bus.subjects.stream_subject("batch"), _batch("b0", rollout_samples), "b0")
+        first = await TrainerService.start(config, bus, store)
+        await asyncio.wait_for(first.run(max_batches=1), timeout=120)
+        assert first.version == 1
+        trained, _ = first.backend.published_weights()
+
+        with pytest.raises(ConfigError, match=r"train\.resume.*version 1 was published.*no checkpoint"):
+            await TrainerService.start(config.model_copy(update={"resume": "refuse"}), bus, store)
+
+        again = await TrainerService.start(config, bus, store, telemetry=telemetry)
+        assert again.version == 1 and not again.backend.optimizer.state  # numbered on, fresh moments
+        restored, _ = again.backend.published_weights()
+        assert restored.keys() == trained.keys()
+        assert max(float((restored[k] - trained[k]).abs().max()) for k in trained) == 0.0
+        await again.publish()
+        state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET), history=8)
+        latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        assert latest is not None and latest.version == 2
+    telemetry.shutdown()
+    resumed = [r for r in read_jsonl(tmp_path / "train.jsonl") if r.get("name") == "trainer.resumed"]
+    assert [r["attributes"]["version"] for r in resumed] == [1]

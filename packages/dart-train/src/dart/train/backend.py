@@ -277,18 +277,46 @@ class TorchBackend(TrainerBackend):
             raise CheckpointError(
                 str(src), f"missing {', '.join(missing)}; pass a directory written by save_checkpoint"
             )
-        weights = load_file(str(src / MODEL_FILE), device=str(self.device))
+        self._load_weights(load_file(str(src / MODEL_FILE), device=str(self.device)), str(src))
+        self.optimizer.load_state_dict(torch.load(src / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
+
+    def load_published(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take a published version's weights (the full state dict, or under LoRA the adapters as peft names
+        them) with fresh optimizer state.
+
+        Raises:
+            CheckpointError: The weights do not fit the model.
+        """
+        if self.config.lora is not None:
+            from peft import set_peft_model_state_dict
+
+            missing = sorted(set(adapter_state(self.model)) - set(weights))
+            unexpected = list(set_peft_model_state_dict(self.model, weights).unexpected_keys)  # type: ignore[attr-defined]
+            if missing or unexpected:
+                raise CheckpointError(
+                    "published adapter", f"does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
+            weights = self._checkpoint_weights()  # the adapters under the model's own names, for the masters
+        self._load_weights({k: v.to(self.device) for k, v in weights.items()}, "published weights")
+        self.optimizer.state.clear()
+
+    def _load_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
+        """Put ``weights`` (a checkpoint's or a published version's) into the model and its masters.
+
+        Raises:
+            CheckpointError: They do not fit the model.
+        """
         try:
             result = self.model.load_state_dict(weights, strict=False)
         except RuntimeError as exc:
-            raise CheckpointError(str(src), f"weights do not fit the model at {self.config.model_path}: {exc}") from exc
+            raise CheckpointError(source, f"weights do not fit the model at {self.config.model_path}: {exc}") from exc
         if self.config.lora is not None:  # the frozen base comes from model_path; the adapters must all be here
             missing = sorted(set(self._checkpoint_weights()) - set(weights))
         else:
             missing = missing_are_tied(self.model, result.missing_keys)
         if missing or result.unexpected_keys:
             raise CheckpointError(
-                str(src),
+                source,
                 f"weights do not fit the model at {self.config.model_path}: missing {missing[:5]}, "
                 f"unexpected {result.unexpected_keys[:5]}",
             )
@@ -297,7 +325,6 @@ class TorchBackend(TrainerBackend):
             named = self._master_names()
             by_master = {id(m): weights[n] for n, m in named.items() if n in weights}
             self.masters.load([by_master[id(m)] for m in self.masters.masters])
-        self.optimizer.load_state_dict(torch.load(src / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
 
     @property
     def base_model(self) -> str:

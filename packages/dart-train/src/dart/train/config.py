@@ -298,6 +298,12 @@ class TrainerConfig(ConfigModel):
     checkpoint_dir: str | None = None
     """Directory of resumable checkpoints (``step-<n>/`` under it); needed when ``checkpoint_every`` is set
     (``dart run`` fills in ``<run_dir>/checkpoints``; a trainer started without one refuses to start)."""
+    resume: Literal["latest_version", "refuse"] = "latest_version"
+    """What a trainer does at start when the run already announced a newer version than its newest
+    checkpoint holds (a restart without a checkpoint, or after an older one): ``latest_version`` loads that
+    version's published weights from the store (fresh optimizer state; logged and recorded as
+    ``trainer.resumed``) and numbers on from it; ``refuse`` does not start. Either way its older weights are
+    never published under a newer number. ``latest_version`` needs the torch backend (one process)."""
     device: str = "cpu"
     """Torch device, ``cpu`` or ``cuda[:n]``."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -89,6 +89,20 @@ class TrainerBackend(abc.ABC):
         """Restore what :meth:`save_checkpoint` wrote (collective)."""
 
     # --- optional, with defaults ------------------------------------------------------------------
+    def load_published(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take a published version's weights (the full state dict, or a LoRA run's adapters) with fresh
+        optimizer state: what a trainer that lost its checkpoint continues from (``train.resume``).
+
+        Raises:
+            ConfigError: This backend cannot (the default; the one-process torch backend can).
+        """
+        raise ConfigError(
+            "TrainerConfig",
+            "train.resume",
+            f"latest_version loads published weights on the torch backend only, not {type(self).__name__}: "
+            "keep checkpoints (train.checkpoint_every) so a restarted trainer resumes from one",
+        )
+
     @property
     def dp_rank(self) -> int:
         """Data-parallel rank: ranks of equal ``dp_rank`` see the same samples (tensor parallelism)."""

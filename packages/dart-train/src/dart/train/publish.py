@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from dart.protocol.bus import Bus, KeyValueStore
-from dart.protocol.errors import JetStreamError
+from dart.protocol.errors import JetStreamError, StoreError
 from dart.protocol.messages import ModelVersion
 from dart.protocol.retry import Backoff, retry
 from dart.protocol.store import ArtifactStore
@@ -50,6 +50,7 @@ from dart.protocol.weights import (
     shard_name,
 )
 from dart.train.config import PublishConfig
+from dart.train.errors import CheckpointError
 from dart.train.shards import plan_shards, published_dtype, shard_stream
 
 __all__ = ["MANIFEST_NAME", "WEIGHTS_NAME", "WeightManifest", "WeightPublisher", "weights_file"]
@@ -164,6 +165,37 @@ class WeightPublisher:
             base_model=base_model,
             created_at=created_at,
         )
+
+    def read(self, announced: ModelVersion) -> dict[str, torch.Tensor]:
+        """The tensors of a version this publisher's run announced, read back from the store (blocking): its
+        manifest checked against the announcement's digest, each shard against the manifest's.
+
+        Raises:
+            CheckpointError: The manifest or a shard is missing, changed, or not this version's.
+        """
+        from safetensors.torch import load
+
+        where = self.key(announced.version, MANIFEST_NAME)
+        try:
+            raw = self.store.get(where)
+        except StoreError as exc:
+            raise CheckpointError(where, f"published version {announced.version} cannot be read: {exc}") from exc
+        if announced.manifest_sha256 is not None and hashlib.sha256(raw).hexdigest() != announced.manifest_sha256:
+            raise CheckpointError(where, "the manifest is not the one announced (its sha256 differs)")
+        manifest = WeightManifest.model_validate_json(raw)
+        if manifest.version != announced.version:
+            raise CheckpointError(where, f"describes version {manifest.version}, not {announced.version}")
+        weights: dict[str, torch.Tensor] = {}
+        for shard in manifest.shards:
+            key = self.key(announced.version, shard.name)
+            try:
+                data = self.store.get(key)
+            except StoreError as exc:
+                raise CheckpointError(key, f"a shard of version {announced.version} cannot be read: {exc}") from exc
+            if hashlib.sha256(data).hexdigest() != shard.sha256:
+                raise CheckpointError(key, "the shard is not the one the manifest names (its sha256 differs)")
+            weights.update(load(data))
+        return weights
 
     def _write_shards(
         self,

@@ -71,6 +71,39 @@ class TrainerStats:
     samples_dropped: dict[str, int] = field(default_factory=dict)
 
 
+async def _catch_up(
+    config: TrainerConfig,
+    backend: TrainerBackend,
+    publisher: WeightPublisher,
+    latest: ModelVersion,
+    checkpoint: Path | None,
+    telemetry: Telemetry | None,
+) -> None:
+    """Bring a trainer whose weights are older than the newest announced version up to it, or refuse to start
+    (``train.resume``): it must never publish older weights under a newer number.
+
+    Raises:
+        ConfigError: ``train.resume`` is ``refuse``, or the backend cannot load published weights.
+        CheckpointError: The published version cannot be read back.
+    """
+    held = f"the newest checkpoint {checkpoint}" if checkpoint is not None else "no checkpoint"
+    if config.resume == "refuse":
+        raise ConfigError(
+            "TrainerConfig",
+            "train.resume",
+            f"is refuse and version {latest.version} was published, but this trainer has {held} "
+            f"(train.checkpoint_dir: {config.checkpoint_dir}): set train.resume: latest_version to continue from "
+            "the published weights, or point train.checkpoint_dir at the run's checkpoints",
+        )
+    weights = await asyncio.to_thread(publisher.read, latest)
+    await asyncio.to_thread(backend.load_published, weights)
+    log.warning(
+        "%s, version %d was published: continuing from its weights, with fresh optimizer state", held, latest.version
+    )
+    if telemetry is not None:
+        telemetry.event("trainer.resumed", source="published", version=latest.version, checkpoint=str(checkpoint))
+
+
 class TrainerService:
     """Pulls :class:`TrainingBatch` messages one at a time, trains on each, publishes every K steps.
 
@@ -168,12 +201,14 @@ class TrainerService:
             saved = await asyncio.to_thread(load_checkpoint, backend, resume)
             version = saved.version
             log.info("resumed from %s at step %d, version %d", resume, saved.step, saved.version)
+        publisher = WeightPublisher(store, bus, state, prefix=config.weights_prefix, config=config.publish)
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
-        # Versions published after the last checkpoint still count: a reused number would be deduplicated
-        # on the model stream and engines would never see the new weights.
+        if latest is not None and latest.version > version:
+            # Versions were published after the newest checkpoint (or with none): its weights are older.
+            await _catch_up(config, backend, publisher, latest, resume, telemetry)
+        # A reused number would be deduplicated on the model stream and engines would never see the weights.
         version = max(version, latest.version if latest is not None else 0)
         consumer = await bus.pull_consumer("batch", durable_name(bus, "batch"), TrainingBatch)
-        publisher = WeightPublisher(store, bus, state, prefix=config.weights_prefix, config=config.publish)
         return cls(
             config,
             bus,
