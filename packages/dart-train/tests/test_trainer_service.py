@@ -291,3 +291,24 @@ async def test_a_trainer_without_a_checkpoint_continues_from_the_published_versi
     telemetry.shutdown()
     resumed = [r for r in read_jsonl(tmp_path / "train.jsonl") if r.get("name") == "trainer.resumed"]
     assert [r["attributes"]["version"] for r in resumed] == [1]
+
+
+async def test_a_clean_stop_writes_a_checkpoint_of_what_was_trained_since_the_last(
+    nats_url: str, tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    run = f"stopck-{uuid.uuid4().hex[:8]}"
+    config = TrainerConfig(
+        model_path=str(tiny_checkpoint), lr=1e-3, num_threads=2, publish_every=1, checkpoint_dir=str(tmp_path / "ck")
+    )
+    store = LocalStore(tmp_path / "artifacts", fsync=False)
+    async with await Bus.connect(BusConfig(url=nats_url, run=run)) as bus:
+        await ensure_topology(bus)
+        await bus.js_publish(bus.subjects.stream_subject("batch"), _batch("b0", rollout_samples), "b0")
+        first = await TrainerService.start(config, bus, store)
+        await asyncio.wait_for(first.run(max_batches=1), timeout=120)
+        assert first.stats.checkpoints == 1 and (tmp_path / "ck" / "step-1" / "trainer_state.json").is_file()
+        # The restart resumes from it (optimizer moments included); a stop with nothing trained writes none.
+        again = await TrainerService.start(config, bus, store)
+        assert again.backend.step == 1 and again.version == 1 and again.backend.optimizer.state
+        await asyncio.wait_for(again.run(max_batches=0), timeout=30)
+        assert again.stats.checkpoints == 0

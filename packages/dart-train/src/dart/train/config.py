@@ -252,6 +252,10 @@ class LoraSettings(ConfigModel):
         return f"(?:{self.target_modules})|(?:{VISION_ATTENTION})"
 
 
+RUN_CHECKPOINT_EVERY = 10
+"""``train.checkpoint_every`` under ``dart run`` when the config leaves it unset: optimizer steps."""
+
+
 class TrainerConfig(ConfigModel):
     """Configuration of the ``torch`` trainer backend and the trainer service."""
 
@@ -294,10 +298,12 @@ class TrainerConfig(ConfigModel):
     publish_every: int = Field(default=1, ge=1)
     """Publish new weights every this many optimizer steps (K)."""
     checkpoint_every: int | None = Field(default=None, ge=1)
-    """Write a resumable checkpoint every this many optimizer steps; None never does."""
+    """Write a resumable checkpoint every this many optimizer steps; None writes one only at a clean stop
+    (``dart run`` fills in :data:`RUN_CHECKPOINT_EVERY`)."""
     checkpoint_dir: str | None = None
-    """Directory of resumable checkpoints (``step-<n>/`` under it); needed when ``checkpoint_every`` is set
-    (``dart run`` fills in ``<run_dir>/checkpoints``; a trainer started without one refuses to start)."""
+    """Directory of resumable checkpoints (``step-<n>/`` under it), also written at a clean stop; needed
+    when ``checkpoint_every`` is set (``dart run`` fills in ``<run_dir>/checkpoints``; a trainer started
+    without one refuses to start)."""
     resume: Literal["latest_version", "refuse"] = "latest_version"
     """What a trainer does at start when the run already announced a newer version than its newest
     checkpoint holds (a restart without a checkpoint, or after an older one): ``latest_version`` loads that

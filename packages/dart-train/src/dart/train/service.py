@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,12 +108,14 @@ async def _catch_up(
 class TrainerService:
     """Pulls :class:`TrainingBatch` messages one at a time, trains on each, publishes every K steps.
 
-    Lifecycle: ``starting`` in :meth:`start` (topology ensured, model loaded, resumed from the newest
-    checkpoint in ``config.checkpoint_dir`` if any, numbering versions on from the newest of the
-    checkpoint's and the KV's) -> ``running`` in :meth:`run`: fetch one batch -> train (busy
-    ``train_step``, heartbeating the delivery) -> ack -> every ``publish_every`` steps publish ``version + 1`` -> every
-    ``checkpoint_every`` steps checkpoint -> ``stopped`` once :meth:`stop` is called: the batch in
-    training finishes and is acked, then the consumer is closed. Before training, samples more than
+    Lifecycle: ``starting`` in :meth:`start` (topology opened, model loaded, resumed from the newest
+    checkpoint in ``config.checkpoint_dir`` if any, or from the newest published version when that is newer
+    (``train.resume``), numbering versions on from the newest of the checkpoint's and the KV's) ->
+    ``running`` in :meth:`run`: fetch one batch -> train (busy ``train_step``, heartbeating the delivery)
+    -> ack -> every ``publish_every`` steps publish ``version + 1`` -> every ``checkpoint_every`` steps
+    checkpoint -> ``stopped`` once :meth:`stop` is called: the batch in training finishes and is acked, a
+    checkpoint is written when ``checkpoint_dir`` is set and steps were trained since the last one, then
+    the consumer is closed. Before training, samples more than
     the batch's ``max_staleness`` versions behind ``version`` are dropped (counted; a batch left empty
     is acked untrained).
 
@@ -158,6 +161,7 @@ class TrainerService:
         self.version = version
         """Latest published policy version (0 = the initial checkpoint)."""
         self.stats = TrainerStats()
+        self._checkpointed_step = backend.step  # what a clean stop need not write again
         self.telemetry = telemetry
         self.last_metrics: TrainStepMetrics | None = None
         self._busy: BusyTracker | None = telemetry.busy_tracker("trainer", instance_id) if telemetry else None
@@ -239,6 +243,8 @@ class TrainerService:
                 for delivery in deliveries:
                     await self._handle(delivery)
                     done += 1
+            if self.config.checkpoint_dir is not None and self.backend.step > self._checkpointed_step:
+                await self.checkpoint()  # a clean stop: a restart resumes from here, not from the last interval
         finally:
             self.commander.send("stop")
             if gpu is not None:
@@ -432,10 +438,18 @@ class TrainerService:
         """Write a resumable checkpoint ``step-<n>`` under ``config.checkpoint_dir``."""
         assert self.config.checkpoint_dir is not None
         path = Path(self.config.checkpoint_dir) / f"step-{self.backend.step}"
+        started = time.perf_counter()
         self.commander.send("save", str(path), self.version)
         await asyncio.to_thread(save_checkpoint, self.backend, path, version=self.version)
         self.stats.checkpoints += 1
-        self._event("trainer.checkpoint", path=str(path), step=self.backend.step, version=self.version)
+        self._checkpointed_step = self.backend.step
+        self._event(
+            "trainer.checkpoint",
+            path=str(path),
+            step=self.backend.step,
+            version=self.version,
+            seconds=time.perf_counter() - started,
+        )
         if self.config.retention.enabled:
             keep = self.config.retention.checkpoint_keep_last
             await asyncio.to_thread(prune_checkpoints, self.config.checkpoint_dir, keep)

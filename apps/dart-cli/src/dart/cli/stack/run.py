@@ -219,6 +219,7 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
     """Fill in what the services need: bus URL, policy path, database, engine config."""
     from dart.rollout.engine.hf import HFEngineConfig
     from dart.rollout.service.config import resolve_runner
+    from dart.train.config import RUN_CHECKPOINT_EVERY
 
     run_dir = config.run.run_dir
     assert run_dir is not None
@@ -231,6 +232,7 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
             "model_path": str(policy),
             "num_threads": config.train.num_threads or threads,
             "checkpoint_dir": config.train.checkpoint_dir or str(run_dir / "checkpoints"),
+            "checkpoint_every": config.train.checkpoint_every or RUN_CHECKPOINT_EVERY,
         }
     )
     bus = config.bus.model_copy(update={"url": nats_url}) if nats_url else config.bus
