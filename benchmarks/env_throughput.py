@@ -177,6 +177,7 @@ class DesktopTarget(Target):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.desk.start)
+        self.http.headers.update(self.desk.headers)  # every route but /dart/health needs the desktop's token
 
     def _screenshot(self) -> None:
         from PIL import Image

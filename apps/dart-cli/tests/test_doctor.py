@@ -111,15 +111,22 @@ def test_vllm_args_prints_the_server_command_of_a_run_config(tmp_path: Path) -> 
     import shlex
 
     from dart.cli.stack.config import load_run_config
-    from dart.rollout.engine.vllm_server import server_args
+    from dart.rollout.engine.vllm_server import auth_middleware_dir, server_args
 
     examples = Path(__file__).resolve().parents[3] / "examples"
     result = CliRunner().invoke(app, ["doctor", "--vllm-args", str(examples / "smoke-vllm.yaml"), "--vllm-model", "/m"])
     assert result.exit_code == 0, result.stdout
     engine = load_run_config(examples / "smoke-vllm.yaml").rollout.engine
     expected = server_args(engine, model_path="/m", host="0.0.0.0", port=8000)  # type: ignore[arg-type]
-    env, command = result.stdout.strip().split(" vllm serve ")
+    note, line = result.stdout.strip().split("\n")
+    env, command = line.split(" vllm serve ")
     assert command == shlex.join(expected)
+    # Every route but /health needs the token: the check's module on PYTHONPATH, its variable named, no secret.
+    assert "--middleware dart_vllm_auth.BearerTokenMiddleware" in command
+    assert (
+        f"PYTHONPATH={auth_middleware_dir()}" in env.split() and (auth_middleware_dir() / "dart_vllm_auth.py").is_file()
+    )
+    assert note.startswith("# Set DART_VLLM_TOKEN ") and "attach.token_file" in note and "DART_VLLM_TOKEN=" not in line
     assert "VLLM_SERVER_DEV_MODE=1" in env.split() and "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" not in env
     assert "--logprobs-mode processed_logprobs" in result.stdout and "--enable-lora" not in result.stdout
     # A LoRA run: servers with LoRA on at the trainer's rank, and the routes that load adapters at run time.

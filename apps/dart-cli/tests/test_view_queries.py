@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,49 @@ def test_the_command_prints_its_url_serves_and_stops(view_run: Any) -> None:
         assert url.startswith("http://127.0.0.1:") and url.endswith("/"), proc.stderr
         assert "training success (1 of 4 trainable" in httpx.get(url, timeout=30).text
         assert httpx.get(url + "trajectories/traj-g-a-0", timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+
+
+@pytest.mark.integration
+def test_beyond_loopback_the_viewer_needs_its_token_on_every_request(view_run: Any, tmp_path: Path) -> None:
+    """Served on every interface, only requests with the token (bearer, or the cookie a ``?token=`` visit sets)
+    read the run; without ``--token`` it does not start."""
+    command = [sys.executable, "-m", "dart.cli", "view", str(view_run.run_dir), "--host", "0.0.0.0", "--port", "0"]
+    beyond = ["view", str(view_run.run_dir), "--host", "0.0.0.0", "--port", "0"]
+    refused = CliRunner().invoke(app, beyond)
+    assert refused.exit_code == 2 and "needs --token TOKEN_FILE" in refused.output
+    token_file = tmp_path / "view.token"
+    token_file.write_text("short\n")
+    weak = CliRunner().invoke(app, [*beyond, "--token", str(token_file)])
+    assert weak.exit_code == 2 and "at least 16" in weak.output
+    token = secrets.token_urlsafe(32)
+    token_file.write_text(token + "\n")
+    proc = subprocess.Popen(
+        [*command, "--token", str(token_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        served = proc.stdout.readline().strip()
+        assert served.startswith("http://0.0.0.0:") and token not in served, proc.stderr
+        url = served.replace("0.0.0.0", "127.0.0.1")
+        pages = ["", "trajectories", "trajectories/traj-g-a-0", "static/view.css"]
+        for headers in ({}, {"Authorization": "Bearer not-the-token"}, {"Cookie": f"dart_view_token={token}"}):
+            for page in pages:
+                answer = httpx.get(url + page, headers=headers, timeout=30)
+                assert answer.status_code == 401 and "traj-g-a" not in answer.text, (page, headers)
+        assert httpx.get(url + "trajectories?token=not-the-token", timeout=30).status_code == 401
+        bearer = httpx.get(url + "trajectories/traj-g-a-0", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert bearer.status_code == 200
+        # A browser: one visit with ?token= sets the cookie and drops the token from the address.
+        with httpx.Client(timeout=30) as browser:
+            first = browser.get(url + f"trajectories?status=ok&token={token}")
+            assert first.status_code == 303 and first.headers["location"] == "/trajectories?status=ok"
+            assert "httponly" in first.headers["set-cookie"].lower() and token not in first.headers["set-cookie"]
+            assert browser.get(url + "trajectories/traj-g-a-0").status_code == 200
+            assert "training success" in browser.get(url).text
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

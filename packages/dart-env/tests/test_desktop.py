@@ -52,7 +52,7 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 10.0) -
 
 def windows(desk: XDesktop) -> list[dict[str, str]]:
     """Top-level windows from ``/accessibility``: name, class, screencoord, size."""
-    resp = requests.get(desk.url + "/accessibility", timeout=10)
+    resp = requests.get(desk.url + "/accessibility", headers=desk.headers, timeout=10)
     assert resp.status_code == 200, resp.text
     root = ET.fromstring(resp.json()["AT"])
     assert root.tag == "desktop-frame"
@@ -72,7 +72,7 @@ def xterm_window(desk: XDesktop) -> dict[str, str] | None:
 
 
 def action(desk: XDesktop, body: dict[str, Any]) -> None:
-    resp = requests.post(desk.url + "/dart/action", json=body, timeout=30)
+    resp = requests.post(desk.url + "/dart/action", headers=desk.headers, json=body, timeout=30)
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"status": "success"}
 
@@ -126,8 +126,38 @@ def test_start_exposes_endpoint_display_home_and_pids(desk: XDesktop, template: 
     assert set(pids) == {"xvfb", "wm", "server"}
     assert all(isinstance(pids[k], int) and pid_alive(pids[k]) for k in pids)  # type: ignore[arg-type]
     assert desk.alive()
-    health = requests.get(desk.url + "/dart/health", timeout=5).json()
+    health = requests.get(desk.url + "/dart/health", headers=desk.headers, timeout=5).json()
     assert health == {"status": "ok", "display": desk.display, "screen": [WIDTH, HEIGHT]}
+
+
+def test_every_route_but_health_refuses_a_request_without_the_desktops_token(desk: XDesktop) -> None:
+    """Anyone on loopback (the agent's own desktop user included) reaches the port: without the token it may
+    not run commands, read files or take screenshots. The token is in no argv or environment."""
+    calls: list[tuple[str, str, dict[str, Any]]] = [
+        ("post", "/execute", {"json": {"command": ["touch", str(desk.home / "pwned")]}}),
+        ("post", "/run_python", {"json": {"code": "print(1)"}}),
+        ("post", "/setup/launch", {"json": {"command": ["xterm"]}}),
+        ("post", "/file", {"data": {"file_path": "~/seed.txt"}}),
+        ("post", "/dart/action", {"json": {"kind": "click", "x": 0.5, "y": 0.5}}),
+        ("post", "/dart/revert", {}),
+        ("get", "/screenshot", {}),
+        ("get", "/accessibility", {}),
+        ("post", "/screen_size", {}),
+    ]
+    wrong: list[dict[str, str]] = [{}, {"Authorization": "Bearer not-the-token"}, {"Authorization": desk.token}]
+    for headers in wrong:
+        for method, path, kwargs in calls:
+            resp = requests.request(method, desk.url + path, headers=headers, timeout=10, **kwargs)
+            assert resp.status_code == 401, (path, headers, resp.text)
+    assert not (desk.home / "pwned").exists()
+    assert requests.get(desk.url + "/dart/health", timeout=5).status_code == 200
+    assert requests.post(desk.url + "/screen_size", headers=desk.headers, timeout=5).status_code == 200
+    server = desk.pids["server"]
+    assert server is not None
+    for what in ("cmdline", "environ"):
+        assert desk.token.encode() not in Path(f"/proc/{server}/{what}").read_bytes()
+    shown = requests.post(desk.url + "/execute", headers=desk.headers, json={"command": ["env"]}, timeout=30).json()
+    assert shown["returncode"] == 0 and "PATH=" in shown["output"] and desk.token not in shown["output"]
 
 
 def test_close_kills_everything_and_is_idempotent() -> None:
@@ -135,7 +165,7 @@ def test_close_kills_everything_and_is_idempotent() -> None:
     desktop.start()
     pids, home, url = desktop.pids, desktop.home, desktop.url
     assert pids["wm"] is None
-    resp = requests.post(url + "/setup/launch", json={"command": ["sleep", "1000"]}, timeout=5)
+    resp = requests.post(url + "/setup/launch", headers=desktop.headers, json={"command": ["sleep", "1000"]}, timeout=5)
     assert resp.status_code == 200
     desktop.close()
     desktop.close()
@@ -162,10 +192,12 @@ def test_start_failure_names_the_part() -> None:
 
 
 def test_screenshot_has_the_screen_size_and_shows_an_xterm(desk: XDesktop) -> None:
-    resp = requests.post(desk.url + "/setup/launch", json={"command": "xterm", "shell": False}, timeout=5)
+    resp = requests.post(
+        desk.url + "/setup/launch", headers=desk.headers, json={"command": "xterm", "shell": False}, timeout=5
+    )
     assert resp.status_code == 200 and "launched successfully" in resp.text
     wait_for(lambda: xterm_window(desk), "the xterm window")
-    resp = requests.get(desk.url + "/screenshot", timeout=10)
+    resp = requests.get(desk.url + "/screenshot", headers=desk.headers, timeout=10)
     assert resp.status_code == 200 and resp.headers["Content-Type"] == "image/png"
     image = Image.open(io.BytesIO(resp.content))
     assert image.format == "PNG" and image.size == (WIDTH, HEIGHT)
@@ -173,14 +205,19 @@ def test_screenshot_has_the_screen_size_and_shows_an_xterm(desk: XDesktop) -> No
     # The xterm's white client area and the black root window are both on screen.
     assert (pixels == 255).all(axis=-1).sum() > 10_000
     assert (pixels == 0).all(axis=-1).sum() > 10_000
-    assert requests.post(desk.url + "/screen_size", timeout=5).json() == {"width": WIDTH, "height": HEIGHT}
+    assert requests.post(desk.url + "/screen_size", headers=desk.headers, timeout=5).json() == {
+        "width": WIDTH,
+        "height": HEIGHT,
+    }
 
 
 # -- the agent loop through HTTP -----------------------------------------------------------------
 
 
 def test_click_type_enter_in_an_xterm_writes_a_file(desk: XDesktop) -> None:
-    resp = requests.post(desk.url + "/setup/launch", json={"command": ["xterm"], "shell": False}, timeout=5)
+    resp = requests.post(
+        desk.url + "/setup/launch", headers=desk.headers, json={"command": ["xterm"], "shell": False}, timeout=5
+    )
     assert resp.status_code == 200
     win = wait_for(lambda: xterm_window(desk), "the xterm window")
     x, y = (int(v) for v in win["screencoord"].strip("()").split(","))
@@ -190,14 +227,16 @@ def test_click_type_enter_in_an_xterm_writes_a_file(desk: XDesktop) -> None:
     action(desk, {"kind": "hotkey", "keys": ["enter"]})
     out = desk.home / "out.txt"
     wait_for(lambda: out.exists() and out.read_text() == "hello\n", "out.txt with 'hello' in HOME")
-    resp = requests.post(desk.url + "/file", data={"file_path": "~/out.txt"}, timeout=5)
+    resp = requests.post(desk.url + "/file", headers=desk.headers, data={"file_path": "~/out.txt"}, timeout=5)
     assert resp.status_code == 200 and resp.content == b"hello\n"
-    resp = requests.post(desk.url + "/file", data={"file_path": "~/missing.txt"}, timeout=5)
+    resp = requests.post(desk.url + "/file", headers=desk.headers, data={"file_path": "~/missing.txt"}, timeout=5)
     assert resp.status_code == 404 and resp.json()["error"] == "File not found"
 
 
 def test_accessibility_lists_top_level_windows(desk: XDesktop) -> None:
-    requests.post(desk.url + "/setup/launch", json={"command": ["xterm", "-T", "probe-title"]}, timeout=5)
+    requests.post(
+        desk.url + "/setup/launch", headers=desk.headers, json={"command": ["xterm", "-T", "probe-title"]}, timeout=5
+    )
     win = wait_for(lambda: xterm_window(desk), "the xterm window")
     assert win["name"] == "probe-title"
     w, h = (int(v) for v in win["size"].strip("()").split(","))
@@ -212,11 +251,13 @@ def test_terminal_actions_and_wait_finished_fail(desk: XDesktop) -> None:
 def test_concurrent_requests_are_all_served(desk: XDesktop) -> None:
     def call(i: int) -> int:
         if i % 3 == 0:
-            return requests.get(desk.url + "/screenshot", timeout=30).status_code
+            return requests.get(desk.url + "/screenshot", headers=desk.headers, timeout=30).status_code
         if i % 3 == 1:
             body = {"kind": "click", "x": (i % 10) / 10, "y": 0.5}
-            return requests.post(desk.url + "/dart/action", json=body, timeout=30).status_code
-        return requests.post(desk.url + "/execute", json={"command": ["true"]}, timeout=30).status_code
+            return requests.post(desk.url + "/dart/action", headers=desk.headers, json=body, timeout=30).status_code
+        return requests.post(
+            desk.url + "/execute", headers=desk.headers, json={"command": ["true"]}, timeout=30
+        ).status_code
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         codes = list(pool.map(call, range(48)))
@@ -228,7 +269,10 @@ def test_concurrent_requests_are_all_served(desk: XDesktop) -> None:
 
 def test_execute_returns_osworld_shape_with_desktop_env(desk: XDesktop) -> None:
     resp = requests.post(
-        desk.url + "/execute", json={"command": "echo $HOME $DISPLAY; pwd; echo oops >&2", "shell": True}, timeout=30
+        desk.url + "/execute",
+        headers=desk.headers,
+        json={"command": "echo $HOME $DISPLAY; pwd; echo oops >&2", "shell": True},
+        timeout=30,
     )
     assert resp.status_code == 200
     body = resp.json()
@@ -236,14 +280,20 @@ def test_execute_returns_osworld_shape_with_desktop_env(desk: XDesktop) -> None:
     assert body["status"] == "success" and body["returncode"] == 0
     assert body["output"] == f"{desk.home} {desk.display}\n{desk.home}\n"
     assert body["error"] == "oops\n"
-    resp = requests.post(desk.url + "/setup/execute", json={"command": ["cat", "~/seed.txt"]}, timeout=30)
+    resp = requests.post(
+        desk.url + "/setup/execute", headers=desk.headers, json={"command": ["cat", "~/seed.txt"]}, timeout=30
+    )
     assert resp.json()["output"] == "seed\n"
     # A list with shell=True keeps Popen's meaning: its first item is the script.
-    resp = requests.post(desk.url + "/execute", json={"command": ["echo $HOME"], "shell": True}, timeout=30)
+    resp = requests.post(
+        desk.url + "/execute", headers=desk.headers, json={"command": ["echo $HOME"], "shell": True}, timeout=30
+    )
     assert resp.json()["output"] == f"{desk.home}\n"
-    resp = requests.post(desk.url + "/execute", json={"command": "false"}, timeout=30)
+    resp = requests.post(desk.url + "/execute", headers=desk.headers, json={"command": "false"}, timeout=30)
     assert resp.json()["returncode"] == 1 and resp.json()["status"] == "success"
-    resp = requests.post(desk.url + "/execute", json={"command": ["no-such-program-xyz"]}, timeout=30)
+    resp = requests.post(
+        desk.url + "/execute", headers=desk.headers, json={"command": ["no-such-program-xyz"]}, timeout=30
+    )
     assert resp.status_code == 500 and resp.json()["status"] == "error" and resp.json()["message"]
 
 
@@ -251,19 +301,32 @@ def test_run_bash_script_returns_osworld_shape(desk: XDesktop) -> None:
     (desk.home / "work").mkdir()
     resp = requests.post(
         desk.url + "/run_bash_script",
+        headers=desk.headers,
         json={"script": "pwd; echo err >&2; exit 3", "timeout": 10, "working_dir": "~/work"},
         timeout=30,
     )
     assert resp.status_code == 200
     assert resp.json() == {"status": "error", "output": f"{desk.home}/work\nerr\n", "error": "", "returncode": 3}
-    resp = requests.post(desk.url + "/run_bash_script", json={"script": "sleep 5", "timeout": 0.2}, timeout=30)
+    resp = requests.post(
+        desk.url + "/run_bash_script", headers=desk.headers, json={"script": "sleep 5", "timeout": 0.2}, timeout=30
+    )
     assert resp.status_code == 500 and resp.json()["returncode"] == -1
-    resp = requests.post(desk.url + "/run_bash_script", json={"script": "true", "working_dir": "~/nope"}, timeout=30)
+    resp = requests.post(
+        desk.url + "/run_bash_script",
+        headers=desk.headers,
+        json={"script": "true", "working_dir": "~/nope"},
+        timeout=30,
+    )
     assert resp.status_code == 400 and "does not exist" in resp.json()["output"]
 
 
 def test_run_python_returns_osworld_shape(desk: XDesktop) -> None:
-    resp = requests.post(desk.url + "/run_python", json={"code": "import os\nprint(os.environ['HOME'])"}, timeout=30)
+    resp = requests.post(
+        desk.url + "/run_python",
+        headers=desk.headers,
+        json={"code": "import os\nprint(os.environ['HOME'])"},
+        timeout=30,
+    )
     assert resp.status_code == 200
     assert resp.json() == {
         "status": "success",
@@ -273,44 +336,56 @@ def test_run_python_returns_osworld_shape(desk: XDesktop) -> None:
         "error": "",
         "return_code": 0,
     }
-    body = requests.post(desk.url + "/run_python", json={"code": "raise ValueError('boom')"}, timeout=30).json()
+    body = requests.post(
+        desk.url + "/run_python", headers=desk.headers, json={"code": "raise ValueError('boom')"}, timeout=30
+    ).json()
     assert body["status"] == "error" and body["return_code"] == 1 and "ValueError: boom" in body["error"]
 
 
 def test_upload_list_directory_and_platform(desk: XDesktop) -> None:
     resp = requests.post(
         desk.url + "/setup/upload",
+        headers=desk.headers,
         data={"file_path": "~/in/data.bin"},
         files={"file_data": ("data.bin", b"\x00\x01payload")},
         timeout=10,
     )
     assert resp.status_code == 200 and resp.text == "File Uploaded: 9 bytes"
     assert (desk.home / "in" / "data.bin").read_bytes() == b"\x00\x01payload"
-    tree = requests.post(desk.url + "/list_directory", json={"path": "~/in"}, timeout=10).json()
+    tree = requests.post(desk.url + "/list_directory", headers=desk.headers, json={"path": "~/in"}, timeout=10).json()
     assert tree == {
         "directory_tree": {"type": "directory", "name": "in", "children": [{"type": "file", "name": "data.bin"}]}
     }
-    assert requests.get(desk.url + "/platform", timeout=5).text == "Linux"
-    pos = requests.get(desk.url + "/cursor_position", timeout=5).json()
+    assert requests.get(desk.url + "/platform", headers=desk.headers, timeout=5).text == "Linux"
+    pos = requests.get(desk.url + "/cursor_position", headers=desk.headers, timeout=5).json()
     assert len(pos) == 2 and 0 <= pos[0] < WIDTH and 0 <= pos[1] < HEIGHT
 
 
 @pytest.mark.skipif(shutil.which("mousepad") is None, reason="mousepad is not installed")
 def test_open_file_activate_and_close_window(desk: XDesktop) -> None:
     (desk.home / "notes.txt").write_text("some notes\n")
-    resp = requests.post(desk.url + "/setup/open_file", json={"path": "~/notes.txt"}, timeout=60)
+    resp = requests.post(desk.url + "/setup/open_file", headers=desk.headers, json={"path": "~/notes.txt"}, timeout=60)
     assert resp.status_code == 200, resp.text
     assert any("notes.txt" in w["name"] and w["class"] == "mousepad.Mousepad" for w in windows(desk))
-    resp = requests.post(desk.url + "/setup/activate_window", json={"window_name": "notes.txt"}, timeout=10)
+    resp = requests.post(
+        desk.url + "/setup/activate_window", headers=desk.headers, json={"window_name": "notes.txt"}, timeout=10
+    )
     assert resp.status_code == 200
-    resp = requests.post(desk.url + "/setup/activate_window", json={"window_name": "no such window"}, timeout=10)
+    resp = requests.post(
+        desk.url + "/setup/activate_window", headers=desk.headers, json={"window_name": "no such window"}, timeout=10
+    )
     assert resp.status_code == 404
     resp = requests.post(
-        desk.url + "/setup/close_window", json={"window_name": "Mousepad", "by_class": True}, timeout=10
+        desk.url + "/setup/close_window",
+        headers=desk.headers,
+        json={"window_name": "Mousepad", "by_class": True},
+        timeout=10,
     )
     assert resp.status_code == 200
     wait_for(lambda: not any(w["class"] == "mousepad.Mousepad" for w in windows(desk)), "mousepad to close")
-    resp = requests.post(desk.url + "/setup/open_file", json={"path": "~/missing.txt"}, timeout=10)
+    resp = requests.post(
+        desk.url + "/setup/open_file", headers=desk.headers, json={"path": "~/missing.txt"}, timeout=10
+    )
     assert resp.status_code == 404
 
 
@@ -318,10 +393,10 @@ def test_open_file_activate_and_close_window(desk: XDesktop) -> None:
 
 
 def test_revert_kills_launched_apps_and_restores_home(desk: XDesktop) -> None:
-    requests.post(desk.url + "/setup/launch", json={"command": ["xterm"]}, timeout=5)
+    requests.post(desk.url + "/setup/launch", headers=desk.headers, json={"command": ["xterm"]}, timeout=5)
     # A shell, its background job, and a process that left the session (setsid).
     script = "echo $$ > ~/pid1; sleep 1000 & echo $! > ~/pid2; setsid sleep 1000 & echo $! > ~/pid3; wait"
-    requests.post(desk.url + "/setup/launch", json={"command": script, "shell": True}, timeout=5)
+    requests.post(desk.url + "/setup/launch", headers=desk.headers, json={"command": script, "shell": True}, timeout=5)
     wait_for(lambda: xterm_window(desk), "the xterm window")
     wait_for(lambda: (desk.home / "pid3").exists() and (desk.home / "pid3").read_text().strip(), "the pid files")
     pids = [int((desk.home / name).read_text()) for name in ("pid1", "pid2", "pid3")]
@@ -355,6 +430,7 @@ def test_ctrl_alt_t_opens_a_terminal_that_revert_closes(desk: XDesktop) -> None:
             (
                 r := requests.post(
                     desk.url + "/execute",
+                    headers=desk.headers,
                     json={"command": "gsettings get org.gnome.desktop.screensaver lock-enabled", "shell": True},
                     timeout=10,
                 ).json()
@@ -369,6 +445,7 @@ def test_ctrl_alt_t_opens_a_terminal_that_revert_closes(desk: XDesktop) -> None:
     assert xterm_window(desk) is None
     after = requests.post(
         desk.url + "/execute",
+        headers=desk.headers,
         json={"command": "gsettings get org.gnome.desktop.interface text-scaling-factor", "shell": True},
         timeout=10,
     ).json()
@@ -405,11 +482,12 @@ def test_ctrl_alt_t_opens_a_terminal_that_revert_closes(desk: XDesktop) -> None:
 def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(
     desk: XDesktop, method: str, path: str, kwargs: dict[str, Any], status: int, needle: str
 ) -> None:
+    kwargs = {**kwargs, "headers": {**desk.headers, **kwargs.get("headers", {})}}
     resp = requests.request(method, desk.url + path, timeout=10, **kwargs)
     assert resp.status_code == status, resp.text
     body = resp.json()
     assert body["status"] == "error" and needle in body["message"]
-    assert requests.get(desk.url + "/dart/health", timeout=5).json()["status"] == "ok"
+    assert requests.get(desk.url + "/dart/health", headers=desk.headers, timeout=5).json()["status"] == "ok"
 
 
 # -- a dying desktop ------------------------------------------------------------------------------
@@ -424,9 +502,14 @@ def test_kill_of_xvfb_is_detected_and_requests_fail_fast() -> None:
         os.kill(xvfb, signal.SIGKILL)
         wait_for(lambda: not desktop.alive(), "alive() to turn False", timeout_s=5)
         for path in ("/dart/health", "/screenshot", "/accessibility"):
-            resp = requests.get(desktop.url + path, timeout=10)
+            resp = requests.get(desktop.url + path, headers=desktop.headers, timeout=10)
             assert resp.status_code == 503 and "display" in resp.json()["message"]
-        resp = requests.post(desktop.url + "/dart/action", json={"kind": "click", "x": 0.5, "y": 0.5}, timeout=10)
+        resp = requests.post(
+            desktop.url + "/dart/action",
+            headers=desktop.headers,
+            json={"kind": "click", "x": 0.5, "y": 0.5},
+            timeout=10,
+        )
         assert resp.status_code == 503
         with pytest.raises(DesktopError, match="died"):
             desktop.revert()
@@ -438,14 +521,16 @@ def test_kill_of_xvfb_is_detected_and_requests_fail_fast() -> None:
 def test_kill_of_the_server_is_detected_and_close_still_kills_its_apps() -> None:
     with XDesktop(DesktopConfig(width=640, height=480, window_manager="none")) as desktop:
         script = "setsid sleep 1000 & echo $! > ~/pid; wait"
-        requests.post(desktop.url + "/setup/launch", json={"command": script, "shell": True}, timeout=5)
+        requests.post(
+            desktop.url + "/setup/launch", headers=desktop.headers, json={"command": script, "shell": True}, timeout=5
+        )
         pid_file = desktop.home / "pid"
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), "the pid file")
         orphan = int(pid_file.read_text())
         os.kill(desktop.pids["server"], signal.SIGKILL)  # type: ignore[arg-type]
         wait_for(lambda: not desktop.alive(), "alive() to turn False", timeout_s=5)
         with pytest.raises(requests.ConnectionError):
-            requests.get(desktop.url + "/dart/health", timeout=5)
+            requests.get(desktop.url + "/dart/health", headers=desktop.headers, timeout=5)
         assert pid_alive(orphan)
     assert not pid_alive(orphan)
 

@@ -46,7 +46,7 @@ class Probe:
 
     def act(self, body: dict[str, Any], until: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """Run one action; return the events it caused once at least ``until`` have arrived."""
-        resp = requests.post(self.desk.url + "/dart/action", json=body, timeout=30)
+        resp = requests.post(self.desk.url + "/dart/action", headers=self.desk.headers, json=body, timeout=30)
         assert resp.status_code == 200, resp.text
         deadline = time.monotonic() + timeout_s
         while True:

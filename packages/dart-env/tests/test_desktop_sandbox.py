@@ -110,13 +110,13 @@ def probe_script(files: list[Path]) -> str:
 
 def xterm_shown(desk: XDesktop) -> bool:
     """True once an xterm window is on the screen (in ``/accessibility``'s window tree)."""
-    resp = requests.get(desk.url + "/accessibility", timeout=10)
+    resp = requests.get(desk.url + "/accessibility", headers=desk.headers, timeout=10)
     root = ET.fromstring(resp.json()["AT"])
     return any(w.get(f"{{{NS['attr']}}}class") == "xterm.XTerm" for w in root)
 
 
 def action(desk: XDesktop, body: dict[str, Any]) -> None:
-    resp = requests.post(desk.url + "/dart/action", json=body, timeout=30)
+    resp = requests.post(desk.url + "/dart/action", headers=desk.headers, json=body, timeout=30)
     assert resp.status_code == 200, resp.text
 
 
@@ -155,7 +155,7 @@ def test_task_commands_see_no_secret(desk: XDesktop, secret_files: list[Path]) -
         ("/run_bash_script", {"script": probe_script(secret_files)}),
         ("/run_python", {"code": "import os\nprint(sorted(os.environ.items()))"}),
     ]:
-        answer = requests.post(desk.url + route, json=body, timeout=60).json()
+        answer = requests.post(desk.url + route, headers=desk.headers, json=body, timeout=60).json()
         shown = f"{answer.get('output')} {answer.get('error')} {answer.get('message')}"
         assert "HOME" in shown, (route, answer)
         assert MARK not in shown, route
@@ -166,7 +166,9 @@ def test_task_commands_see_no_secret(desk: XDesktop, secret_files: list[Path]) -
 def test_the_desktop_python_is_the_services_with_its_packages(desk: XDesktop) -> None:
     for python in ("python", "python3"):
         code = "import sys, Xlib, dart.env.desktop.probe; print(sys.version_info[:2])"
-        answer = requests.post(desk.url + "/execute", json={"command": [python, "-c", code]}, timeout=30).json()
+        answer = requests.post(
+            desk.url + "/execute", headers=desk.headers, json={"command": [python, "-c", code]}, timeout=30
+        ).json()
         assert answer["returncode"] == 0, answer
         assert answer["output"].strip() == str(tuple(sys.version_info[:2]))
 

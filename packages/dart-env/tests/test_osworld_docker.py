@@ -26,7 +26,7 @@ import pytest
 
 from dart.env.osworld.client import VMServerClient
 from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
-from dart.env.osworld.errors import ProviderError
+from dart.env.osworld.errors import OSWorldVMError, ProviderError
 from dart.env.osworld.providers import CONTAINER_LABEL, DockerProvider, DockerProviderConfig, docker_client
 from dart.protocol.messages import TaskSpec
 
@@ -40,7 +40,8 @@ SERVE_VM_API = [
     "-c",
     "Xvfb :1 -screen 0 640x480x24 -nolisten tcp & "
     "until xdpyinfo -display :1 >/dev/null 2>&1; do sleep 0.1; done; "
-    "exec python -m dart.env.desktop.server --display :1 --host 0.0.0.0 --port 5000 --home /tmp/vm-home",
+    "exec python -m dart.env.desktop.server --display :1 --host 0.0.0.0 --port 5000 --home /tmp/vm-home "
+    "--token-env DART_DESKTOP_TOKEN",
 ]
 """The stand-in VM: an X server and DART's VM server (OSWorld's API: /screenshot, /execute ...) on port 5000."""
 
@@ -95,7 +96,12 @@ def test_create_health_check_revert_and_teardown(stand_in_image: str, built_imag
         url = provider.start()
         assert provider.alive() and vm_containers() == [provider.container_id]
         first = provider.container_id
-        client = VMServerClient(url, timeout=30)
+        assert provider.token
+        stranger = VMServerClient(url, timeout=30)
+        with pytest.raises(OSWorldVMError, match="401"):  # the desktop in the container requires its token
+            stranger.screen_size()
+        stranger.close()
+        client = VMServerClient(url, timeout=30, token=provider.token)
         try:
             assert client.screen_size() == (640, 480)
             assert client.execute(["sh", "-c", "echo dirty > /tmp/vm-home/episode-state"])["returncode"] == 0

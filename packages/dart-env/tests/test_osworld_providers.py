@@ -51,6 +51,13 @@ def test_container_run_arguments(tmp_path: Path) -> None:
     assert slow["devices"] == [] and slow["environment"]["KVM"] == "N"
 
 
+def test_a_desktop_container_gets_its_token_in_its_environment_only() -> None:
+    config = DockerProviderConfig(image="dart-env:0", qemu=False, command=["serve"])
+    kwargs = container_run_kwargs(config, server_port=15000, vnc_port=18006, kvm=False, token="t0ken")
+    assert kwargs["environment"] == {"DART_DESKTOP_TOKEN": "t0ken"} and "t0ken" not in str(kwargs["command"])
+    assert kwargs["ports"] == {SERVER_PORT: ("127.0.0.1", 15000)}
+
+
 def test_container_run_needs_the_disk_image(tmp_path: Path) -> None:
     with pytest.raises(ProviderError, match="disk_image"):
         container_run_kwargs(DockerProviderConfig(), 1, 2, kvm=False)

@@ -74,10 +74,18 @@ def desktop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[XDesktop]:
         yield desk
 
 
-def remote(**settings: Any) -> OSWorldConfig:
-    return OSWorldConfig(
-        provider="remote", remote=RemoteProviderConfig(**settings), request_timeout_s=20, home_map=None
-    )
+@pytest.fixture(scope="module")
+def desktop_token(desktop: XDesktop, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The desktop server's token in a file, as ``remote.token_file`` names it."""
+    path = tmp_path_factory.mktemp("vm-token") / "token"
+    path.touch(mode=0o600)
+    path.write_text(desktop.token + "\n")
+    return path
+
+
+def remote(token_file: Path, **settings: Any) -> OSWorldConfig:
+    config = RemoteProviderConfig(token_file=str(token_file), **settings)
+    return OSWorldConfig(provider="remote", remote=config, request_timeout_s=20, home_map=None)
 
 
 def home_has_marker(env: OSWorldEnv) -> bool:
@@ -92,8 +100,8 @@ def client_home(env: OSWorldEnv) -> str:
     return str(client.execute(["sh", "-c", "echo $HOME"]).get("output", "")).strip()
 
 
-async def test_revert_url_gives_each_episode_a_clean_vm(desktop: XDesktop) -> None:
-    env = OSWorldEnv(remote(url=desktop.url, revert_url="{url}/dart/revert"))
+async def test_revert_url_gives_each_episode_a_clean_vm(desktop: XDesktop, desktop_token: Path) -> None:
+    env = OSWorldEnv(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/revert"))
     try:
         await env.reset(TASK)
         assert home_has_marker(env) and not env.spent
@@ -103,8 +111,22 @@ async def test_revert_url_gives_each_episode_a_clean_vm(desktop: XDesktop) -> No
         await env.close()
 
 
-async def test_a_failed_revert_raises(desktop: XDesktop, tmp_path: Path) -> None:
-    env = OSWorldEnv(remote(url=desktop.url, revert_url="{url}/dart/no-such-route"))
+async def test_a_desktop_without_its_token_is_refused_at_once(desktop: XDesktop, tmp_path: Path) -> None:
+    wrong = tmp_path / "token"
+    wrong.write_text("not-the-token")
+    settings: dict[str, Any] = {"url": desktop.url, "revert_url": "{url}/dart/revert"}
+    no_token = OSWorldConfig(provider="remote", remote=RemoteProviderConfig(**settings), home_map=None)
+    for config in (remote(wrong, **settings), no_token):
+        env = OSWorldEnv(config)
+        try:
+            with pytest.raises(ProviderError, match="HTTP 401"):
+                await env.start()
+        finally:
+            await env.close()
+
+
+async def test_a_failed_revert_raises(desktop: XDesktop, desktop_token: Path, tmp_path: Path) -> None:
+    env = OSWorldEnv(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/no-such-route"))
     try:
         await env.reset(TASK)  # a fresh VM needs no revert
         with pytest.raises(ProviderError, match="answered HTTP 404"):
@@ -112,8 +134,12 @@ async def test_a_failed_revert_raises(desktop: XDesktop, tmp_path: Path) -> None
     finally:
         await env.close()
     marker = tmp_path / "reverted"
-    ok = OSWorldEnv(remote(url=desktop.url, revert_command=["sh", "-c", f'echo "$DART_VM_URL" >> {marker}']))
-    failing = OSWorldEnv(remote(url=desktop.url, revert_command=["sh", "-c", "echo disk gone >&2; exit 3"]))
+    ok = OSWorldEnv(
+        remote(desktop_token, url=desktop.url, revert_command=["sh", "-c", f'echo "$DART_VM_URL" >> {marker}'])
+    )
+    failing = OSWorldEnv(
+        remote(desktop_token, url=desktop.url, revert_command=["sh", "-c", "echo disk gone >&2; exit 3"])
+    )
     try:
         for env in (ok, failing):
             await env.reset(TASK)
@@ -126,8 +152,10 @@ async def test_a_failed_revert_raises(desktop: XDesktop, tmp_path: Path) -> None
         await failing.close()
 
 
-async def test_a_vm_that_cannot_revert_serves_one_episode(desktop: XDesktop) -> None:
-    env = OSWorldEnv(remote(acquire_command=[sys.executable, "-c", f"print('booting'); print({desktop.url!r})"]))
+async def test_a_vm_that_cannot_revert_serves_one_episode(desktop: XDesktop, desktop_token: Path) -> None:
+    env = OSWorldEnv(
+        remote(desktop_token, acquire_command=[sys.executable, "-c", f"print('booting'); print({desktop.url!r})"])
+    )
     try:
         await env.reset(TASK)
         assert env.spent
@@ -174,8 +202,8 @@ async def release(bus: Bus, lease: LeaseReply) -> None:
     await bus.request(subject, ReleaseRequest(lease_id=lease.lease_id), ReleaseReply)
 
 
-async def test_service_ends_an_instance_whose_revert_failed(bus: Bus, desktop: XDesktop) -> None:
-    config = service_config(remote(url=desktop.url, revert_url="{url}/dart/no-such-route"))
+async def test_service_ends_an_instance_whose_revert_failed(bus: Bus, desktop: XDesktop, desktop_token: Path) -> None:
+    config = service_config(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/no-such-route"))
     async with EnvService(config, bus) as service:
         instance = config.instance_id(0)
         first = service.backend(instance)
@@ -191,12 +219,12 @@ async def test_service_ends_an_instance_whose_revert_failed(bus: Bus, desktop: X
 
 
 async def test_service_replaces_a_vm_that_cannot_revert_after_each_episode(
-    bus: Bus, desktop: XDesktop, tmp_path: Path
+    bus: Bus, desktop: XDesktop, desktop_token: Path, tmp_path: Path
 ) -> None:
     released = tmp_path / "released"
     acquire = [sys.executable, "-c", f"print({desktop.url!r})"]
     give_back = ["sh", "-c", f'echo "$DART_VM_URL" >> {released}']
-    config = service_config(remote(acquire_command=acquire, release_command=give_back))
+    config = service_config(remote(desktop_token, acquire_command=acquire, release_command=give_back))
     async with EnvService(config, bus) as service:
         instance = config.instance_id(0)
         first = service.backend(instance)
@@ -211,10 +239,12 @@ async def test_service_replaces_a_vm_that_cannot_revert_after_each_episode(
         assert service.stats()[instance].failures == 0
 
 
-async def test_env_pool_says_what_it_runs_and_the_data_manager_keeps_those_tasks(bus: Bus, desktop: XDesktop) -> None:
+async def test_env_pool_says_what_it_runs_and_the_data_manager_keeps_those_tasks(
+    bus: Bus, desktop: XDesktop, desktop_token: Path
+) -> None:
     if not (CORPUS / "examples").is_dir():
         pytest.fail(f"the OSWorld task corpus is missing: expected {CORPUS}/examples beside the repository")
-    config = service_config(remote(url=desktop.url, revert_url="{url}/dart/revert"))
+    config = service_config(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/revert"))
     tasks = load_osworld_suite(CORPUS).tasks
     async with EnvService(config, bus):
         caps = await request_capabilities(bus, config.pool, timeout_s=30)

@@ -79,16 +79,32 @@ def vllm_launch_config(vllm_python: Path, checkpoint: Path) -> Callable[[Path], 
 
 
 @pytest.fixture(scope="session")
-def vllm_url(
+def vllm_server(
     vllm_launch_config: Callable[[Path], VLLMEngineConfig], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """Base URL of one vLLM server serving the session's tiny checkpoint, shared by every vLLM test module."""
+) -> Iterator[VLLMServerProcess]:
+    """One vLLM server serving the session's tiny checkpoint, shared by every vLLM test module."""
     server = VLLMServerProcess("session", vllm_launch_config(tmp_path_factory.mktemp("vllm-logs")))
     asyncio.run(server.start())
     try:
-        yield server.url
+        yield server
     finally:
         asyncio.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def vllm_url(vllm_server: VLLMServerProcess) -> str:
+    """Base URL of the session's vLLM server."""
+    return vllm_server.url
+
+
+@pytest.fixture(scope="session")
+def vllm_token_file(vllm_server: VLLMServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file (0600) holding the bearer token the session's server requires, as ``attach.token_file`` names."""
+    assert vllm_server.token
+    path = tmp_path_factory.mktemp("vllm-token") / "token"
+    path.touch(mode=0o600)
+    path.write_text(vllm_server.token)
+    return path
 
 
 @pytest.fixture

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
-from dart.rollout.engine.vllm_server import chat_template_path, server_args
+from dart.rollout.engine.vllm_server import TOKEN_ENV, auth_middleware_dir, chat_template_path, server_args, server_env
 from dart.rollout.service.config import RolloutConfig
 
 pytestmark = pytest.mark.unit
@@ -49,6 +52,15 @@ def test_server_args_carry_the_token_contract() -> None:
     assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert args[args.index("--chat-template") + 1] == str(chat_template_path())
     assert chat_template_path().is_file()
+
+
+def test_a_launched_servers_token_is_in_its_environment_and_its_check_on_its_path(tmp_path: Path) -> None:
+    args = server_args(VLLMEngineConfig(), model_path="/ckpt", host="127.0.0.1", port=8000)
+    assert args[args.index("--middleware") + 1] == "dart_vllm_auth.BearerTokenMiddleware"
+    env = server_env(VLLMLaunchConfig(env={TOKEN_ENV: "from-config"}), tmp_path, token="s3cret")
+    assert env[TOKEN_ENV] == "s3cret" and "s3cret" not in " ".join(args)  # the launch's token wins
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(auth_middleware_dir())
+    assert (auth_middleware_dir() / "dart_vllm_auth.py").is_file()
 
 
 def test_launched_servers_never_prefill_a_prompt_in_chunks_by_default() -> None:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from PIL import Image
@@ -29,6 +30,8 @@ from dart.protocol.store import LocalStore
 from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
+from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
+from dart.rollout.errors import EngineRequestError, EngineStartError
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
 from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
@@ -46,8 +49,9 @@ LOGPROB_TOLERANCE = 1e-5
 
 
 @pytest.fixture
-async def engine(vllm_url: str, checkpoint: Path) -> AsyncIterator[VLLMEngine]:
-    config = VLLMEngineConfig(model_path=str(checkpoint), attach=VLLMAttachConfig(urls=[vllm_url]))
+async def engine(vllm_url: str, vllm_token_file: Path, checkpoint: Path) -> AsyncIterator[VLLMEngine]:
+    attach = VLLMAttachConfig(urls=[vllm_url], token_file=str(vllm_token_file))
+    config = VLLMEngineConfig(model_path=str(checkpoint), attach=attach)
     engine = await VLLMEngine.attach("engine-0", config, vllm_url)
     try:
         yield engine
@@ -117,6 +121,50 @@ async def test_image_chat_records_exact_prompt_ids_and_behaviour_logprobs(
     model, processor = policy
     recomputed = await asyncio.to_thread(_recompute, model, processor, prompt, result)
     assert torch.allclose(recomputed, torch.tensor(result.response_logprobs), atol=LOGPROB_TOLERANCE, rtol=0)
+
+
+async def test_every_route_but_health_refuses_a_request_without_the_servers_token(
+    engine: VLLMEngine, vllm_server: VLLMServerProcess
+) -> None:
+    """The dev-mode routes (pause, weight reload, collective_rpc) and the OpenAI ones need the launch's token;
+    the engine, which sends it, is served. The token travels in the server's environment, not its argv."""
+    assert vllm_server.token and vllm_server.pid is not None
+    cmdline = await asyncio.to_thread(Path(f"/proc/{vllm_server.pid}/cmdline").read_bytes)
+    assert vllm_server.token.encode() not in cmdline and b"--middleware" in cmdline
+    completion = {"model": "policy", "prompt": "hello", "max_tokens": 2}
+    refused_calls = [
+        ("POST", "/pause", None),
+        ("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent"}}),
+        ("POST", "/reset_prefix_cache", None),
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/completions", completion),
+        ("GET", "/metrics", None),
+    ]
+    wrong = [{}, bearer_headers("not-the-token"), {"Authorization": f"Basic {vllm_server.token}"}]
+    async with httpx.AsyncClient(base_url=vllm_server.url, timeout=30) as client:
+        for headers in wrong:
+            for method, route, body in refused_calls:
+                reply = await client.request(method, route, json=body, headers=headers)
+                assert reply.status_code == 401, (route, headers, reply.text)
+        assert (await client.get("/health")).status_code == 200
+        authorized = await client.post("/v1/completions", json=completion, headers=bearer_headers(vllm_server.token))
+        assert authorized.status_code == 200, authorized.text
+    result = await engine.generate(GenerationRequest(_prompt(1), max_new_tokens=4, seed=3))
+    assert result.response_token_ids and result.policy_version == 0
+
+
+async def test_an_attached_engine_without_the_token_is_refused(vllm_url: str, checkpoint: Path, tmp_path: Path) -> None:
+    wrong = tmp_path / "token"
+    wrong.write_text("not-the-token\n")
+    for attach in (VLLMAttachConfig(urls=[vllm_url]), VLLMAttachConfig(urls=[vllm_url], token_file=str(wrong))):
+        config = VLLMEngineConfig(model_path=str(checkpoint), attach=attach)
+        with pytest.raises(EngineRequestError, match="answered 401"):
+            await VLLMEngine.attach("engine-x", config, vllm_url)
+    wrong.write_text("")
+    attach = VLLMAttachConfig(urls=[vllm_url], token_file=str(wrong))
+    config = VLLMEngineConfig(model_path=str(checkpoint), attach=attach)
+    with pytest.raises(EngineStartError, match="token_file .* is empty"):
+        await VLLMEngine.attach("engine-x", config, vllm_url)
 
 
 async def test_weight_update_in_place_serves_new_weights(
@@ -231,6 +279,7 @@ async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_vers
         while engine.load == 0:  # noqa: ASYNC110  (the engine has no event for "request arrived")
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
+        first_token = engine.server.token
         os.kill(engine.server.pid, signal.SIGKILL)
         failed = await pending
         assert failed.work_id == item.work_id
@@ -240,6 +289,7 @@ async def test_sigkilled_server_fails_its_trajectory_then_restarts_with_its_vers
             while not (engine.stats.restarts == 1 and engine.state is EngineState.SERVING):  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
         assert engine.version == 4
+        assert engine.server.token != first_token  # a new token per start, which the engine now sends
         short = TrajectoryRunner("runner-k2", bus, EngineRouter([engine]), RunnerConfig(pool=pool, max_new_tokens=8))
         after = await short.run(work_item(max_steps=2))
         assert after.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED), after.error

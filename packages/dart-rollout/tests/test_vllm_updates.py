@@ -27,6 +27,7 @@ from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
 from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
+from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.service.config import SyncConfig
@@ -39,7 +40,8 @@ LOGPROB_TOLERANCE = 1e-5
 
 
 class FaultProxy:
-    """An HTTP/1.1 proxy in front of a server that fails or holds chosen routes (one request per connection).
+    """An HTTP/1.1 proxy in front of a server that fails or holds chosen routes (one request per connection);
+    it adds the server's bearer token to what it forwards.
 
     Attributes:
         failures: Route path -> how many more requests to answer 503 without forwarding them.
@@ -48,8 +50,9 @@ class FaultProxy:
         answered: Paths the server answered 200 to, in order.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, token: str) -> None:
         self.upstream = upstream.rstrip("/")
+        self.token = token
         self.failures: dict[str, int] = {}
         self.holds: dict[str, asyncio.Event] = {}
         self.held = asyncio.Event()
@@ -89,8 +92,11 @@ class FaultProxy:
                 self.failures[path] -= 1
                 status, content = 503, b'{"error": "injected fault"}'
             else:
-                content_type = {"content-type": headers.get("content-type", "application/json")}
-                reply = await self._client.request(method, self.upstream + target, content=body, headers=content_type)
+                forwarded = {
+                    "content-type": headers.get("content-type", "application/json"),
+                    "authorization": f"Bearer {self.token}",
+                }
+                reply = await self._client.request(method, self.upstream + target, content=body, headers=forwarded)
                 status, content = reply.status_code, reply.content
                 if status == 200:
                     self.answered.append(path)
@@ -108,9 +114,11 @@ class FaultProxy:
 
 
 @pytest.fixture
-async def proxy(vllm_url: str, checkpoint: Path) -> AsyncIterator[FaultProxy]:
+async def proxy(vllm_server: VLLMServerProcess, vllm_token_file: Path, checkpoint: Path) -> AsyncIterator[FaultProxy]:
     """A fault proxy in front of the session's server; afterwards the server serves the start checkpoint again."""
-    fault_proxy = FaultProxy(vllm_url)
+    vllm_url = vllm_server.url
+    assert vllm_server.token
+    fault_proxy = FaultProxy(vllm_url, vllm_server.token)
     await fault_proxy.start()
     try:
         yield fault_proxy
@@ -118,8 +126,9 @@ async def proxy(vllm_url: str, checkpoint: Path) -> AsyncIterator[FaultProxy]:
         await fault_proxy.close()
         # Whatever the test did, later tests get a resumed server with the checkpoint's weights.
         async with httpx.AsyncClient(timeout=120) as client:
-            await client.post(f"{vllm_url}/resume")
-        direct = await VLLMEngine.attach("cleanup", _config(checkpoint, vllm_url), vllm_url)
+            await client.post(f"{vllm_url}/resume", headers=bearer_headers(vllm_server.token))
+        attach = VLLMAttachConfig(urls=[vllm_url], token_file=str(vllm_token_file))
+        direct = await VLLMEngine.attach("cleanup", _config(checkpoint, vllm_url, attach=attach), vllm_url)
         try:
             await direct.update_weights(checkpoint / "model.safetensors", version=100)
         finally:

@@ -349,6 +349,10 @@ def vllm_command_line(config_path: str, model_path: str | None = None, port: int
     engine needs, both from the config (``rollout.engine.launch``: context, batching, KV cache, ``env``,
     ``extra_args``): what to run in each container or on each GPU node of an ``attach`` deployment.
 
+    A comment line comes first: the server requires a bearer token on every route but ``/health`` (the
+    ``--middleware`` argument, found on the printed ``PYTHONPATH``), read from an environment variable the
+    user sets; the token itself is never printed.
+
     Raises:
         ConfigError: The run config's engine is not ``vllm``, or no model path is known.
     """
@@ -357,7 +361,7 @@ def vllm_command_line(config_path: str, model_path: str | None = None, port: int
     from dart.cli.stack.config import load_run_config
     from dart.protocol.errors import ConfigError
     from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
-    from dart.rollout.engine.vllm_server import configured_env, server_args
+    from dart.rollout.engine.vllm_server import TOKEN_ENV, auth_middleware_dir, configured_env, server_args
 
     config = load_run_config(config_path)
     engine = config.rollout.engine
@@ -368,8 +372,15 @@ def vllm_command_line(config_path: str, model_path: str | None = None, port: int
     if model is None:
         raise ConfigError(config_path, "rollout.engine.model_path", "no checkpoint named: pass --vllm-model")
     args = server_args(engine, model_path=str(model), host="0.0.0.0", port=port)
-    env = configured_env(engine.launch or VLLMLaunchConfig(), runtime_lora=engine.lora is not None)
-    return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " vllm serve " + shlex.join(args)
+    middleware = auth_middleware_dir()
+    env = {"PYTHONPATH": str(middleware)}
+    env.update(configured_env(engine.launch or VLLMLaunchConfig(), runtime_lora=engine.lora is not None))
+    note = (
+        f"# Set {TOKEN_ENV} in the server's environment to the token in rollout.engine.attach.token_file: "
+        f"every route but /health requires it. On another host, copy {middleware / 'dart_vllm_auth.py'} "
+        "and point PYTHONPATH at its directory.\n"
+    )
+    return note + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " vllm serve " + shlex.join(args)
 
 
 def doctor_command(

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from dart.cli.view.access import TokenCheck
 from dart.cli.view.artifacts import RunArtifacts
 from dart.cli.view.errors import BadRequestError, NotFoundError, PageError, UnreadableError
 from dart.cli.view.figures import RESOURCE_KINDS, FiguresCache
@@ -218,13 +219,17 @@ def open_viewer(source: RunSource, link: Links | None = None) -> Viewer:
     return Viewer(source, index, RunArtifacts(open_store(source.store)), link)
 
 
-def create_app(source: RunSource, *, hosts: Collection[str] | None = LOOPBACK_HOSTS) -> Starlette:
+def create_app(
+    source: RunSource, *, hosts: Collection[str] | None = LOOPBACK_HOSTS, token: str | None = None
+) -> Starlette:
     """The viewer of ``source``: its index opened read-only and its store.
 
     Args:
         source: The run.
         hosts: Host names requests must be addressed to (:class:`~dart.cli.view.hosts.HostCheck`); None
             accepts any (a viewer served beyond this machine, by a name it cannot know).
+        token: The secret every request must carry (:class:`~dart.cli.view.access.TokenCheck`); None lets
+            in any request (a viewer on loopback).
 
     Raises:
         NotARunError: The index is missing or not one this code reads.
@@ -246,6 +251,8 @@ def create_app(source: RunSource, *, hosts: Collection[str] | None = LOOPBACK_HO
     ]
     handlers = {PageError: viewer.on_page_error, HTTPException: viewer.on_http_error}
     middleware = [Middleware(HostCheck, hosts=hosts)] if hosts is not None else []
+    if token is not None:
+        middleware.append(Middleware(TokenCheck, token=token))
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
 

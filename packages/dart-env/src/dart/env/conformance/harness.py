@@ -131,6 +131,7 @@ class DesktopHarness(Harness):
         self.desk = XDesktop(DesktopConfig(width=self.width, height=self.height))
         self._http = requests.Session()
         await asyncio.to_thread(self.desk.start)
+        self._http.headers.update(self.desk.headers)
 
     def _start_probe(self) -> None:
         self._stop_probe()

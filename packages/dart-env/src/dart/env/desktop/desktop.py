@@ -11,15 +11,20 @@ Lifecycle of :class:`XDesktop`::
 an episode (kills what the server started, restores HOME) without restarting Xvfb; ``close()`` is
 idempotent and safe in every state. All calls block: async callers run them in threads.
 
+The server answers anyone on its port who holds the token (``start()`` draws a new one and hands it to
+the server on its stdin): every route but ``GET /dart/health`` requires ``headers``.
+
 Example:
     >>> with XDesktop(DesktopConfig(width=1280, height=720)) as desk:  # doctest: +SKIP
-    ...     requests.get(desk.url + "/screenshot").content
+    ...     requests.get(desk.url + "/screenshot", headers=desk.headers).content
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import select
 import shutil
 import subprocess
@@ -78,6 +83,7 @@ class XDesktop:
         self._display: XvfbDisplay | None = None
         self._server: subprocess.Popen[bytes] | None = None
         self._port = 0
+        self._token = ""
         self._http = requests.Session()
         self._closed = False
 
@@ -88,6 +94,17 @@ class XDesktop:
         """Base URL of the VM server (``http://127.0.0.1:PORT``)."""
         self._require_started()
         return f"http://{self.config.host}:{self._port}"
+
+    @property
+    def token(self) -> str:
+        """The server's token, new at each start: every route but ``GET /dart/health`` requires it."""
+        self._require_started()
+        return self._token
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header a request to the server must carry."""
+        return {"Authorization": f"Bearer {self.token}"}
 
     @property
     def display(self) -> str:
@@ -192,16 +209,21 @@ class XDesktop:
                 cmd += ["--reap-group", str(pid)]
         cmd += ["--reap-dir", str(self._tmp)]
         log_path = self._tmp / "server.log"
+        self._token = secrets.token_urlsafe(32)
+        self._http.headers["Authorization"] = f"Bearer {self._token}"
         with log_path.open("wb") as log:
             self._server = subprocess.Popen(
                 cmd,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # the token, on a pipe: not in argv or environ, which the desktop user reads
                 stdout=subprocess.PIPE,
                 stderr=log if cfg.server_log == "file" else None,
                 env=dict(env, DISPLAY=display),
                 start_new_session=True,
             )
-        assert self._server.stdout is not None
+        assert self._server.stdout is not None and self._server.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # a server that died at once is reported below
+            self._server.stdin.write(self._token.encode() + b"\n")
+            self._server.stdin.close()
         fd = self._server.stdout.fileno()
         deadline = time.monotonic() + cfg.start_timeout_s
         line = b""

@@ -4,8 +4,13 @@ Routes are plain functions ``(Request) -> Reply`` registered on a :class:`Router
 them on the standard library's threading HTTP/1.1 server (keep-alive, one thread per connection).
 The layer knows nothing of desktops: what a route does lives in :mod:`dart.env.desktop.routes`.
 
+Every request must carry ``Authorization: Bearer <token>`` (the server's token, compared in constant
+time) except those to the router's open paths (the health route); others are answered 401 before their
+body is read.
+
 Answers the layer gives by itself, each ``{"status": "error", "message": ...}``:
 
+- 401: no token, or a wrong one;
 - 400: a bad or too large ``Content-Length``; a route raised :class:`BadRequest` (its status and
   extra JSON keys win);
 - 404: no route has that path; 405: a route has the path but not the method;
@@ -15,6 +20,9 @@ Answers the layer gives by itself, each ``{"status": "error", "message": ...}``:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import json
 import traceback
 import urllib.parse
@@ -27,6 +35,8 @@ from typing import Any
 
 MAX_BODY_BYTES = 1 << 30
 """Largest request body accepted (uploads)."""
+REFUSED_BODY_BYTES = 1 << 16
+"""Largest body still read from a request refused for its token (larger ones: the connection is closed)."""
 
 
 class BadRequest(Exception):
@@ -177,7 +187,7 @@ class Router:
 
     def dispatch(self, request: Request) -> Reply:
         """The reply to ``request``: its route's, or the error reply that says why there is none."""
-        path = urllib.parse.urlsplit(request.path).path.rstrip("/") or "/"
+        path = _route_path(request.path)
         route = self._routes.get((request.method, path))
         if route is None:
             allowed = sorted(m for m, p in self._routes if p == path)
@@ -196,17 +206,46 @@ class Router:
             return Reply.error(f"{type(exc).__name__}: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def serve(router: Router, host: str, port: int, *, verbose: bool = False) -> ThreadingHTTPServer:
-    """An HTTP/1.1 server for ``router`` bound to ``(host, port)`` (0 picks a free port); not yet serving.
+class BearerToken:
+    """The token every request must carry, kept as a digest (equal lengths: the compare leaks no length).
+
+    Args:
+        token: The secret (non-empty).
+        open_paths: Paths answered without it (a health route).
+    """
+
+    def __init__(self, token: str, open_paths: Iterable[str] = ()) -> None:
+        if not token:
+            raise ValueError("the server's token must not be empty")
+        self._digest = hashlib.sha256(token.encode()).digest()
+        self.open_paths = frozenset(open_paths)
+
+    def admits(self, path: str, authorization: str | None) -> bool:
+        """Whether a request to ``path`` with this ``Authorization`` header value may be served."""
+        if _route_path(path) in self.open_paths:
+            return True
+        scheme, _, presented = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(hashlib.sha256(presented.strip().encode()).digest(), self._digest)
+
+
+def _route_path(target: str) -> str:
+    return urllib.parse.urlsplit(target).path.rstrip("/") or "/"
+
+
+def serve(router: Router, host: str, port: int, *, token: BearerToken, verbose: bool = False) -> ThreadingHTTPServer:
+    """An HTTP/1.1 server for ``router`` bound to ``(host, port)`` (0 picks a free port), admitting requests
+    that carry ``token``; not yet serving.
 
     Call ``serve_forever()`` on it; its connection threads are daemons.
     """
-    httpd = ThreadingHTTPServer((host, port), _handler(router, verbose))
+    httpd = ThreadingHTTPServer((host, port), _handler(router, token, verbose))
     httpd.daemon_threads = True
     return httpd
 
 
-def _handler(router: Router, verbose: bool) -> type[BaseHTTPRequestHandler]:
+def _handler(router: Router, token: BearerToken, verbose: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Headers and body go out in two writes; with Nagle on, keep-alive clients wait ~40 ms per reply.
@@ -232,6 +271,9 @@ def _handler(router: Router, verbose: bool) -> type[BaseHTTPRequestHandler]:
                 length = int(self.headers.get("Content-Length") or 0)
             except ValueError:
                 length = -1
+            if not token.admits(self.path, self.headers.get("Authorization")):
+                self._refuse(length)
+                return
             if length < 0 or length > MAX_BODY_BYTES:
                 self.close_connection = True
                 self._send(Reply.error("bad or too large Content-Length", HTTPStatus.BAD_REQUEST))
@@ -242,6 +284,17 @@ def _handler(router: Router, verbose: bool) -> type[BaseHTTPRequestHandler]:
                 self._send(reply)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away; nothing to tell it
+
+        def _refuse(self, length: int) -> None:
+            # A small body is read, so that closing the connection does not reset it before the client reads
+            # the answer; a large one is not worth reading for a stranger.
+            if 0 < length <= REFUSED_BODY_BYTES:
+                self.rfile.read(length)
+            self.close_connection = True
+            refusal = Reply.error("send Authorization: Bearer <the desktop's token>", HTTPStatus.UNAUTHORIZED)
+            refusal.headers["WWW-Authenticate"] = "Bearer"
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._send(refusal)
 
         do_GET = _handle
         do_POST = _handle

@@ -4,7 +4,11 @@ Run as a process, one per desktop::
 
     python -m dart.env.desktop.server --display :N --port 0 --home DIR [--home-template DIR] [--desktop-user NAME]
 
-Once listening it writes one JSON line ``{"port": P}`` to stdout (``--port 0`` picks a free port).
+It reads its token from the first line of stdin (never argv or the environment: the desktop's user must
+not read it in ``/proc``), or with ``--token-env NAME`` from that variable (in a container, where the
+launcher has no stdin to write to; the variable is not passed on), and answers only requests carrying
+``Authorization: Bearer <token>`` (``GET /dart/health`` excepted). Once listening it writes one JSON line
+``{"port": P}`` to stdout (``--port 0`` picks a free port).
 The routes are :mod:`dart.env.desktop.routes`, served by :mod:`dart.env.desktop.httpd`. The process
 exits on SIGTERM, and when ``--parent-pid`` is gone (taking ``--reap-group`` process groups and
 ``--reap-dir`` along).
@@ -24,9 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dart.env.desktop.errors import DesktopError
-from dart.env.desktop.httpd import serve
+from dart.env.desktop.httpd import BearerToken, serve
 from dart.env.desktop.routes import DesktopRoutes
 from dart.env.desktop.sandbox import resolve_desktop_user
+
+OPEN_PATHS = ("/dart/health",)
+"""Routes answered without the token: liveness and screen size, nothing the agent could use."""
 
 
 def _watch_parent(parent_pid: int, stop: Callable[[], None]) -> None:
@@ -60,9 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="process group to kill too when the parent is gone (Xvfb, window manager); repeatable",
     )
+    parser.add_argument("--token-env", default=None, help="read the token from this variable instead of stdin")
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     parser.add_argument("--reap-dir", default=None, help="directory to remove too when the parent is gone")
     args = parser.parse_args(argv)
+    token = os.environ.pop(args.token_env, "") if args.token_env else sys.stdin.readline()
+    if not token.strip():
+        where = f"set {args.token_env}" if args.token_env else "write it as the first line of its stdin"
+        print(f"error: the server needs a token: {where}", file=sys.stderr)
+        return 2
 
     home = Path(args.home or os.path.expanduser("~")).resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -74,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     except DesktopError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    httpd = serve(desk.router(), args.host, args.port, verbose=args.verbose)
+    httpd = serve(
+        desk.router(), args.host, args.port, token=BearerToken(token.strip(), OPEN_PATHS), verbose=args.verbose
+    )
 
     stopping = threading.Event()
 

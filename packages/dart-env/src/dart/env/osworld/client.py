@@ -36,13 +36,19 @@ class VMServerClient:
         url: The server's base URL (``http://host:port``), without a trailing slash.
         timeout: Seconds each request may take (connect and read).
         retries: Extra attempts for idempotent reads.
+
+    Args:
+        token: Sent as ``Authorization: Bearer <token>`` on every request (a local desktop requires it);
+            None for servers that check none.
     """
 
-    def __init__(self, url: str, timeout: float = 30.0, retries: int = 2) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, retries: int = 2, *, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self._session = requests.Session()
+        if token:
+            self._session.headers["Authorization"] = f"Bearer {token}"
         self._dart: bool | None = None
 
     def close(self) -> None:

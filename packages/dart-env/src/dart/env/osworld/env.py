@@ -199,7 +199,7 @@ class OSWorldEnv(EnvBackend):
                     provider.stop()
                     raise ProviderError(self.config.provider, "the env was closed while its VM started")
                 self._provider = provider
-            client = VMServerClient(url, timeout=self.config.request_timeout_s)
+            client = VMServerClient(url, timeout=self.config.request_timeout_s, token=provider.token)
             self._client = client
             self._size = client.screen_size()
             self._dart = self.config.dart_actions and client.has_dart_extensions()
@@ -241,7 +241,7 @@ class OSWorldEnv(EnvBackend):
             url = provider.revert()
             if url != client.url:
                 client.close()
-                client = self._client = VMServerClient(url, timeout=self.config.request_timeout_s)
+                client = self._client = VMServerClient(url, timeout=self.config.request_timeout_s, token=provider.token)
         # From here on the VM holds this task's state, whatever happens to the setup.
         self._dirty = True
         cache = self._cache_dir(task_id, fresh=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -94,6 +95,11 @@ class VMProvider(ABC):
         """The home directory task paths map onto, or None when the VM has OSWorld's own home."""
         return None
 
+    @property
+    def token(self) -> str | None:
+        """The bearer token its server requires, or None for a server that checks none (OSWorld's own)."""
+        return None
+
 
 class LocalDesktopProvider(VMProvider):
     """A local X desktop (``dart.env.desktop``) per env instance."""
@@ -146,8 +152,12 @@ class LocalDesktopProvider(VMProvider):
     def home(self) -> str | None:
         return str(self.desktop.home) if self.desktop is not None else None
 
+    @property
+    def token(self) -> str | None:
+        return str(self.desktop.token) if self.desktop is not None else None
 
-def wait_for_server(url: str, timeout_s: float, provider: str, *, alive: Any = None) -> None:
+
+def wait_for_server(url: str, timeout_s: float, provider: str, *, alive: Any = None, token: str | None = None) -> None:
     """Wait until the VM server at ``url`` answers ``GET /screenshot`` with 200 (its health check).
 
     Args:
@@ -155,6 +165,7 @@ def wait_for_server(url: str, timeout_s: float, provider: str, *, alive: Any = N
         timeout_s: How long to wait, seconds.
         provider: The provider's name, for the error.
         alive: A callable that says whether the VM still runs; a dead one fails at once.
+        token: The server's bearer token, if it requires one.
 
     Raises:
         ProviderError: No answer within ``timeout_s``, or the VM died.
@@ -164,9 +175,13 @@ def wait_for_server(url: str, timeout_s: float, provider: str, *, alive: Any = N
     last = "no answer"
     while True:
         try:
-            answer = requests.get(url + "/screenshot", timeout=min(10.0, timeout_s))
+            answer = requests.get(url + "/screenshot", headers=bearer_headers(token), timeout=min(10.0, timeout_s))
             if answer.status_code == 200:
                 return
+            if answer.status_code in (401, 403):  # waiting will not bring the right token
+                raise ProviderError(
+                    provider, f"the VM server at {url} refused the request (HTTP {answer.status_code}): set token_file"
+                )
             last = f"HTTP {answer.status_code}"
         except requests.RequestException as exc:
             last = type(exc).__name__
@@ -175,6 +190,11 @@ def wait_for_server(url: str, timeout_s: float, provider: str, *, alive: Any = N
         if time.monotonic() >= deadline:
             raise ProviderError(provider, f"the VM server at {url} did not answer within {timeout_s:g} s ({last})")
         time.sleep(min(next(delays), max(0.0, deadline - time.monotonic())))
+
+
+def bearer_headers(token: str | None) -> dict[str, str]:
+    """The ``Authorization`` header of a server that requires ``token`` (none without one)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def run_command(command: Sequence[str], *, env: Mapping[str, str], timeout_s: float, provider: str, what: str) -> str:
@@ -231,6 +251,10 @@ class RemoteProviderConfig(ConfigModel):
     """Limit of each command and of the revert request, seconds."""
     ready_timeout_s: float = Field(default=600.0, gt=0)
     """How long the VM server may take to answer after an acquire or a revert, seconds."""
+    token_file: str | None = None
+    """File holding the bearer token the VM server requires (a DART desktop server run on its own reads
+    its token from stdin); sent on every request to that server, ``revert_url``'s when it is on that server.
+    None: a server that checks none (OSWorld's own)."""
 
     @model_validator(mode="after")
     def _one_clean_state_per_episode(self) -> RemoteProviderConfig:
@@ -261,6 +285,12 @@ class RemoteProvider(VMProvider):
     def __init__(self, config: RemoteProviderConfig) -> None:
         self.config = config
         self.url = ""
+        self._token: str | None = None
+
+    @property
+    def token(self) -> str | None:
+        """The token in ``token_file`` (read at :meth:`start`)."""
+        return self._token
 
     @property
     def can_revert(self) -> bool:
@@ -270,6 +300,7 @@ class RemoteProvider(VMProvider):
         if self.url:
             return self.url
         cfg = self.config
+        self._token = _read_token(cfg.token_file, self.name)
         if cfg.url is not None:
             url = cfg.url.rstrip("/")
         else:
@@ -283,7 +314,7 @@ class RemoteProvider(VMProvider):
                 raise ProviderError(self.name, f"the acquire command printed no VM server URL last (got {url!r})")
         self.url = url
         try:
-            wait_for_server(url, cfg.ready_timeout_s, self.name)
+            wait_for_server(url, cfg.ready_timeout_s, self.name, token=self._token)
         except ProviderError:
             self.stop()
             raise
@@ -296,7 +327,10 @@ class RemoteProvider(VMProvider):
         if cfg.revert_url is not None:
             target = cfg.revert_url.replace("{url}", self.url)
             try:
-                answer = requests.request(cfg.revert_method, target, timeout=cfg.command_timeout_s)
+                # The token goes only to the VM server itself, not to a hypervisor's API elsewhere.
+                own = target == self.url or target.startswith(self.url + "/")
+                headers = bearer_headers(self._token) if own else {}
+                answer = requests.request(cfg.revert_method, target, headers=headers, timeout=cfg.command_timeout_s)
             except requests.RequestException as exc:
                 raise ProviderError(self.name, f"revert {cfg.revert_method} {target} failed: {exc}") from None
             if not 200 <= answer.status_code < 300:
@@ -310,7 +344,7 @@ class RemoteProvider(VMProvider):
             raise ProviderError(
                 self.name, "this VM cannot revert (no revert_url or revert_command): one episode per VM"
             )
-        wait_for_server(self.url, cfg.ready_timeout_s, self.name)
+        wait_for_server(self.url, cfg.ready_timeout_s, self.name, token=self._token)
         return self.url
 
     def stop(self) -> None:
@@ -345,7 +379,9 @@ class DockerProviderConfig(ConfigModel):
     qemu: bool = True
     """The image is OSWorld's QEMU image: it boots ``disk_image`` with ``ram``/``cpus``/``disk_size`` (KVM
     where usable) and forwards the VM server on port 5000. False: the container itself serves the VM-server
-    API on :attr:`server_port` (a desktop image); the VM settings do not apply."""
+    API on :attr:`server_port` (a desktop image); the VM settings do not apply. Such a container gets a
+    random token (one per provider, kept across reverts) in ``DART_DESKTOP_TOKEN`` and every request carries
+    it (DART's desktop server reads it with ``--token-env DART_DESKTOP_TOKEN``)."""
     command: list[str] | None = None
     """The container's command (default: the image's)."""
     server_port: int = Field(default=SERVER_PORT, ge=1, le=65535)
@@ -364,6 +400,9 @@ class DockerProviderConfig(ConfigModel):
     """How long to wait for the VM server to answer after the container starts, seconds."""
 
 
+DESKTOP_TOKEN_ENV = "DART_DESKTOP_TOKEN"
+"""Environment variable of a desktop container (``docker.qemu: false``) holding its server's token."""
+
 CONTAINER_LABEL = "org.dart.osworld-vm"
 """Label of every container the docker provider runs (to find leftovers: ``docker ps -f label=...``)."""
 
@@ -373,8 +412,11 @@ def kvm_available(device: str | os.PathLike[str] = "/dev/kvm") -> bool:
     return os.path.exists(device) and os.access(device, os.R_OK | os.W_OK)
 
 
-def container_run_kwargs(config: DockerProviderConfig, server_port: int, vnc_port: int, kvm: bool) -> dict[str, Any]:
-    """The keyword arguments of ``docker.containers.run`` for one OSWorld VM.
+def container_run_kwargs(
+    config: DockerProviderConfig, server_port: int, vnc_port: int, kvm: bool, *, token: str | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of ``docker.containers.run`` for one OSWorld VM (a desktop image: with ``token``
+    in its environment as :data:`DESKTOP_TOKEN_ENV`).
 
     Ports are published on 127.0.0.1 only. Raises :class:`ProviderError` when the QEMU image's disk image
     is not configured or missing.
@@ -383,7 +425,8 @@ def container_run_kwargs(config: DockerProviderConfig, server_port: int, vnc_por
     if config.command is not None:
         base["command"] = list(config.command)
     if not config.qemu:
-        return {**base, "ports": {config.server_port: ("127.0.0.1", server_port)}}
+        environment = {DESKTOP_TOKEN_ENV: token} if token else {}
+        return {**base, "environment": environment, "ports": {config.server_port: ("127.0.0.1", server_port)}}
     if config.disk_image is None:
         raise ProviderError("docker", "set osworld.docker.disk_image to the OSWorld VM disk (Ubuntu.qcow2)")
     disk = Path(config.disk_image).resolve()
@@ -446,6 +489,12 @@ class DockerProvider(VMProvider):
         self._client: Any = None
         self._ports: tuple[int, int] | None = None
         """Host ports of the server and VNC, chosen once: a recreated container keeps them."""
+        self._token: str | None = None
+
+    @property
+    def token(self) -> str | None:
+        """The running desktop container's token (None for OSWorld's QEMU image, whose server checks none)."""
+        return self._token
 
     @property
     def container_id(self) -> str | None:
@@ -463,14 +512,16 @@ class DockerProvider(VMProvider):
         if self._ports is None:
             self._ports = (free_port(), free_port())
         server_port, vnc_port = self._ports
-        kwargs = container_run_kwargs(self.config, server_port, vnc_port, kvm)
+        if self._token is None and not self.config.qemu:  # chosen once too: a client outlives a revert
+            self._token = secrets.token_urlsafe(32)
+        kwargs = container_run_kwargs(self.config, server_port, vnc_port, kvm, token=self._token)
         try:
             self.container = self._client.containers.run(**kwargs)
         except DockerException as exc:
             raise ProviderError(self.name, f"cannot start {self.config.image}: {exc}") from None
         self.url = f"http://127.0.0.1:{server_port}"
         try:
-            wait_for_server(self.url, self.config.ready_timeout_s, self.name, alive=self.alive)
+            wait_for_server(self.url, self.config.ready_timeout_s, self.name, alive=self.alive, token=self._token)
         except ProviderError:
             self.stop()
             raise
@@ -509,3 +560,15 @@ class DockerProvider(VMProvider):
             return bool(self.container.status == "running")
         except Exception:
             return False
+
+
+def _read_token(path: str | None, provider: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ProviderError(provider, f"cannot read token_file {path!r}: {exc}") from None
+    if not token:
+        raise ProviderError(provider, f"token_file {path!r} is empty: write the VM server's token")
+    return token

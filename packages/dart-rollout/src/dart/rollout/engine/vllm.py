@@ -59,9 +59,9 @@ from dart.rollout.engine.interface import (
 )
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_lora import AdapterVersions, ServedAdapter, adapter_name, check_adapter, stage_adapter
-from dart.rollout.engine.vllm_server import VLLMServerProcess
+from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
 from dart.rollout.engine.vllm_wire import chat_messages, reference_header, stage_weights, weights_header
-from dart.rollout.errors import EngineRequestError, EngineUnavailableError
+from dart.rollout.errors import EngineRequestError, EngineStartError, EngineUnavailableError
 
 log = logging.getLogger("dart.rollout.vllm")
 # httpx logs every request at INFO: thousands of lines per run in the rollout log; failures are ours to report.
@@ -104,13 +104,21 @@ class VLLMEngine(InferenceEngine):
     """
 
     def __init__(
-        self, engine_id: str, config: VLLMEngineConfig, url: str, server: VLLMServerProcess | None = None
+        self,
+        engine_id: str,
+        config: VLLMEngineConfig,
+        url: str,
+        server: VLLMServerProcess | None = None,
+        *,
+        token: str | None = None,
     ) -> None:
-        """Wrap a running server; use :meth:`launch` or :meth:`attach`."""
+        """Wrap a running server that requires ``token`` (sent on every request); use :meth:`launch` or
+        :meth:`attach`."""
         self.engine_id = engine_id
         self.config = config
         self.url = url.rstrip("/")
         self.server = server
+        self._token = token
         self.stats = VLLMEngineStats()
         self._version = config.initial_version
         self._state = EngineState.SERVING
@@ -141,7 +149,7 @@ class VLLMEngine(InferenceEngine):
         """
         server = VLLMServerProcess(engine_id, config, index)
         await server.start()
-        engine = cls(engine_id, config, server.url, server)
+        engine = cls(engine_id, config, server.url, server, token=server.token)
         try:
             await engine._connect()
         except BaseException:
@@ -152,8 +160,13 @@ class VLLMEngine(InferenceEngine):
 
     @classmethod
     async def attach(cls, engine_id: str, config: VLLMEngineConfig, url: str) -> VLLMEngine:
-        """Serve through a server someone else runs at ``url`` (it must have the dev-mode routes)."""
-        engine = cls(engine_id, config, url)
+        """Serve through a server someone else runs at ``url`` (it must have the dev-mode routes), sending the
+        token in ``attach.token_file`` when set.
+
+        Raises:
+            EngineStartError: The token file cannot be read or is empty.
+        """
+        engine = cls(engine_id, config, url, token=_attach_token(config))
         try:
             await engine._connect()
         except BaseException:
@@ -514,6 +527,7 @@ class VLLMEngine(InferenceEngine):
                 self.url + route,
                 json=json,
                 params=params,
+                headers=bearer_headers(self._token),
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TimeoutException as exc:
@@ -554,7 +568,7 @@ class VLLMEngine(InferenceEngine):
                 await pause(delay)
                 try:
                     await self.server.start()
-                    self.url = self.server.url
+                    self.url, self._token = self.server.url, self.server.token
                     if self._weights_dir is not None:
                         await self._reload(self._weights_dir)  # serve the version it served before
                     if self._adapters.current is not None:
@@ -613,6 +627,20 @@ async def start_vllm_engines(config: VLLMEngineConfig, count: int) -> dict[str, 
     else:
         engines = await start_all([VLLMEngine.launch(f"engine-{i}", config, i) for i in range(count)])
     return {e.engine_id: e for e in engines}
+
+
+def _attach_token(config: VLLMEngineConfig) -> str | None:
+    """The token in ``attach.token_file``; None where no file is set."""
+    token_file = config.attach.token_file if config.attach is not None else None
+    if token_file is None:
+        return None
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as exc:
+        raise EngineStartError(f"cannot read rollout.engine.attach.token_file {token_file!r}: {exc}") from exc
+    if not token:
+        raise EngineStartError(f"rollout.engine.attach.token_file {token_file!r} is empty: write the servers' token")
+    return token
 
 
 def _adapter_spec(path: Path) -> AdapterSpec | None:

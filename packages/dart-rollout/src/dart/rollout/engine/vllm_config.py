@@ -102,6 +102,10 @@ class VLLMAttachConfig(BaseModel):
     """Base URLs, e.g. ``http://gpu-0:8000``. The servers must run with ``VLLM_SERVER_DEV_MODE=1`` and the
     flags :func:`dart.rollout.engine.vllm_server.server_args` lists (``dart doctor --vllm-args RUN_CONFIG``
     prints the whole command)."""
+    token_file: str | None = None
+    """File holding the bearer token the servers require (the token itself is never config): sent as
+    ``Authorization: Bearer <token>`` on every request. Servers started as ``dart doctor --vllm-args``
+    prints read it from ``DART_VLLM_TOKEN``; None sends no token (servers that check none)."""
 
 
 class VLLMEngineConfig(EngineConfigBase):

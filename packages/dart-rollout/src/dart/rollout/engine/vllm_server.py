@@ -2,8 +2,8 @@
 
 Server process lifecycle (one :class:`VLLMServerProcess`)::
 
-    start(): pick a free port -> spawn ``python -m vllm.entrypoints.openai.api_server`` in its own
-             process group (log: ``<log_dir>/vllm-<name>.log``) -> poll ``/health`` until 200
+    start(): pick a free port and a new token -> spawn ``python -m vllm.entrypoints.openai.api_server`` in
+             its own process group (log: ``<log_dir>/vllm-<name>.log``) -> poll ``/health`` until 200
              (exited early or no answer within ``startup_timeout_s``: EngineStartError)
     running: ``exited`` becomes True when the process dies (crash, SIGKILL)
     stop():  SIGTERM to the whole group, ``stop_timeout_s`` later SIGKILL (vLLM's engine-core
@@ -11,6 +11,12 @@ Server process lifecycle (one :class:`VLLMServerProcess`)::
 
 DART never imports vLLM: the server runs from its own environment (``launch.python``) and is reached
 over HTTP. Restarting a crashed server is the engine's job (:class:`dart.rollout.engine.vllm.VLLMEngine`).
+
+Every server requires a bearer token on every route but ``/health`` (the dev-mode routes load weights and
+run methods on the workers): the shipped ``dart_vllm_auth`` middleware (:func:`auth_middleware_dir`, put on
+the server's ``PYTHONPATH``) reads it from :data:`TOKEN_ENV` in the server's environment, never its argv,
+which every local user can read in ``/proc``. A launched server gets a new random token at each start
+(:attr:`VLLMServerProcess.token`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -36,9 +43,27 @@ CHAT_TEMPLATE = "vllm_chat_template.jinja"
 """Shipped template that renders DART's already-rendered prompt text verbatim (images as placeholders)."""
 
 
+TOKEN_ENV = "DART_VLLM_TOKEN"
+"""Environment variable the server's auth middleware reads its token from (the same name as in
+``vllm_auth/dart_vllm_auth.py``, which cannot import DART)."""
+
+AUTH_MIDDLEWARE = "dart_vllm_auth.BearerTokenMiddleware"
+"""``--middleware`` import path of the shipped token check (its directory: :func:`auth_middleware_dir`)."""
+
+
 def chat_template_path() -> Path:
     """Path of the shipped pass-through chat template (see :data:`CHAT_TEMPLATE`)."""
     return Path(str(resources.files("dart.rollout.engine").joinpath(CHAT_TEMPLATE)))
+
+
+def auth_middleware_dir() -> Path:
+    """Directory holding the standalone ``dart_vllm_auth`` module; a server needs it on its ``PYTHONPATH``."""
+    return Path(str(resources.files("dart.rollout.engine").joinpath("vllm_auth")))
+
+
+def bearer_headers(token: str | None) -> dict[str, str]:
+    """The ``Authorization`` header a server started with ``token`` requires (none without a token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: int) -> list[str]:
@@ -72,6 +97,8 @@ def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: i
         "processed_logprobs",
         "--generation-config",
         "vllm",  # DART sends every sampling setting; the checkpoint's defaults must not leak in
+        "--middleware",
+        AUTH_MIDDLEWARE,  # every route but /health requires the token in TOKEN_ENV
     ]
     if launch.enforce_eager:
         args.append("--enforce-eager")
@@ -101,10 +128,10 @@ def configured_env(launch: VLLMLaunchConfig, *, runtime_lora: bool = False) -> d
 
 
 def server_env(
-    launch: VLLMLaunchConfig, cache_root: Path, index: int = 0, *, runtime_lora: bool = False
+    launch: VLLMLaunchConfig, cache_root: Path, index: int = 0, *, token: str, runtime_lora: bool = False
 ) -> dict[str, str]:
     """Environment of a launched server: this process's, then :func:`configured_env`, with its own compile
-    cache and unbuffered output.
+    cache, unbuffered output, the auth middleware on ``PYTHONPATH`` and ``token`` in :data:`TOKEN_ENV`.
 
     CPU builds bind their compute threads to cores; left to itself every server on a host picks the same
     core, so server ``index`` gets core ``index mod cores`` (set ``VLLM_CPU_OMP_THREADS_BIND`` in
@@ -114,6 +141,8 @@ def server_env(
     env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
     env.update({"VLLM_CACHE_ROOT": str(cache_root), "PYTHONUNBUFFERED": "1"})
     env.update(configured_env(launch, runtime_lora=runtime_lora))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(auth_middleware_dir()), env.get("PYTHONPATH")) if p)
+    env[TOKEN_ENV] = token
     return env
 
 
@@ -144,6 +173,8 @@ class VLLMServerProcess:
         self.log_path = base / f"vllm-{name}.log"
         self.cache_root = base / "vllm-cache"
         self.port: int | None = None
+        self.token: str | None = None
+        """Bearer token the running server requires; a new one at each start."""
         self.starts = 0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -172,6 +203,7 @@ class VLLMServerProcess:
         """
         await self.stop()
         self.port = free_port(self.launch.host)
+        self.token = secrets.token_urlsafe(32)
         cmd = [self.launch.python, "-m", "vllm.entrypoints.openai.api_server"]
         cmd += server_args(self.config, model_path=str(self.config.model_path), host=self.launch.host, port=self.port)
         self.starts += 1
@@ -191,7 +223,13 @@ class VLLMServerProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=server_env(self.launch, self.cache_root, self.index, runtime_lora=self.config.lora is not None),
+                    env=server_env(
+                        self.launch,
+                        self.cache_root,
+                        self.index,
+                        token=self.token or "",
+                        runtime_lora=self.config.lora is not None,
+                    ),
                     # Own process group: stop() reaches vLLM's children too. SIGTERM when the rollout service
                     # dies, even by SIGKILL (vLLM then stops its engine-core processes itself).
                     start_new_session=True,
@@ -205,7 +243,8 @@ class VLLMServerProcess:
 
     async def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.launch.startup_timeout_s
-        client = await asyncio.to_thread(httpx.AsyncClient, timeout=5.0)  # CA loading stays off the loop
+        # CA loading stays off the loop; /health needs no token, but nothing of ours goes out without it.
+        client = await asyncio.to_thread(httpx.AsyncClient, timeout=5.0, headers=bearer_headers(self.token))
         async with client:
             while True:
                 if self.exited:
