@@ -96,7 +96,8 @@ def test_docker_compose_validates_the_stack_and_its_offline_variant(tmp_path: Pa
             for node in nodes:
                 command = services[node]["command"]
                 routes = command[command.index("--routes") + 1].split(",")
-                assert routes == [f"nats-route://{n}:6222" for n in nodes]
+                assert routes == [f"nats-route://route:x@{n}:6222" for n in nodes]  # the env file's password: x
+                assert command[command.index("--cluster") + 1] == "nats://route:x@0.0.0.0:6222"
                 assert command[command.index("--name") + 1] == node
             for name in ("env", "data", "train", "rollout"):
                 environment = services[name]["environment"]

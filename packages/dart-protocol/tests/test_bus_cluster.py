@@ -4,7 +4,9 @@ are copied on every node, and they keep each message through the loss of the nod
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -12,7 +14,8 @@ from typing import Literal, TypeVar
 import nats
 import pytest
 
-from dart.embedded.nats import EmbeddedNatsCluster
+from dart.embedded.nats import EmbeddedNats, EmbeddedNatsCluster, NatsRoutes
+from dart.embedded.process import free_port
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import DartError
 from dart.protocol.messages import ModelVersion
@@ -99,3 +102,31 @@ async def test_streams_and_the_state_bucket_keep_everything_through_a_leader_los
         )
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
         assert latest is not None and latest.version == 2
+
+
+def _routes_of(node: EmbeddedNats) -> set[str]:
+    """The server names ``node`` holds routes to now (its monitoring endpoint)."""
+    with urllib.request.urlopen(f"http://{node.host}:{node.monitor_port}/routez", timeout=5) as resp:
+        return {r.get("remote_name", "") for r in json.load(resp).get("routes") or []}
+
+
+@pytest.mark.parametrize("password", ["", "not-the-route-password"])
+def test_a_server_without_the_route_password_cannot_join_the_cluster(
+    cluster: EmbeddedNatsCluster, tmp_path: Path, password: str
+) -> None:
+    """A route bypasses every client permission: one solicited without the cluster's password is refused."""
+    first = cluster.nodes[0]
+    assert first.routes is not None
+    members = {n.server_name for n in cluster.nodes[1:]}
+    assert _routes_of(first) >= members  # the nodes themselves are routed (with the password)
+    intruder = EmbeddedNats(
+        store_dir=tmp_path / "intruder",
+        routes=NatsRoutes(first.routes.cluster, free_port(), (first.routes.routes[0],), password),
+        server_name="intruder",
+    )
+    with intruder:
+        deadline = time.monotonic() + 60.0
+        while "Authorization Violation" not in intruder.log_tail(200):  # the cluster's answer to its route
+            assert time.monotonic() < deadline, intruder.log_tail(40)
+            time.sleep(0.2)
+        assert "intruder" not in _routes_of(first)

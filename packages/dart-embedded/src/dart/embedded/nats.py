@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -36,13 +37,24 @@ BCRYPT_ROUNDS = 10
 """bcrypt cost of stored password hashes (Go's default): the server pays it once per connection."""
 
 
+ROUTE_USER = "route"
+"""The user nodes of a cluster authenticate their routes to each other as."""
+
+
 @dataclass(frozen=True)
 class NatsRoutes:
-    """A server's place in a cluster: the cluster's name, the port it takes routes on, every node's route URL."""
+    """A server's place in a cluster: the cluster's name, the port it takes routes on, every node's route
+    ``host:port``, and the route password every node requires of a route and presents on its own (a server
+    reached on its route port without it is refused: a route bypasses every client permission)."""
 
     cluster: str
     port: int
     routes: tuple[str, ...]
+    password: str = field(repr=False, default="")
+
+    def route_urls(self) -> list[str]:
+        """The routes to solicit, with the credentials they present."""
+        return [f"nats-route://{ROUTE_USER}:{self.password}@{where}" for where in self.routes]
 
 
 @dataclass(frozen=True)
@@ -228,7 +240,8 @@ class EmbeddedNats:
             config["cluster"] = {
                 "name": self.routes.cluster,
                 "listen": f"{self.host}:{self.routes.port}",
-                "routes": list(self.routes.routes),  # its own is recognised and skipped
+                "authorization": {"user": ROUTE_USER, "password": self.routes.password},
+                "routes": self.routes.route_urls(),  # its own is recognised and skipped
             }
         if self.users:
             config["authorization"] = {"users": [_user_entry(u) for u in self.users]}
@@ -313,7 +326,8 @@ class EmbeddedNatsCluster:
         host: Interface every node listens on.
         store_dir: Where the nodes store; a temporary directory removed at stop when None.
         max_payload: Largest message, bytes.
-        users: Users each node admits (routes between nodes need none).
+        users: Users each node admits (routes between nodes authenticate with a password of their own,
+            drawn at construction).
         name: The cluster's name.
         ports: The nodes' client ports; free ones when None.
     """
@@ -335,7 +349,8 @@ class EmbeddedNatsCluster:
         self._owns_dir = store_dir is None
         self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="dart-nats-cluster-"))
         route_ports = [free_port(host) for _ in range(size)]
-        routes = tuple(f"nats-route://{host}:{port}" for port in route_ports)
+        routes = tuple(f"{host}:{port}" for port in route_ports)
+        route_password = secrets.token_urlsafe(24)  # in each node's config only (0600), never on a command line
         self.nodes = [
             EmbeddedNats(
                 port=ports[i] if ports else None,
@@ -343,7 +358,7 @@ class EmbeddedNatsCluster:
                 store_dir=self.store_dir / f"node-{i}",
                 max_payload=max_payload,
                 users=users,
-                routes=NatsRoutes(name, route_ports[i], routes),
+                routes=NatsRoutes(name, route_ports[i], routes, route_password),
                 server_name=f"{name}-{i}",
             )
             for i in range(size)
