@@ -170,6 +170,32 @@ async def test_unsupported_and_malformed_tasks_are_reported(env: OSWorldEnv) -> 
 
 
 @needs_desktop
+async def test_a_task_that_names_host_files_outside_its_cache_is_refused(env: OSWorldEnv, tmp_path: Path) -> None:
+    """A reset request carries its task: file names in it must not reach the env host's other files (copy a
+    host secret onto the agent's desktop, write output over a host file, or clean up outside the cache)."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("not for the agent")
+    upload = {"type": "upload_file", "parameters": {"files": [{"local_path": str(secret), "path": "~/stolen.txt"}]}}
+    with pytest.raises(TaskParamsError, match="leads outside the task's cache directory"):
+        await env.reset(ad_hoc([upload], {"func": "infeasible"}))
+    climbing = dict(upload, parameters={"files": [{"local_path": "../../host-secret.txt", "path": "~/stolen.txt"}]})
+    with pytest.raises(TaskParamsError, match="leads outside"):
+        await env.reset(ad_hoc([climbing], {"func": "infeasible"}))
+    target = tmp_path / "overwritten.txt"
+    target.write_text("kept")
+    execute = {"type": "execute", "parameters": {"command": ["true"], "stdout": str(target)}}
+    with pytest.raises(TaskParamsError, match="leads outside"):
+        await env.reset(ad_hoc([execute], {"func": "infeasible"}))
+    assert target.read_text() == "kept"
+    with pytest.raises(TaskParamsError, match="task id"):
+        await env.reset(spec({"id": "t", "instruction": "x", "config": [], "evaluator": {"func": "infeasible"}}, ".."))
+    # A getter's destination is confined the same way when the episode is scored.
+    await env.reset(ad_hoc([], {"func": "exact_match", "result": {"type": "cache_file", "path": str(secret)}}))
+    with pytest.raises(EnvError, match="leads outside"):
+        await env.evaluate()
+
+
+@needs_desktop
 async def test_pyautogui_route_reaches_execute(env: OSWorldEnv) -> None:
     """With DART actions off, a click becomes OSWorld's pyautogui command run through ``/execute``."""
     plain = OSWorldEnv(OSWorldConfig(dart_actions=False, request_timeout_s=20))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,6 +210,32 @@ def test_check_python_file_by_test_suite(tmp_path: Path) -> None:
     assert m.check_python_file_by_test_suite([], test, test_function_name="check") == 0.0
     assert m.check_python_file_by_test_suite([], test, test_function_name="absent") == 0.0
     assert m.check_python_file_by_test_suite([], str(tmp_path / "missing.py")) == 0.0
+
+
+def test_a_test_suite_runs_apart_from_the_env_service_and_within_its_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test file comes from the VM: it must not run in the env service's process, see its secrets, or
+    hold the service up."""
+    monkeypatch.setenv("DART_S3_SECRET_KEY", "service-secret")
+    monkeypatch.setattr(m, "TEST_SUITE_TIMEOUT_S", 2.0)
+    out = tmp_path / "seen.txt"
+    probe = write(
+        tmp_path,
+        "probe.py",
+        "import os, sys\n"
+        "def test():\n"
+        f"    open({str(out)!r}, 'w').write(f'{{os.getpid()}} {{os.environ.get(\"DART_S3_SECRET_KEY\")}}')\n"
+        "    return True\n",
+    )
+    assert m.check_python_file_by_test_suite([], probe) == 1.0
+    pid, secret = out.read_text().split()
+    assert int(pid) != os.getpid() and secret == "None"
+    assert "dart_osworld_test_suite" not in sys.modules
+    spin = write(tmp_path, "spin.py", "def test():\n    while True:\n        pass\n")
+    assert m.check_python_file_by_test_suite([], spin) == 0.0  # stopped at the limit, scored 0
+    hog = write(tmp_path, "hog.py", "def test():\n    return len(bytearray(8 << 30)) > 0\n")
+    assert m.check_python_file_by_test_suite([], hog) == 0.0  # beyond the memory limit
 
 
 def test_score_normalizes_return_values() -> None:

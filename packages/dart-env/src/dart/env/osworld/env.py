@@ -24,7 +24,7 @@ from dart.env.osworld.client import VMServerClient
 from dart.env.osworld.errors import OSWorldVMError, ProviderError, SetupStepError, UnsupportedStepError
 from dart.env.osworld.evaluate import evaluate_task
 from dart.env.osworld.getters import GetterContext
-from dart.env.osworld.paths import OSWORLD_HOME, PathMap
+from dart.env.osworld.paths import OSWORLD_HOME, PathMap, inside
 from dart.env.osworld.providers import (
     DockerProvider,
     DockerProviderConfig,
@@ -384,7 +384,10 @@ class OSWorldEnv(EnvBackend):
         )
 
     def _cache_dir(self, task_id: str, *, fresh: bool) -> Path:
-        path = self._cache_root / task_id.replace("/", "_")
+        try:  # a task id of ".." must not make the cleanup below remove the temp root's parent
+            path = inside(self._cache_root, task_id.replace("/", "_"))
+        except ValueError as exc:
+            raise TaskParamsError(task_id, self.name, f"task id: {exc}") from None
         if fresh and path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import requests
 
 from dart.env.osworld.client import VMServerClient
 from dart.env.osworld.errors import EvaluatorError, UnsupportedStepError
+from dart.env.osworld.paths import inside
 
 
 @dataclass
@@ -52,6 +53,18 @@ def _files(config: dict[str, Any]) -> tuple[list[str], list[str], list[int]]:
     return [config["path"]], [config["dest"]], [0]
 
 
+def _cached(ctx: GetterContext, name: str) -> Path:
+    """The file ``name`` in the task's cache directory.
+
+    Raises:
+        EvaluatorError: ``name`` leads outside it.
+    """
+    try:
+        return inside(ctx.cache_dir, name)
+    except ValueError as exc:
+        raise EvaluatorError(f"getter file {name!r}: {exc}") from None
+
+
 def _collect(cache: list[str | None]) -> Any:
     return cache[0] if len(cache) == 1 else cache
 
@@ -63,7 +76,7 @@ def get_vm_file(ctx: GetterContext, config: dict[str, Any]) -> Any:
     ctx.cache_dir.mkdir(parents=True, exist_ok=True)
     out: list[str | None] = []
     for i, (path, dest) in enumerate(zip(paths, dests, strict=False)):
-        local = ctx.cache_dir / dest
+        local = _cached(ctx, dest)  # the task names it: never a host file outside the cache
         data = ctx.client.get_file(path)
         if data is None:
             if i in gives:
@@ -83,7 +96,7 @@ def get_cloud_file(ctx: GetterContext, config: dict[str, Any]) -> Any:
     ctx.cache_dir.mkdir(parents=True, exist_ok=True)
     out: list[str | None] = []
     for i, (url, dest) in enumerate(zip(paths, dests, strict=False)):
-        local = ctx.cache_dir / dest
+        local = _cached(ctx, dest)
         if not local.exists():
             response = requests.get(url, timeout=60)
             response.raise_for_status()
@@ -95,7 +108,7 @@ def get_cloud_file(ctx: GetterContext, config: dict[str, Any]) -> Any:
 
 def get_cache_file(ctx: GetterContext, config: dict[str, Any]) -> str:
     """A file an earlier step wrote into the cache (``path`` relative to it)."""
-    path = ctx.cache_dir / config["path"]
+    path = _cached(ctx, config["path"])
     if not path.exists():
         raise FileNotFoundError(str(path))
     return str(path)

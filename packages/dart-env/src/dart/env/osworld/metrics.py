@@ -24,9 +24,12 @@ import json
 import operator
 import os
 import re
+import resource
 import sqlite3
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -413,23 +416,49 @@ def run_sqlite3(result: str, rules: dict[str, Any]) -> float:
     return float((row[0] if row else None) or 0)
 
 
+TEST_SUITE_TIMEOUT_S = 60.0
+"""Wall-clock and CPU limit of one test-suite check, seconds."""
+TEST_SUITE_MEMORY_BYTES = 2 << 30
+"""Address-space limit of the process running a test-suite check."""
+_RUN_TEST_SUITE = """import importlib.util, sys
+spec = importlib.util.spec_from_file_location("dart_osworld_test_suite", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sys.exit(0 if getattr(module, sys.argv[2])() else 1)
+"""
+
+
+def _test_suite_limits() -> None:  # runs in the child between fork and exec: no locks, no imports
+    resource.setrlimit(resource.RLIMIT_AS, (TEST_SUITE_MEMORY_BYTES, TEST_SUITE_MEMORY_BYTES))
+    cpu = int(TEST_SUITE_TIMEOUT_S)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+
+
 def check_python_file_by_test_suite(actual_files: Any, test_file: str, **options: Any) -> float:
-    """Import ``test_file`` and call its test function (option ``test_function_name``, default
-    ``test``); 1 when it returns truthy. Runs the task's test code in this process, as OSWorld does."""
-    name = options.get("test_function_name", "test")
-    module_name = "dart_osworld_test_suite"
+    """Run ``test_file``'s test function (option ``test_function_name``, default ``test``); 1 when it
+    returns truthy. OSWorld imports the file into its own process; the file comes from the VM, where the
+    agent may have written it, so here it runs in a child process: the env service's Python, isolated
+    (``-I``), in the desktop's scrubbed environment (no secret of the service), in the file's directory,
+    within :data:`TEST_SUITE_TIMEOUT_S` and :data:`TEST_SUITE_MEMORY_BYTES`. A failure, a crash or a limit
+    reached scores 0."""
+    from dart.env.desktop.sandbox import desktop_environment
+
+    name = str(options.get("test_function_name", "test"))
+    folder = Path(test_file).parent
     try:
-        spec = importlib.util.spec_from_file_location(module_name, test_file)
-        if spec is None or spec.loader is None:
-            return 0.0
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-        return float(bool(getattr(module, name)()))
-    except Exception:  # (any failure of the task's test is a failed check)
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _RUN_TEST_SUITE, test_file, name],
+            cwd=folder,
+            env=desktop_environment(folder, None),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=TEST_SUITE_TIMEOUT_S,
+            preexec_fn=_test_suite_limits,  # setrlimit only: nothing that takes a lock after fork
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
         return 0.0
-    finally:
-        sys.modules.pop(module_name, None)
+    return 1.0 if done.returncode == 0 else 0.0
 
 
 def infeasible(*_: Any, **__: Any) -> float:

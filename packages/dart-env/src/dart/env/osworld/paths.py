@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 OSWORLD_HOME = "/home" + "/user"
@@ -79,3 +80,20 @@ def uses_sudo(command: str | list[str]) -> bool:
     if isinstance(command, list):
         return "sudo" in command
     return _SUDO.search(command) is not None
+
+
+def inside(root: Path, name: str | Path) -> Path:
+    """``root / name`` when it stays inside ``root``: a task names files in its cache directory by what the
+    request that carried the task says, so a name that climbs out (``..``, an absolute path, a symlink
+    pointing away) must not reach a host file.
+
+    Raises:
+        ValueError: ``name`` leads outside ``root`` (or is empty).
+    """
+    if not str(name).strip():
+        raise ValueError("an empty file name")
+    base = root.resolve()
+    path = (base / name).resolve()
+    if path == base or not path.is_relative_to(base):
+        raise ValueError(f"{str(name)!r} leads outside the task's cache directory")
+    return path

@@ -4,12 +4,14 @@ Step types and their parameters follow OSWorld's ``SetupController``:
 
 - ``launch``: ``command`` (list or string), ``shell``: start a program, do not wait.
 - ``execute`` / ``command``: ``command``, ``shell``, optional ``stdout``/``stderr`` (files in the cache
-  directory to save the output to) and ``until`` (retry until the output matches): run and wait. A
-  command that exits non-zero is logged and recorded, not raised, as OSWorld does.
+  directory to save the output to; a name leading outside it is refused) and ``until`` (retry until the
+  output matches): run and wait. A command that exits non-zero is logged and recorded, not raised, as
+  OSWorld does.
 - ``sleep``: ``seconds``.
 - ``open``: ``path``: open a file with its default application.
 - ``activate_window`` / ``close_window``: ``window_name``, ``strict``, ``by_class``.
-- ``upload_file``: ``files: [{"local_path", "path"}]``: copy host files onto the VM.
+- ``upload_file``: ``files: [{"local_path", "path"}]``: copy files of the task's cache directory onto the
+  VM (a ``local_path`` outside it is refused: a task comes in a request, and must not read host files).
 - ``download``: ``files: [{"url", "path"}]``: fetch on the host, upload to the VM; only when network
   is allowed, else :class:`UnsupportedStepError`.
 
@@ -33,7 +35,7 @@ import requests
 
 from dart.env.osworld.client import VMServerClient
 from dart.env.osworld.errors import OSWorldVMError, SetupStepError, UnsupportedStepError
-from dart.env.osworld.paths import PathMap, strip_sudo, uses_sudo
+from dart.env.osworld.paths import PathMap, inside, strip_sudo, uses_sudo
 from dart.env.osworld.tasks import SetupStep
 
 log = logging.getLogger(__name__)
@@ -133,7 +135,7 @@ class SetupRunner:
                     return StepRecord(kind, False, f"no window named {name!r}")
             case "upload_file":
                 for entry in self._files(index, kind, need("files"), "local_path"):
-                    local = Path(entry["local_path"])
+                    local = self._in_cache(index, kind, entry["local_path"])  # never any other host file
                     if not local.is_file():
                         raise SetupStepError(index, kind, f"local file {local} does not exist")
                     self.client.upload(str(entry["path"]), local.read_bytes())
@@ -163,7 +165,7 @@ class SetupRunner:
         for key, name in (("output", "stdout"), ("error", "stderr")):
             if params.get(name) and self.cache_dir is not None:
                 self.cache_dir.mkdir(parents=True, exist_ok=True)
-                (self.cache_dir / str(params[name])).write_text(str(answer.get(key) or ""))
+                self._in_cache(index, kind, str(params[name])).write_text(str(answer.get(key) or ""))
         code = answer.get("returncode")
         ok = code in (0, None) and answer.get("status", "success") == "success"
         if not ok:
@@ -171,6 +173,19 @@ class SetupRunner:
             log.info("setup step %d (%s) failed: %s", index, kind, detail)
             return StepRecord(kind, False, detail)
         return StepRecord(kind, True)
+
+    def _in_cache(self, index: int, kind: str, name: str) -> Path:
+        """The host file ``name`` names, which must lie in the task's cache directory.
+
+        Raises:
+            SetupStepError: There is no cache directory, or ``name`` leads outside it.
+        """
+        if self.cache_dir is None:
+            raise SetupStepError(index, kind, "names a host file, and this runner has no cache directory")
+        try:
+            return inside(self.cache_dir, name)
+        except ValueError as exc:
+            raise SetupStepError(index, kind, str(exc)) from None
 
     def _command(self, index: int, kind: str, raw: Any) -> str | list[str]:
         command: str | list[str]
