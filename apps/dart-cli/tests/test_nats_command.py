@@ -109,7 +109,7 @@ async def test_users_dir_admits_only_per_service_users(tmp_path: Path) -> None:
     from dart.protocol.bus import Bus, BusConfig
     from dart.protocol.errors import BusAuthError, PermissionDeniedError
     from dart.protocol.testing import all_messages
-    from dart.protocol.topology import ensure_topology
+    from dart.protocol.topology import ensure_topology, open_topology
 
     users_dir = tmp_path / "users"
     proc, url, _, _ = await start_dart_nats("--port", "0", "--users-dir", str(users_dir), "--run", "r1")
@@ -119,9 +119,12 @@ async def test_users_dir_admits_only_per_service_users(tmp_path: Path) -> None:
         ]
         with pytest.raises(BusAuthError):
             await Bus.connect(BusConfig(url=url))
+        admin = BusConfig(url=url, run="r1", user="run", password_file=users_dir / "nats-run.password")
+        async with await Bus.connect(admin) as run:  # the run role makes the run's streams; services bind
+            await ensure_topology(run)
         config = BusConfig(url=url, run="r1", user="rollout", password_file=users_dir / "nats-rollout.password")
         async with await Bus.connect(config) as bus:
-            await ensure_topology(bus)
+            await open_topology(bus)
             traj = next(m for m in all_messages() if m.kind == "trajectory")  # type: ignore[attr-defined]
             await bus.js_publish(bus.subjects.stream_subject("traj"), traj, msg_id="t1")
             with pytest.raises(PermissionDeniedError):

@@ -70,3 +70,17 @@ def test_launched_servers_never_prefill_a_prompt_in_chunks_by_default() -> None:
     launch = VLLMLaunchConfig(max_model_len=8192, max_num_batched_tokens=16384)
     args = server_args(VLLMEngineConfig(launch=launch), model_path="/ckpt", host="127.0.0.1", port=8000)
     assert args[args.index("--max-num-batched-tokens") + 1] == "16384"
+
+
+def test_each_launched_server_gets_its_gpus_and_their_settings(tmp_path: Path) -> None:
+    launch = VLLMLaunchConfig(tensor_parallel_size=2, gpu_memory_utilization=0.8, devices=[[0, 1], [2, 3]])
+    args = server_args(VLLMEngineConfig(launch=launch), model_path="/ckpt", host="127.0.0.1", port=8000)
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.8"
+    assert [server_env(launch, tmp_path, i, token="t")["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0,1", "2,3"]
+    defaults = server_args(VLLMEngineConfig(), model_path="/ckpt", host="127.0.0.1", port=8000)
+    assert "--tensor-parallel-size" not in defaults and "--gpu-memory-utilization" not in defaults
+    with pytest.raises(ValidationError, match="use launch.devices"):
+        VLLMLaunchConfig(env={"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(ValidationError, match="use launch.gpu_memory_utilization"):
+        VLLMLaunchConfig(extra_args=["--gpu-memory-utilization=0.5"])

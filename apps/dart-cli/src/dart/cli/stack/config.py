@@ -63,6 +63,10 @@ class RunSection(ConfigModel):
     """Where artifacts go when ``store`` is not set: ``local``, ``<run_dir>/artifacts``;
     ``embedded_s3``, bucket ``dart`` prefix ``artifacts`` of an embedded S3 server (SeaweedFS)
     keeping its data in ``<run_dir>/s3``, stopped at the end of the run (see docs/storage.md)."""
+    gpus: int | None = Field(default=None, ge=0)
+    """GPUs of the machine ``dart run`` places its processes on (``CUDA_VISIBLE_DEVICES`` per trainer, vLLM
+    server and hf engine; see ``dart.cli.stack.placement``); None counts what torch sees. Declaring a count
+    plans for that machine: a run that needs more is refused before it starts."""
     torch_threads: int = Field(default=1, ge=1)
     """Intra-op threads for each torch process (engines, trainer, warm start)."""
     stop_timeout_s: float = Field(default=60.0, gt=0)

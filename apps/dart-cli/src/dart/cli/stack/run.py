@@ -1,11 +1,12 @@
 """``dart run CONFIG``: the whole pipeline on one machine, with the code paths of a distributed run.
 
-Phases: resolve the run directory -> start an embedded nats-server -> write (or take) the initial
-policy -> warm start on oracle demonstrations -> start the four services as ``dart serve``
-processes -> RL (decoupled, or the coupled baseline with ``data.emission.mode: coupled``) for
-``run.rl_duration_s`` with live progress -> (held-out validation on the run's engines: stop the
-trainer, evaluate its last version on the rollout service's engines) -> stop rollout, let dart-data
-ingest every published trajectory, stop the rest -> write ``summary.json`` and print it as the last line.
+Phases: check the config (the GPUs it needs included: ``dart.cli.stack.placement``) and resolve the run
+directory -> start an embedded nats-server -> write (or take) the initial policy -> warm start on oracle
+demonstrations -> start the four services as ``dart serve`` processes, each on its GPUs -> RL (decoupled,
+or the coupled baseline with ``data.emission.mode: coupled``) for ``run.rl_duration_s`` with live progress ->
+(held-out validation on the run's engines: stop the trainer, evaluate its last version on the rollout
+service's engines) -> stop rollout, let dart-data ingest every published trajectory, stop the rest -> write
+``summary.json`` and print it as the last line.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rich.table import Table
 
 from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config, warm_start_on
 from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store
+from dart.cli.stack.placement import placed, plan_placement
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.real_checkpoint import check_real_checkpoint
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
@@ -58,8 +60,9 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
 
     Raises:
         ConfigError: ``data.database_url`` is set (``dart run`` keeps the index in its run directory), the
-            suite (or the held-out suite) does not resolve or does not suit the env backend, or the prompt
-            format cannot tell the model the configured coordinate space.
+            suite (or the held-out suite) does not resolve or does not suit the env backend, the prompt
+            format cannot tell the model the configured coordinate space, or the run needs more GPUs than the
+            machine has (``run.gpus``).
     """
     from dart.cli.stack.validation import heldout_tasks
     from dart.protocol.errors import ConfigError
@@ -76,6 +79,7 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
     if config.validation.enabled:
         heldout_tasks(config)
     config.rollout.runner.prompt.space()
+    plan_placement(config, str(config_path))
 
 
 def resolve(config: RunConfig, config_path: Path) -> RunConfig:
@@ -597,7 +601,9 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         if s3 is not None:
             config = _use_embedded_s3(s3, config)
         policy, info = prepare_policy(config)
-        config = finalize(config, policy, nats.url if nats else None)
+        placement = plan_placement(config, str(config_path))
+        config = placed(finalize(config, policy, nats.url if nats else None), placement)
+        info["placement"] = [p.model_dump(mode="json") for p in placement.processes]
         # A real checkpoint under the tiny model's defaults: what cannot work is refused, the rest said once.
         warnings = check_real_checkpoint(config, policy)
         for warning in warnings:
@@ -609,8 +615,8 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
 
         def respawn(name: str) -> subprocess.Popen[bytes]:
             service = next(s for s in SERVICES if s == name)
-            env = service_environment(service, credentials[service]) if credentials else None
-            return spawn(service, config_file, run_dir, env)
+            env = service_environment(service, credentials[service]) if credentials else {}
+            return spawn(service, config_file, run_dir, {**env, **placement.service_environment(service)})
 
         if credentials:  # the supervisor connects as the ``run`` role
             config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})

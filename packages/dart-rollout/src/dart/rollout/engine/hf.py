@@ -91,7 +91,8 @@ class HFEngineConfig(EngineConfigBase):
 
     kind: Literal["hf"] = "hf"
     device: str = "cpu"
-    """Torch device, ``cpu`` or ``cuda[:n]``."""
+    """Torch device, ``cpu`` or ``cuda[:n]``. ``cuda`` without an index spreads the engines over the visible GPUs,
+    engine ``i`` on ``cuda:<i mod visible>`` (``dart run`` gives the rollout service one GPU per engine)."""
     dtype: str = "float32"
     """Weight dtype; float32 keeps log-probs reproducible to ~1e-5 on CPU."""
     max_batch_size: int = Field(default=8, ge=1)
@@ -477,11 +478,15 @@ def _with_timings(result: GenerationResult, timings: GenerationTimings) -> Gener
 
 
 async def start_hf_engines(config: HFEngineConfig, count: int) -> dict[str, HFEngine]:
-    """``count`` hf engines by id (``engine-<i>``), each loading ``config.model_path``; the ``hf`` entry of
-    :data:`~dart.rollout.engine.interface.ENGINES`.
+    """``count`` hf engines by id (``engine-<i>``), each loading ``config.model_path`` (``device: cuda``: engine
+    ``i`` on visible GPU ``i mod visible``); the ``hf`` entry of :data:`~dart.rollout.engine.interface.ENGINES`.
 
     Raises:
         ConfigError: No ``model_path``.
     """
-    engines = await start_all([HFEngine.start(config) for _ in range(count)])
+    configs = [config] * count
+    if config.device == "cuda" and count > 1:
+        visible = max(1, torch.cuda.device_count())
+        configs = [config.model_copy(update={"device": f"cuda:{i % visible}"}) for i in range(count)]
+    engines = await start_all([HFEngine.start(c) for c in configs])
     return {f"engine-{i}": e for i, e in enumerate(engines)}

@@ -46,11 +46,20 @@ class VLLMLaunchConfig(BaseModel):
     """KV cache of a CPU server, whole GiB (``VLLM_CPU_KVCACHE_SPACE``); ignored by GPU builds."""
     enforce_eager: bool = True
     """No graph compilation: faster start, slower decode."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs one server splits the model over (``--tensor-parallel-size``); ``dart run`` gives each server this
+    many GPUs of its own (``devices``). CPU builds take 1."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """Share of each of its GPUs' memory a server may take (``--gpu-memory-utilization``); None keeps vLLM's
+    default (0.9). Ignored by CPU builds (their KV cache is ``kv_cache_gib``)."""
+    devices: list[list[int]] = Field(default_factory=list)
+    """GPU indices per server, in engine order: server ``i`` runs with ``CUDA_VISIBLE_DEVICES`` set to
+    ``devices[i]`` (each entry ``tensor_parallel_size`` long). ``dart run`` fills it from its placement
+    (``run.gpus``); empty leaves the servers the environment they inherit."""
     extra_args: list[str] = Field(default_factory=list)
-    """More ``vllm serve`` arguments, e.g. ``["--gpu-memory-utilization", "0.8"]``."""
+    """More ``vllm serve`` arguments (not those a setting above writes, e.g. ``--tensor-parallel-size``)."""
     env: dict[str, str] = Field(default_factory=dict)
-    """More environment variables for the server processes (e.g. ``CUDA_VISIBLE_DEVICES`` per engine is
-    not expressible here: use ``attach`` for multi-GPU deployments)."""
+    """More environment variables for every server process (``CUDA_VISIBLE_DEVICES`` per server is ``devices``)."""
     log_dir: str | None = None
     """Where ``vllm-<engine>.log`` files go; ``dart run`` sets ``<run_dir>/logs``; None uses a temp dir."""
     startup_timeout_s: float = Field(default=600.0, gt=0)
@@ -61,6 +70,41 @@ class VLLMLaunchConfig(BaseModel):
     """Longest pause between restarts, seconds."""
     stop_timeout_s: float = Field(default=20.0, gt=0)
     """How long a server may take to exit after SIGTERM before its process group is killed, seconds."""
+
+    @model_validator(mode="after")
+    def _settings_not_repeated(self) -> VLLMLaunchConfig:
+        # Placement counts GPUs from the settings: an argument that overrides one would break the count.
+        for flag, setting in _ARGS_OF_SETTINGS.items():
+            if any(a == flag or a.startswith(flag + "=") for a in self.extra_args):
+                raise ValueError(f"launch.extra_args sets {flag}: use launch.{setting} instead")
+        if "CUDA_VISIBLE_DEVICES" in self.env:
+            raise ValueError("launch.env sets CUDA_VISIBLE_DEVICES for every server: use launch.devices (per server)")
+        wrong = [d for d in self.devices if len(d) != self.tensor_parallel_size]
+        if wrong:
+            raise ValueError(
+                f"launch.devices lists {wrong[0]} for one server, but launch.tensor_parallel_size is "
+                f"{self.tensor_parallel_size}: each server needs that many GPUs"
+            )
+        return self
+
+    def server_devices(self, index: int) -> list[int] | None:
+        """The GPUs of server ``index`` (``devices``); None where ``devices`` is empty.
+
+        Raises:
+            ValueError: ``devices`` is set but has no entry for ``index``.
+        """
+        if not self.devices:
+            return None
+        if index >= len(self.devices):
+            raise ValueError(f"launch.devices has {len(self.devices)} entries: none for server {index}")
+        return self.devices[index]
+
+
+_ARGS_OF_SETTINGS = {
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+}
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -165,9 +209,13 @@ class VLLMEngineConfig(EngineConfigBase):
         """``num_engines`` launched servers, or one engine per ``attach`` URL (``num_engines`` 1 or their count).
 
         Raises:
-            ValueError: ``attach`` lists a number of URLs other than ``num_engines`` (and it is not 1).
+            ValueError: ``attach`` lists a number of URLs other than ``num_engines`` (and it is not 1), or
+                ``launch.devices`` places another number of servers than ``num_engines``.
         """
         if self.attach is None:
+            placed = len(self.launch.devices) if self.launch is not None else 0
+            if placed and placed != num_engines:
+                raise ValueError(f"num_engines is {num_engines} but vllm launch.devices places {placed} servers")
             return num_engines
         urls = len(self.attach.urls)
         if num_engines not in (1, urls):

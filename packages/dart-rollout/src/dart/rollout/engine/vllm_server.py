@@ -102,6 +102,10 @@ def server_args(config: VLLMEngineConfig, *, model_path: str, host: str, port: i
     ]
     if launch.enforce_eager:
         args.append("--enforce-eager")
+    if launch.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(launch.tensor_parallel_size)]
+    if launch.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(launch.gpu_memory_utilization)]
     if config.lora is not None:
         # One adapter per version, loaded at run time; the one before keeps serving its last requests, so
         # the CPU cache holds one more than a step batches.
@@ -131,7 +135,8 @@ def server_env(
     launch: VLLMLaunchConfig, cache_root: Path, index: int = 0, *, token: str, runtime_lora: bool = False
 ) -> dict[str, str]:
     """Environment of a launched server: this process's, then :func:`configured_env`, with its own compile
-    cache, unbuffered output, the auth middleware on ``PYTHONPATH`` and ``token`` in :data:`TOKEN_ENV`.
+    cache, unbuffered output, the auth middleware on ``PYTHONPATH``, ``token`` in :data:`TOKEN_ENV` and, where
+    ``launch.devices`` places the servers, its own GPUs in ``CUDA_VISIBLE_DEVICES``.
 
     CPU builds bind their compute threads to cores; left to itself every server on a host picks the same
     core, so server ``index`` gets core ``index mod cores`` (set ``VLLM_CPU_OMP_THREADS_BIND`` in
@@ -143,6 +148,9 @@ def server_env(
     env.update(configured_env(launch, runtime_lora=runtime_lora))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(auth_middleware_dir()), env.get("PYTHONPATH")) if p)
     env[TOKEN_ENV] = token
+    devices = launch.server_devices(index)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
     return env
 
 
@@ -214,8 +222,12 @@ class VLLMServerProcess:
 
     def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = server_env(
+            self.launch, self.cache_root, self.index, token=self.token or "", runtime_lora=self.config.lora is not None
+        )
+        gpus = f" on GPUs {env['CUDA_VISIBLE_DEVICES']}" if self.launch.devices else ""
         with self.log_path.open("ab") as log:
-            log.write(f"\n=== dart: start #{self.starts} at {time.ctime()}: {' '.join(cmd)}\n".encode())
+            log.write(f"\n=== dart: start #{self.starts}{gpus} at {time.ctime()}: {' '.join(cmd)}\n".encode())
             log.flush()
             try:
                 return subprocess.Popen(
@@ -223,13 +235,7 @@ class VLLMServerProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=server_env(
-                        self.launch,
-                        self.cache_root,
-                        self.index,
-                        token=self.token or "",
-                        runtime_lora=self.config.lora is not None,
-                    ),
+                    env=env,
                     # Own process group: stop() reaches vLLM's children too. SIGTERM when the rollout service
                     # dies, even by SIGKILL (vLLM then stops its engine-core processes itself).
                     start_new_session=True,

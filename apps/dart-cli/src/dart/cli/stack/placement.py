@@ -1,0 +1,186 @@
+"""Where ``dart run``'s processes run on the machine's GPUs: the devices each one is given.
+
+The plan is computed from the run config before anything starts, in this order, each taking the next free
+GPUs (``CUDA_VISIBLE_DEVICES`` indices of the machine):
+
+- the trainer, when ``train.device`` is CUDA: one GPU per rank this machine runs (``nproc`` of fsdp or a
+  registered backend, ``tensor_parallel_size x data_parallel_size / nnodes`` of megatron, 1 of torch). Its
+  service process sees them all and rank ``r`` takes ``cuda:r`` among them;
+- each launched vLLM server, when the run has GPUs: ``launch.tensor_parallel_size`` of them, its own
+  (``launch.devices``, which the rollout service turns into each server's ``CUDA_VISIBLE_DEVICES``). On a
+  machine with none the servers are a CPU build and take none;
+- each hf engine, when ``rollout.engine.device`` is CUDA: one (the rollout service process sees them, engine
+  ``i`` takes ``cuda:i`` among them).
+
+The GPUs counted are ``run.gpus`` when set (declared: a plan for a machine this one stands in for), else what
+torch sees here. When ``dart run`` was itself given ``CUDA_VISIBLE_DEVICES``, those are the machine's GPUs
+and the plan hands them out. A plan that needs more is refused before anything is written. The held-out validator's own
+engine (``validation.engine``) and the warm start run in the ``dart run`` process and are not placed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from dart.cli.stack.config import RunConfig, ServiceName
+from dart.protocol.errors import ConfigError
+from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.vllm_config import VLLMEngineConfig
+from dart.train.config import NodeSettings
+
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+"""The environment variable a process's GPUs are given in."""
+
+
+class ProcessPlacement(BaseModel):
+    """The GPUs one process of the run is given."""
+
+    model_config = ConfigDict(frozen=True)
+
+    service: ServiceName
+    """The service the process belongs to (``train``, ``rollout``)."""
+    process: str
+    """Which process: ``trainer``, ``vllm-engine-<i>`` (a launched server), ``hf-engine-<i>`` (an engine in
+    the rollout service process)."""
+    node: int
+    """The machine: this one, or the trainer's ``train.backend.node_rank``."""
+    devices: tuple[int, ...]
+    """GPU indices of the machine, in the order the process sees them."""
+
+
+class Placement(BaseModel):
+    """The run's GPUs and who has which; see the module docstring."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpus: int
+    """GPUs the plan counted on (``run.gpus``, or torch's count)."""
+    processes: tuple[ProcessPlacement, ...] = ()
+    """Every process given GPUs, in the order they were assigned."""
+
+    def service_environment(self, service: ServiceName) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` of ``service``'s own process: the GPUs of its placed processes that run in
+        it (the trainer's ranks, hf engines; not launched vLLM servers, which get theirs from
+        :meth:`vllm_devices`); empty where it has none."""
+        devices = [d for p in self.processes if p.service == service and not _server(p) for d in p.devices]
+        return {VISIBLE_DEVICES: ",".join(str(d) for d in devices)} if devices else {}
+
+    def vllm_devices(self) -> list[list[int]]:
+        """The GPUs of each launched vLLM server, in engine order (``rollout.engine.launch.devices``)."""
+        return [list(p.devices) for p in self.processes if _server(p)]
+
+
+def visible_gpus() -> int:
+    """GPUs torch sees on this machine (0 without CUDA)."""
+    return int(torch.cuda.device_count())
+
+
+def plan_placement(
+    config: RunConfig,
+    source: str,
+    count_gpus: Callable[[], int] = visible_gpus,
+    environ: Mapping[str, str] = os.environ,
+) -> Placement:
+    """The run's placement (see the module docstring); ``count_gpus`` is asked only when neither ``run.gpus`` nor
+    ``CUDA_VISIBLE_DEVICES`` in ``environ`` (``dart run``'s own) says how many GPUs there are.
+
+    Raises:
+        ConfigError: The plan needs more GPUs than the machine has, or ``run.gpus`` declares more than
+            ``dart run`` was given (``source`` names the config).
+    """
+    given = _given_devices(source, environ)
+    gpus = config.run.gpus if config.run.gpus is not None else len(given) if given is not None else count_gpus()
+    if given is not None and gpus > len(given):
+        raise ConfigError(
+            source,
+            "run.gpus",
+            f"declares {gpus} GPUs but dart run was given {len(given)} ({VISIBLE_DEVICES}={environ[VISIBLE_DEVICES]})",
+        )
+    wanted: list[tuple[ServiceName, str, int, int]] = []  # service, process, node, GPUs
+    if _is_cuda(config.train.device):
+        backend = config.train.backend
+        ranks, node = (backend.nproc_per_node, backend.node_rank) if isinstance(backend, NodeSettings) else (1, 0)
+        wanted.append(("train", "trainer", node, ranks))
+    engine, engines = config.rollout.engine, config.rollout.num_engines
+    if isinstance(engine, VLLMEngineConfig) and engine.launch is not None and gpus > 0:
+        wanted += [("rollout", f"vllm-engine-{i}", 0, engine.launch.tensor_parallel_size) for i in range(engines)]
+    if isinstance(engine, HFEngineConfig) and _is_cuda(engine.device):
+        wanted += [("rollout", f"hf-engine-{i}", 0, 1) for i in range(engines)]
+    needed = sum(n for *_, n in wanted)
+    if needed > gpus:
+        counted = "run.gpus" if config.run.gpus is not None else "torch.cuda.device_count(); declare run.gpus"
+        raise ConfigError(
+            source,
+            "run.gpus",
+            f"the run needs {needed} GPUs ({_needs(wanted)}) but the machine has {gpus} ({counted}): "
+            "lower the trainer's ranks or the engines, or run on a machine with more",
+        )
+    machine = given if given is not None else list(range(gpus))
+    processes, first = [], 0
+    for service, process, node, count in wanted:
+        devices = tuple(machine[first : first + count])
+        processes.append(ProcessPlacement(service=service, process=process, node=node, devices=devices))
+        first += count
+    return Placement(gpus=gpus, processes=tuple(processes))
+
+
+def placed(config: RunConfig, placement: Placement) -> RunConfig:
+    """``config`` as its placed processes must read it: each launched vLLM server's GPUs in
+    ``launch.devices``, and the trainer's and hf engines' device ``cuda`` (an index would count within the
+    GPUs the process is given, not the machine's)."""
+    train, rollout = config.train, config.rollout
+    if placement.service_environment("train"):
+        train = train.model_copy(update={"device": "cuda"})
+    engine = rollout.engine
+    servers = placement.vllm_devices()
+    if isinstance(engine, VLLMEngineConfig) and engine.launch is not None and servers:
+        engine = engine.model_copy(update={"launch": engine.launch.model_copy(update={"devices": servers})})
+    if isinstance(engine, HFEngineConfig) and placement.service_environment("rollout"):
+        engine = engine.model_copy(update={"device": "cuda"})
+    return config.model_copy(update={"train": train, "rollout": rollout.model_copy(update={"engine": engine})})
+
+
+def _given_devices(source: str, environ: Mapping[str, str]) -> list[int] | None:
+    """The GPU indices in ``environ``'s ``CUDA_VISIBLE_DEVICES``; None when it is unset (every GPU).
+
+    Raises:
+        ConfigError: It names GPUs otherwise than by index (UUIDs, MIG instances).
+    """
+    value = environ.get(VISIBLE_DEVICES)
+    if value is None:
+        return None
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if not all(e.isdigit() for e in entries):
+        raise ConfigError(
+            source,
+            "run.gpus",
+            f"dart run was given {VISIBLE_DEVICES}={value}, which it cannot hand out by index: list GPU indices "
+            "there, or unset it",
+        )
+    return [int(e) for e in entries]
+
+
+def _server(process: ProcessPlacement) -> bool:
+    return process.process.startswith("vllm-engine-")
+
+
+def _is_cuda(device: str) -> bool:
+    return device.split(":", 1)[0] == "cuda"
+
+
+def _needs(wanted: list[tuple[ServiceName, str, int, int]]) -> str:
+    """``trainer 2, 4 vllm engines x 1``: who needs the GPUs."""
+    parts = []
+    for kind in ("trainer", "vllm-engine-", "hf-engine-"):
+        counts = [n for _, process, _, n in wanted if process.startswith(kind)]
+        if not counts:
+            continue
+        if kind == "trainer":
+            parts.append(f"trainer {counts[0]}")
+        else:
+            parts.append(f"{len(counts)} {kind.rstrip('-').replace('-', ' ')}s x {counts[0]}")
+    return ", ".join(parts)
