@@ -196,8 +196,9 @@ class RetentionConfig(ConfigModel):
     keep_last: int = Field(default=3, ge=2)
     """Newest weight versions always kept; at least 2, so the version engines may still be loading
     when the next is announced survives."""
-    keep_every: int | None = Field(default=10, ge=1)
-    """Also keep every version divisible by this (a sparse history); None keeps no extra ones."""
+    keep_every: int | None = Field(default=None, ge=1)
+    """Also keep every version divisible by this (a sparse history to look back at, a full version's size
+    each); None, the default, keeps no extra ones."""
     checkpoint_keep_last: int = Field(default=2, ge=1)
     """Newest ``step-<n>`` checkpoints kept."""
     enabled: bool = True
