@@ -12,9 +12,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from PIL import Image
 
 from dart.env.desktop import DesktopConfig, DesktopError, XDesktop
 from dart.env.desktop.windows import NS
+from dart.protocol.testing import wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -36,18 +36,6 @@ pytestmark = [
 ]
 
 WIDTH, HEIGHT = 1280, 720
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 10.0) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def windows(desk: XDesktop) -> list[dict[str, str]]:

@@ -16,10 +16,9 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import requests
 from dart.env.desktop import DesktopConfig, DesktopError, XDesktop
 from dart.env.desktop.sandbox import desktop_environment
 from dart.env.desktop.windows import NS
+from dart.protocol.testing import wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -56,18 +56,6 @@ SECRET_FILES = ["nats-rollout.password", "nats-env.password", "nats-trainer.pass
 DONE = "probe-done"
 """The probe's last line."""
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root service runs its desktop as another user")
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 20.0) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

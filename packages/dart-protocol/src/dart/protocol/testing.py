@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import time
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from dart.protocol import messages as m
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+T = TypeVar("T")
 
 
 def tiny_png(width: int = 2, height: int = 2) -> bytes:
@@ -179,6 +182,21 @@ def _model_messages() -> list[m.Message]:
             engine="hf on cuda (bfloat16)",
         ),
     ]
+
+
+def wait_for(predicate: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
+    """Poll ``predicate`` every 50 ms until it returns something truthy, and return that (for tests outside
+    an event loop; :func:`wait_until` inside one).
+
+    Raises:
+        AssertionError: It did not within ``timeout_s``, naming ``what``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.05)
+    return value
 
 
 async def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:

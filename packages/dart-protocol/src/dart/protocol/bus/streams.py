@@ -6,6 +6,7 @@ that only works as a base of ``Bus``, which provides the attributes it declares.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, TypeVar, cast, get_args, overload
@@ -226,17 +227,9 @@ class JetStreamMethods:
         Raises:
             JetStreamError: The stream does not exist or a read failed.
         """
-        name = self._stream_name(stream)
-        state = await stream_state(self._js, name)
         largest = 0
-        for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
-            try:
-                msg = await self._js.get_msg(name, seq)
-            except nats.js.errors.NotFoundError:
-                continue  # deleted or expired since the state was read
-            except (nats.errors.Error, TimeoutError) as exc:
-                raise JetStreamError("largest_message", name, f"{exc!r}") from exc
-            largest = max(largest, len(msg.data or b""))
+        async for _, data in self._stored(stream, "largest_message", newest_first=False):
+            largest = max(largest, len(data))
         return largest
 
     async def stored_messages(self, stream: StreamKind | str, schema: type[M]) -> AsyncGenerator[M]:
@@ -249,19 +242,33 @@ class JetStreamMethods:
         Raises:
             JetStreamError: The stream does not exist or a read failed.
         """
+        async with contextlib.aclosing(self._stored(stream, "stored_messages", newest_first=True)) as stored:
+            async for seq, data in stored:
+                try:
+                    yield decode(data, schema)
+                except MessageValidationError as exc:
+                    log.error("skipping undecodable message %d of %s: %s", seq, self._stream_name(stream), exc)
+
+    async def _stored(
+        self, stream: StreamKind | str, operation: str, *, newest_first: bool
+    ) -> AsyncGenerator[tuple[int, bytes]]:
+        """``(sequence, payload)`` of every message stored in a stream now, read one by one (one skipped when
+        it was deleted or expired meanwhile).
+
+        Raises:
+            JetStreamError: The stream does not exist or a read failed (named as ``operation``).
+        """
         name = self._stream_name(stream)
         state = await stream_state(self._js, name)
-        for seq in range(state.last_seq, state.first_seq - 1, -1) if state.messages else ():
+        seqs = range(state.first_seq, state.last_seq + 1) if state.messages else range(0)
+        for seq in reversed(seqs) if newest_first else seqs:
             try:
                 msg = await self._js.get_msg(name, seq)
             except nats.js.errors.NotFoundError:
                 continue  # deleted or expired since the state was read
             except (nats.errors.Error, TimeoutError) as exc:
-                raise JetStreamError("stored_messages", name, f"{exc!r}") from exc
-            try:
-                yield decode(msg.data or b"", schema)
-            except MessageValidationError as exc:
-                log.error("skipping undecodable message %d of %s: %s", seq, name, exc)
+                raise JetStreamError(operation, name, f"{exc!r}") from exc
+            yield seq, msg.data or b""
 
     async def consumer_state(self, stream: StreamKind | str, durable: str) -> ConsumerState:
         """Backlog of a durable consumer right now: pending, unacked, redelivered, waiting."""
