@@ -166,7 +166,7 @@ class Retention:
         old = await asyncio.to_thread(self._old_screenshots, cutoff, since)
         n = size = 0
         for chunk in _chunks(old, _CHUNK):
-            deleted = await state.db(self._delete_unreferenced, chunk)
+            deleted = await state.db(self._delete_unreferenced, chunk, cutoff)
             n, size = n + len(deleted), size + sum(i.size for i in deleted)
         return n, size
 
@@ -185,7 +185,7 @@ class Retention:
             if info.modified is not None and since <= info.modified.timestamp() < cutoff
         ]
 
-    def _delete_unreferenced(self, candidates: list[ArtifactInfo]) -> list[ArtifactInfo]:
+    def _delete_unreferenced(self, candidates: list[ArtifactInfo], cutoff: float) -> list[ArtifactInfo]:
         """Delete the candidates no trajectory refers to and nobody rewrote since the listing (database thread)."""
         state = self._state
         store = state.blobs.store
@@ -198,7 +198,7 @@ class Retention:
                 fresh = store.stat(info.key)
             except ArtifactNotFoundError:
                 continue
-            if fresh.modified is None or fresh.modified.timestamp() >= self._cutoff():
+            if fresh.modified is None or fresh.modified.timestamp() >= cutoff:
                 continue  # the env service rewrote it: a new reference may be on its way
             store.delete(info.key)
             deleted.append(fresh)
