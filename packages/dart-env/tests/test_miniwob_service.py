@@ -97,7 +97,7 @@ class Client:
         return await self.bus.request(self._at(lease, "release"), ReleaseRequest(lease_id=lease.lease_id), ReleaseReply)
 
     def _at(self, lease: LeaseReply, op: str) -> str:
-        return self.bus.subjects.env_instance(lease.instance_id, op)  # type: ignore[arg-type]
+        return self.bus.subjects.env_instance(self.pool, lease.instance_id, op)  # type: ignore[arg-type]
 
 
 async def solve_over_nats(client: Client, service: EnvService, task: TaskSpec, seed: int) -> EvaluateReply:

@@ -191,14 +191,16 @@ async def episode(bus: Bus, pool: str) -> tuple[LeaseReply, ResetReply]:
     lease = await bus.request(bus.subjects.env_lease(pool), LeaseRequest(holder="t", ttl_s=60.0), LeaseReply)
     subject = bus.subjects.env_instance
     reset = await bus.request(
-        subject(lease.instance_id, "reset"), ResetRequest(lease_id=lease.lease_id, task=TASK), ResetReply
+        subject(pool, lease.instance_id, "reset"), ResetRequest(lease_id=lease.lease_id, task=TASK), ResetReply
     )
-    await bus.request(subject(lease.instance_id, "evaluate"), EvaluateRequest(lease_id=lease.lease_id), EvaluateReply)
+    await bus.request(
+        subject(pool, lease.instance_id, "evaluate"), EvaluateRequest(lease_id=lease.lease_id), EvaluateReply
+    )
     return lease, reset
 
 
-async def release(bus: Bus, lease: LeaseReply) -> None:
-    subject = bus.subjects.env_instance(lease.instance_id, "release")
+async def release(bus: Bus, pool: str, lease: LeaseReply) -> None:
+    subject = bus.subjects.env_instance(pool, lease.instance_id, "release")
     await bus.request(subject, ReleaseRequest(lease_id=lease.lease_id), ReleaseReply)
 
 
@@ -211,7 +213,7 @@ async def test_service_ends_an_instance_whose_revert_failed(bus: Bus, desktop: X
         # The same lease resets again: the revert fails, the instance is ended, never reused.
         reset = ResetRequest(lease_id=lease.lease_id, task=TASK)
         with pytest.raises(RemoteError) as err:
-            await bus.request(bus.subjects.env_instance(instance, "reset"), reset, ResetReply)
+            await bus.request(bus.subjects.env_instance(config.pool, instance, "reset"), reset, ResetReply)
         assert err.value.code == ErrorCode.ENV_FAILED and "revert" in err.value.message
         await wait_until(lambda: service.stats()[instance].restarts == 1, timeout_s=60)
         assert service.backend(instance) is not first and first.state == "closed"
@@ -229,12 +231,12 @@ async def test_service_replaces_a_vm_that_cannot_revert_after_each_episode(
         instance = config.instance_id(0)
         first = service.backend(instance)
         lease, _ = await episode(bus, config.pool)
-        await release(bus, lease)
+        await release(bus, config.pool, lease)
         await wait_until(lambda: service.stats()[instance].recycles == {"single_use": 1}, timeout_s=60)
         await wait_until(lambda: released.exists() and released.read_text().split() == [desktop.url], timeout_s=30)
         assert service.backend(instance) is not first
         lease, _ = await episode(bus, config.pool)  # the fresh VM runs the next episode
-        await release(bus, lease)
+        await release(bus, config.pool, lease)
         await wait_until(lambda: service.stats()[instance].recycles == {"single_use": 2}, timeout_s=60)
         assert service.stats()[instance].failures == 0
 

@@ -171,7 +171,7 @@ class Client:
         return await self.bus.request(self._at(lease, "release"), ReleaseRequest(lease_id=lease.lease_id), ReleaseReply)
 
     def _at(self, lease: LeaseReply, op: Any) -> str:
-        return self.bus.subjects.env_instance(lease.instance_id, op)
+        return self.bus.subjects.env_instance(self.pool, lease.instance_id, op)
 
 
 async def run_episode(client: Client, service: EnvService, task: TaskSpec) -> tuple[float, int]:
@@ -370,7 +370,7 @@ async def test_invalid_requests_are_answered_and_serving_goes_on(
     async with make_service() as service:
         client = Client(bus, service.config.pool)
         lease = await client.lease()
-        step_subject = bus.subjects.env_instance(lease.instance_id, "step")
+        step_subject = bus.subjects.env_instance(service.config.pool, lease.instance_id, "step")
         # A message of the wrong type on a subject fails schema validation.
         with pytest.raises(RemoteError) as caught:
             await bus.request(step_subject, EvaluateRequest(lease_id=lease.lease_id), StepReply)

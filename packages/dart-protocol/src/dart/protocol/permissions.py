@@ -1,10 +1,11 @@
-"""Per-service NATS permissions, derived from the subjects and the topology.
+"""Per-service NATS permissions, derived from the subjects, the topology and the endpoints.
 
 Each DART process connects as one role (:data:`~dart.protocol.topology.Role`): ``env``, ``rollout``,
 ``data``, ``train``, the ``dart run`` supervisor (``run``) or ``dart eval`` (``eval``). What a role
-may publish and subscribe to follows from :mod:`dart.protocol.subjects` (the names) and
-:mod:`dart.protocol.topology` (who publishes, consumes, reads and writes what), never from a second
-hand-written list, so a stream added there is permitted here without further edits.
+may publish and subscribe to follows from :mod:`dart.protocol.subjects` (the names),
+:mod:`dart.protocol.topology` (who publishes, consumes, reads and writes each stream and bucket) and
+:mod:`dart.protocol.endpoints` (who serves and who calls each request/reply endpoint), never from a
+second hand-written list, so a stream or endpoint added there is permitted here without further edits.
 
 What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` its durable consumer,
 ``B`` a KV bucket of the run)::
@@ -21,18 +22,18 @@ What each grant is for (``P`` the prefix, ``S`` a stream name of the run, ``C`` 
     bucket readers         $JS.API.DIRECT.GET.KV_B(.>), STREAM.MSG.GET.KV_B    get
                            $JS.API.CONSUMER.{CREATE,INFO,DELETE}.KV_B.>        watch (ephemeral consumer)
     bucket writers         $KV.B.>                                             put / update
-    env                    sub P.env.*.lease, P.env.inst.*.* + responses       serve leases and instances
-                           sub P.env.*.capabilities                            say what the pool runs
-                           pub P.env.inst.*.heartbeat                          probe for taken instance ids
-    rollout, eval          pub P.env.*.lease, P.env.inst.*.*                   lease and drive envs
-    data, eval             pub P.env.*.capabilities                            keep the tasks the pool runs
-    rollout                sub P.eval.<run> + responses                        evaluate on its engines
-    eval                   pub P.eval.<run>                                    request such an evaluation
+    endpoint servers       sub the endpoint's subject + responses              serve (``ENDPOINTS``)
+    endpoint callers       pub the endpoint's subject                          request
     every role             sub _INBOX.<role>.>                                 replies to its requests
 
+Endpoint subjects are granted with ``*`` for their fields (``P.env.*.lease``), except that an env
+server's grants name its pools when ``pools`` is given (``P.env.sim.lease``, ``P.env.sim.inst.*.*``):
+an env user of one pool cannot serve, or read the calls of, another pool.
+
 Replies to requests need no publish grant: ``allow_responses`` lets a server answer the reply
-subject of a request it received, once, within a window (two hours for env operations, whose
-deadline ``env.op_timeout_s`` may be one; six for the rollout service's evaluations). A role's inbox
+subject of a request it received, once, within the longest ``reply_window_s`` of the endpoints it
+serves (two hours for env operations, whose deadline ``env.op_timeout_s`` may be one; six for the
+rollout service's evaluations). A role's inbox
 prefix is ``_INBOX.<role>`` (the bus sets it from ``bus.user``), so no role can subscribe to another
 role's replies.
 
@@ -41,15 +42,26 @@ update the run's streams, consumers and bucket (nobody may delete or purge them)
 find and bind to them (:func:`dart.protocol.topology.open_topology`), so no service can add a subject
 it publishes on to a stream another role consumes, or change a consumer another role reads from.
 Roles are per service, not per process: two rollout replicas share a user. The control-plane subjects
-(``P.ctl.*``) are granted to nobody until a service serves them.
+(``P.ctl.*``) are granted to nobody until an endpoint declares them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dart.protocol.endpoints import ENDPOINTS, ENV_OP_TIMEOUT_MAX_S, ENV_REPLY_WINDOW_S, EVAL_REPLY_WINDOW_S
 from dart.protocol.subjects import Subjects, inbox_prefix
 from dart.protocol.topology import BUCKETS, ROLES, STREAMS, Role
+
+__all__ = [
+    "ENV_OP_TIMEOUT_MAX_S",
+    "ENV_REPLY_WINDOW_S",
+    "EVAL_REPLY_WINDOW_S",
+    "JS_API",
+    "Permissions",
+    "service_permissions",
+]
 
 JS_API = "$JS.API"
 
@@ -57,7 +69,6 @@ _JETSTREAM_ROLES: frozenset[Role] = frozenset({"rollout", "data", "train", "run"
 """Roles that use JetStream, and so look the run's streams and consumers up."""
 _TOPOLOGY_ADMIN = "run"
 """The role that creates and updates the run's streams, consumers and bucket (``TOPOLOGY_CREATORS``)."""
-_ENV_CALLERS: frozenset[Role] = frozenset({"rollout", "eval"})
 
 
 @dataclass(frozen=True)
@@ -78,27 +89,15 @@ class Permissions:
     response_window_s: int | None = None
 
 
-EVAL_REPLY_WINDOW_S = 6 * 3600
-"""How long the rollout service may take to answer an evaluation request (a held-out suite on a real
-checkpoint takes many minutes), seconds."""
-
-ENV_OP_TIMEOUT_MAX_S = 3600
-"""The longest deadline ``env.op_timeout_s`` may give one backend operation (a VM's boot, a heavy
-setup), seconds."""
-
-ENV_REPLY_WINDOW_S = 2 * ENV_OP_TIMEOUT_MAX_S
-"""How long the env service may take to answer a call, seconds: an operation at its longest deadline
-plus the restart of the backend it crashed. With nats-server's default (2 minutes) the reply to a
-longer reset was dropped and the caller ran the reset again."""
-
-
-def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
+def service_permissions(role: Role, prefix: str, run: str, pools: Sequence[str] | None = None) -> Permissions:
     """The publish and subscribe allow lists of one role for one prefix and run.
 
     Args:
         role: The service (or supervisor) connecting.
         prefix: Subject prefix (``bus.prefix``).
         run: Run token (``bus.run``); stream, consumer and bucket names are scoped to it.
+        pools: The env pools this user serves (``env.pool``); its pool-scoped endpoint grants name them.
+            None grants every pool (``*``).
 
     Raises:
         ValueError: ``role`` is not one of :data:`~dart.protocol.topology.ROLES`.
@@ -149,20 +148,18 @@ def service_permissions(role: Role, prefix: str, run: str) -> Permissions:
             if role in bucket.writers:
                 pub.append(f"$KV.{kv}.>")
 
-    if role == "env":
-        sub += [f"{prefix}.env.*.lease", f"{prefix}.env.*.capabilities", f"{prefix}.env.inst.*.*"]
-        pub.append(f"{prefix}.env.inst.*.heartbeat")
-    if role in _ENV_CALLERS:
-        pub += [f"{prefix}.env.*.lease", f"{prefix}.env.inst.*.*"]
-    if role in ("data", "eval"):
-        pub.append(f"{prefix}.env.*.capabilities")
-    if role == "rollout":
-        sub.append(subjects.eval_request())
-    if role == "eval":
-        pub.append(subjects.eval_request())
+    windows: list[int] = []
+    for endpoint in ENDPOINTS.values():
+        scoped = [{"pool": pool} for pool in pools] if pools is not None and endpoint.pool_scoped else [{}]
+        patterns = [subjects.endpoint_pattern(endpoint.name, **fields) for fields in scoped]
+        if role == endpoint.server:
+            sub += patterns
+            windows.append(endpoint.reply_window_s or 0)
+        if role in endpoint.callers:
+            pub += patterns if role == endpoint.server else [subjects.endpoint_pattern(endpoint.name)]
     return Permissions(
         publish=tuple(dict.fromkeys(pub)),
         subscribe=tuple(dict.fromkeys(sub)),
-        allow_responses=role in ("env", "rollout"),
-        response_window_s={"rollout": EVAL_REPLY_WINDOW_S, "env": ENV_REPLY_WINDOW_S}.get(role),
+        allow_responses=bool(windows),
+        response_window_s=max(windows, default=0) or None,
     )

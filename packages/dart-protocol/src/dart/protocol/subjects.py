@@ -8,15 +8,19 @@ Layout (prefix ``P``)::
 
     P.env.<pool>.lease                 request: lease an env instance from a pool
     P.env.<pool>.capabilities          request: what a pool runs (its backend, the task requirements it meets)
-    P.env.inst.<instance>.<op>         request: reset / step / evaluate / release / heartbeat
+    P.env.<pool>.inst.<instance>.<op>  request: reset / step / evaluate / release / heartbeat
     P.work.<run>                       JetStream: work items (one trajectory each)
     P.traj.<run>                       JetStream: finished trajectories
     P.batch.<run>                      JetStream: training batches
     P.model.<run>                      JetStream: model version announcements
     P.eval.<run>                       request: evaluate a version on the rollout service's engines
-    P.ctl.<service>.<op>               request: control plane (status, shutdown)
+    P.ctl.<service>.<op>               control plane (status, shutdown): reserved, served by nobody yet
     P.bench.<name>                     request: benchmarks and tests
     _INBOX.<user>.<id>                 replies to one NATS user's requests
+
+The request/reply subjects are :data:`ENDPOINT_SUBJECTS` templates, filled by :meth:`Subjects.endpoint`
+(a subject) or :meth:`Subjects.endpoint_pattern` (a wildcard for permissions); who serves and calls each,
+with which message types, is :data:`dart.protocol.endpoints.ENDPOINTS`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,23 @@ DEFAULT_PREFIX = "dart.v1"
 INBOX_ROOT = "_INBOX"
 
 EnvOp = Literal["reset", "step", "evaluate", "release", "heartbeat"]
+EndpointName = Literal[
+    "env.lease", "env.capabilities", "env.reset", "env.step", "env.evaluate", "env.release", "env.heartbeat", "eval"
+]
+
+ENDPOINT_SUBJECTS: dict[EndpointName, str] = {
+    "env.lease": "env.{pool}.lease",
+    "env.capabilities": "env.{pool}.capabilities",
+    "env.reset": "env.{pool}.inst.{instance}.reset",
+    "env.step": "env.{pool}.inst.{instance}.step",
+    "env.evaluate": "env.{pool}.inst.{instance}.evaluate",
+    "env.release": "env.{pool}.inst.{instance}.release",
+    "env.heartbeat": "env.{pool}.inst.{instance}.heartbeat",
+    "eval": "eval.{run}",
+}
+"""Each request/reply endpoint's subject after the prefix; ``{run}`` is the run, other fields are tokens."""
+
+_FIELD = re.compile(r"\{(\w+)\}")
 StreamKind = Literal["work", "traj", "batch", "model"]
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -65,21 +86,46 @@ class Subjects:
         _check_token(self.run, "run id")
 
     # --- core request/reply -------------------------------------------------------------------
+    def endpoint(self, name: EndpointName, **fields: str) -> str:
+        """The subject of one endpoint, every field of its template given (``pool``, ``instance``).
+
+        Raises:
+            SubjectError: A field is missing or not a valid token.
+        """
+        return self._fill(name, fields, wildcard=False)
+
+    def endpoint_pattern(self, name: EndpointName, **fields: str) -> str:
+        """The endpoint's subject with ``*`` for each field not given: what a permission grants."""
+        return self._fill(name, fields, wildcard=True)
+
     def env_lease(self, pool: str) -> str:
         """Subject on which an env pool answers lease requests."""
-        return f"{self.prefix}.env.{_check_token(pool, 'pool')}.lease"
+        return self.endpoint("env.lease", pool=pool)
 
     def env_capabilities(self, pool: str) -> str:
         """Subject on which an env pool says what it runs (:class:`~dart.protocol.messages.EnvCapabilities`)."""
-        return f"{self.prefix}.env.{_check_token(pool, 'pool')}.capabilities"
+        return self.endpoint("env.capabilities", pool=pool)
 
-    def env_instance(self, instance_id: str, op: EnvOp) -> str:
-        """Subject of one operation on one leased env instance."""
-        return f"{self.prefix}.env.inst.{_check_token(instance_id, 'instance id')}.{op}"
+    def env_instance(self, pool: str, instance_id: str, op: EnvOp) -> str:
+        """Subject of one operation on one leased env instance of a pool."""
+        return self.endpoint(f"env.{op}", pool=pool, instance=instance_id)  # type: ignore[arg-type]
 
     def eval_request(self) -> str:
         """Subject on which the run's rollout service evaluates a policy version on its engines."""
-        return f"{self.prefix}.eval.{self.run}"
+        return self.endpoint("eval")
+
+    def _fill(self, name: EndpointName, fields: dict[str, str], *, wildcard: bool) -> str:
+        def token(match: re.Match[str]) -> str:
+            field = match.group(1)
+            if field == "run":
+                return self.run
+            if field in fields:
+                return _check_token(fields[field], field)
+            if wildcard:
+                return "*"
+            raise SubjectError(f"endpoint {name!r} needs its {field!r}")
+
+        return f"{self.prefix}.{_FIELD.sub(token, ENDPOINT_SUBJECTS[name])}"
 
     def control(self, service: str, op: str) -> str:
         """Control-plane subject of a service (status, shutdown, ...)."""

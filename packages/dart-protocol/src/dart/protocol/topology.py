@@ -26,7 +26,9 @@ the trainer announced, in increasing order: :func:`announced_version` looks one 
 
 Who publishes and consumes what is recorded here too (``publishers``, ``consumers``, ``readers``,
 ``writers``): :func:`dart.protocol.permissions.service_permissions` derives each service's NATS
-permissions from these tables, so a new stream or bucket is declared once.
+permissions from these tables, so a new stream or bucket is declared once. The request/reply endpoints
+(env leases and calls, capabilities, evaluations) are declared the same way in
+:data:`dart.protocol.endpoints.ENDPOINTS`.
 """
 
 from __future__ import annotations

@@ -588,7 +588,12 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     console.log(f"run directory: {run_dir}")
     started = time.monotonic()
     credentials = write_bus_credentials(run_dir, ROLES) if config.run.embedded_nats and config.run.nats_auth else {}
-    users = [NatsUser(r, f, service_permissions(r, config.bus.prefix, config.run.name)) for r, f in credentials.items()]
+    # The env user serves the run's pools only (its subscriptions name them): env.pool and the held-out one.
+    pools = (config.env.pool, *((config.validation.pool,) if config.validation.enabled else ()))
+    users = [
+        NatsUser(r, f, service_permissions(r, config.bus.prefix, config.run.name, pools))
+        for r, f in credentials.items()
+    ]
     nats = EmbeddedNats(store_dir=run_dir / "nats", users=users) if config.run.embedded_nats else None
     s3 = None
     if config.store is None and config.run.artifacts == "embedded_s3":

@@ -105,7 +105,7 @@ class EnvServiceConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check_ids(self) -> EnvServiceConfig:
-        Subjects().env_instance(self.instance_id(self.instances - 1), "step")
+        Subjects().env_instance(self.pool, self.instance_id(self.instances - 1), "step")
         return self
 
     def instance_id(self, index: int) -> str:

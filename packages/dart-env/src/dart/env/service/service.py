@@ -59,7 +59,7 @@ class EnvService:
     Subjects (from ``bus.subjects``): ``env_lease(pool)`` in a queue group, so several processes
     can share a pool, ``env_capabilities(pool)`` (what the pool runs: its backend, its provider and the
     task requirements it meets, from :meth:`~dart.env.interface.EnvBackend.features`), and
-    ``env_instance(instance_id, op)`` for ``reset``, ``step``, ``evaluate``, ``release`` and ``heartbeat``
+    ``env_instance(pool, instance_id, op)`` for ``reset``, ``step``, ``evaluate``, ``release`` and ``heartbeat``
     of each instance.
 
     Clean episodes: a backend that cannot start another clean episode
@@ -330,11 +330,13 @@ class EnvService:
             return await self._on_heartbeat(slot, request)
 
         self._services += [
-            await self._bus.serve(subjects.env_instance(iid, "reset"), ResetRequest, reset),
-            await self._bus.serve(subjects.env_instance(iid, "step"), StepRequest, step),
-            await self._bus.serve(subjects.env_instance(iid, "evaluate"), EvaluateRequest, evaluate),
-            await self._bus.serve(subjects.env_instance(iid, "release"), ReleaseRequest, release),
-            await self._bus.serve(subjects.env_instance(iid, "heartbeat"), HeartbeatRequest, heartbeat),
+            await self._bus.serve(subjects.env_instance(self.config.pool, iid, "reset"), ResetRequest, reset),
+            await self._bus.serve(subjects.env_instance(self.config.pool, iid, "step"), StepRequest, step),
+            await self._bus.serve(subjects.env_instance(self.config.pool, iid, "evaluate"), EvaluateRequest, evaluate),
+            await self._bus.serve(subjects.env_instance(self.config.pool, iid, "release"), ReleaseRequest, release),
+            await self._bus.serve(
+                subjects.env_instance(self.config.pool, iid, "heartbeat"), HeartbeatRequest, heartbeat
+            ),
         ]
 
     async def _on_reset(self, slot: InstanceSlot, request: ResetRequest) -> ResetReply:
@@ -604,7 +606,7 @@ class EnvService:
         """Refuse to serve an instance id that another process already serves."""
 
         async def taken(instance_id: str) -> bool:
-            subject = self._bus.subjects.env_instance(instance_id, "heartbeat")
+            subject = self._bus.subjects.env_instance(self.config.pool, instance_id, "heartbeat")
             try:
                 await self._bus.request(
                     subject, HeartbeatRequest(lease_id="probe"), HeartbeatReply, timeout=_PROBE_TIMEOUT_S

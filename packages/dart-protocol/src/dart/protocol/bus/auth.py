@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable
 from typing import Any, TypeVar
+
+from opentelemetry import metrics
 
 from dart.protocol.bus.config import BusConfig
 from dart.protocol.errors import ConfigError, PermissionDeniedError
@@ -25,6 +27,10 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 # The server's wording, e.g.: Permissions Violation for Publish to "<prefix>.traj.<run>"
 _VIOLATION = re.compile(r"Permissions Violation for (Publish|Subscription) to \"?([^\"\s']+)\"?", re.IGNORECASE)
 AUTH_VIOLATION = "authorization violation"
+
+_REFUSED = metrics.get_meter("dart.protocol.bus").create_counter(
+    "dart.bus.refused", unit="{operation}", description="Operations the NATS server refused, by role and subject"
+)
 
 
 def auth_options(config: BusConfig) -> dict[str, Any]:
@@ -88,11 +94,14 @@ class DenialWatch:
     Attributes:
         user: The connection's user, named in errors.
         count: Violations reported so far.
+        refused: Violations by ``(operation, subject)`` (subjects lower-cased), also counted in the
+            ``dart.bus.refused`` metric with ``role``, ``operation`` and ``subject`` attributes.
     """
 
     def __init__(self, user: str | None) -> None:
         self.user = user
         self.count = 0
+        self.refused: Counter[tuple[str, str]] = Counter()
         self._recent: deque[tuple[str, str]] = deque(maxlen=64)
         self._waiters: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
 
@@ -104,6 +113,8 @@ class DenialWatch:
         operation = "publish" if match.group(1).lower() == "publish" else "subscribe"
         key = (operation, match.group(2).lower())
         self.count += 1
+        self.refused[key] += 1
+        _REFUSED.add(1, {"role": self.user or "", "operation": operation, "subject": key[1]})
         self._recent.append(key)
         for waiter in self._waiters.pop(key, []):
             if not waiter.done():

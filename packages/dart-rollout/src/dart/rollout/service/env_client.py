@@ -200,7 +200,7 @@ class EnvClient:
             self._heartbeat = None
         if lease is None:
             return False
-        subject = self._bus.subjects.env_instance(lease.instance_id, "release")
+        subject = self._bus.subjects.env_instance(self._config.pool, lease.instance_id, "release")
         try:
             reply = await self._bus.request(
                 subject, ReleaseRequest(lease_id=lease.lease_id, reason=reason), ReleaseReply
@@ -233,7 +233,7 @@ class EnvClient:
 
     async def _call(self, op: EnvOp, request: Message, reply_type: type[R]) -> R:
         lease = self._require()
-        subject = self._bus.subjects.env_instance(lease.instance_id, op)
+        subject = self._bus.subjects.env_instance(self._config.pool, lease.instance_id, op)
         resends = 0
         while True:
             call = await self._send(subject, request, reply_type)
@@ -322,7 +322,7 @@ class EnvClient:
         return call is not None and not call.done() and now - self._in_flight_sent >= self._config.env_call_check_s
 
     async def _heartbeat_forever(self, lease: LeaseReply) -> None:
-        subject = self._bus.subjects.env_instance(lease.instance_id, "heartbeat")
+        subject = self._bus.subjects.env_instance(self._config.pool, lease.instance_id, "heartbeat")
         unserved_since: float | None = None  # first heartbeat that found nobody serving the instance
         last_beat = time.monotonic()
         while True:
