@@ -144,7 +144,8 @@ def test_training_curves_reach_tensorboard(smoke_run: tuple[dict[str, Any], Path
 
 
 def test_services_authenticated_and_no_secret_leaked(smoke_run: tuple[dict[str, Any], Path]) -> None:
-    """Auth is on by default: one user per role, passwords only in 0600 files, nowhere else in the run."""
+    """Auth is on by default: one bus user and one store key pair per role, secrets only in 0600 files,
+    nowhere else in the run."""
     import stat
 
     _, run_dir = smoke_run
@@ -172,10 +173,27 @@ def test_services_authenticated_and_no_secret_leaked(smoke_run: tuple[dict[str, 
     assert "Violation" not in server_log and "authentication error" not in server_log.lower()
     # The config every service reads names no bus user (each service's comes from its environment).
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["bus"].get("user") is None
-    # No password in logs, telemetry, configs, the summary, the server config or any other file.
+    # One store key pair per role, in 0600 files; the config names none (each service's comes from its
+    # environment) and no service was refused by the store: each stayed within its role's prefixes.
+    key_files = sorted(secrets_dir.glob("s3-*"))
+    roles = sorted(("env", "rollout", "data", "train", "view", "run"))
+    assert [p.name for p in key_files] == [f"s3-{r}.{kind}" for r in roles for kind in ("access", "secret")]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in key_files)
+    store = yaml.safe_load((run_dir / "config.yaml").read_text())["store"]
+    assert store.get("access_key_file") is None and store.get("secret_key_file") is None
+    logs = "".join(p.read_text(errors="replace") for p in (run_dir / "logs").glob("*.log"))
+    assert "AccessDenied" not in logs
+    # The store server's own config (0600) is the one other place its keys are.
+    server_config = run_dir / "s3" / "s3.json"
+    assert stat.S_IMODE(server_config.stat().st_mode) == 0o600
+    passwords += [p.read_text().strip().encode() for p in key_files]
+    # No password or key in logs, telemetry, configs, the summary, the server config or any other file.
     leaks = [
         str(path.relative_to(run_dir))
         for path in run_dir.rglob("*")
-        if path.is_file() and secrets_dir not in path.parents and any(pw in path.read_bytes() for pw in passwords)
+        if path.is_file()
+        and secrets_dir not in path.parents
+        and path != server_config
+        and any(pw in path.read_bytes() for pw in passwords)
     ]
     assert leaks == []

@@ -17,8 +17,11 @@ leads makes start-up a steady ~3 s.
 
 Every port (HTTP and gRPC of master, volume, filer and S3) is picked explicitly on loopback, since
 SeaweedFS otherwise derives gRPC ports as ``port + 10000`` and listens on a non-loopback default
-IP. Telemetry is off (no traffic leaves the machine), and a fresh random access/secret key pair
-is configured per instance.
+IP; the filer and the volume servers demand JWTs signed with keys drawn at each start (only the
+server's own components hold them). Telemetry is off (no traffic leaves the machine), and a fresh
+random access/secret key pair is configured per instance: the admin identity. Further identities
+(:class:`S3Identity`) each hold an IAM policy document naming what they may do (e.g. ``s3:PutObject``
+under one key prefix); the server answers ``AccessDenied`` to anything else.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import string
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -59,6 +64,17 @@ _GRPC_SOCKET_TEMPLATE = "/tmp/seaweedfs-{service}-grpc-{port}.sock"
 _MAX_SOCKET_PATH = 100
 
 
+@dataclass(frozen=True)
+class S3Identity:
+    """A key pair the server admits, with the IAM policy document that bounds it."""
+
+    name: str
+    access_key: str
+    secret_key: str = field(repr=False)
+    policy: Mapping[str, Any] = field(repr=False)
+    """``{"Version": ..., "Statement": [{"Effect": "Allow", "Action": [...], "Resource": [...]}]}``."""
+
+
 class EmbeddedS3:
     """A SeaweedFS S3 server on loopback, storing into a directory.
 
@@ -81,6 +97,8 @@ class EmbeddedS3:
             disk use proportional to what is stored; each bucket gets its own volumes.
         max_volumes: Most volumes the volume server creates (capacity is this times the limit).
         stop_grace_s: Seconds to wait for a clean exit before killing, per process.
+        identities: Key pairs admitted besides the admin's, each bounded by its policy.
+        buckets: Buckets the admin creates at start (identities without the right to create one use them).
     """
 
     region = "us-east-1"
@@ -95,8 +113,12 @@ class EmbeddedS3:
         volume_size_limit_mb: int = 64,
         max_volumes: int = 64,
         stop_grace_s: float = 1.0,
+        identities: Sequence[S3Identity] = (),
+        buckets: Sequence[str] = (),
     ) -> None:
         self.host = host
+        self.identities = tuple(identities)
+        self.buckets = tuple(buckets)
         self.access_key = access_key or _random_key(20, string.ascii_uppercase + string.digits)
         self.secret_key = secret_key or _random_key(40, string.ascii_letters + string.digits)
         self.volume_size_limit_mb = volume_size_limit_mb
@@ -115,6 +137,16 @@ class EmbeddedS3:
     def port(self) -> int:
         """The S3 API port."""
         return self._port("s3")
+
+    @property
+    def master_port(self) -> int:
+        """The master's HTTP port (volume placement; it holds no object data)."""
+        return self._port("master")
+
+    @property
+    def filer_port(self) -> int:
+        """The filer's HTTP port (it answers only requests carrying the server's own JWT)."""
+        return self._port("filer")
 
     @property
     def endpoint(self) -> str:
@@ -196,20 +228,39 @@ class EmbeddedS3:
         try:
             self._server.start(self._master_leads, timeout_s=timeout_s)
             self._volume.start(self._serving, timeout_s=timeout_s)
+            for bucket in self.buckets:
+                self._create_bucket(bucket)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _create_bucket(self, bucket: str) -> None:
+        status = _signed_request(
+            "PUT", f"/{bucket}", self.host, self.port, self.access_key, self.secret_key, self.region
+        )
+        # 409: it exists already (a restarted server on the same data).
+        if status not in (200, 409):
+            raise EmbeddedServerError(f"SeaweedFS did not create bucket {bucket!r} (HTTP {status})")
+
     def _write_identities(self, path: Path) -> None:
+        admin = {
+            "name": "dart",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }
         identities = {
-            "identities": [
+            "identities": [admin]
+            + [
                 {
-                    "name": "dart",
-                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                    "name": i.name,
+                    "credentials": [{"accessKey": i.access_key, "secretKey": i.secret_key}],
+                    "actions": [],
+                    "policyNames": [f"dart-{i.name}"],
                 }
-            ]
+                for i in self.identities
+            ],
+            "policies": [{"name": f"dart-{i.name}", "content": json.dumps(i.policy)} for i in self.identities],
         }
         # The file holds a secret: create it owner-only rather than chmod after writing.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -225,7 +276,19 @@ class EmbeddedS3:
             "[master.volume_growth]\ncopy_1 = 1\n"
         )
         (self.data_dir / "filer.toml").write_text(f'[leveldb2]\nenabled = true\ndir = "{meta_dir / "filerldb2"}"\n')
-        (self.data_dir / "security.toml").write_text("# No TLS or JWT between components: all on loopback.\n")
+        # The filer and the volume servers take no S3 credentials: any process of this host could reach them
+        # on loopback and bypass the identities' policies. Keys drawn at each start make both demand a JWT
+        # that only the server's own components sign (filer reads and writes, volume reads and writes).
+        keys = {
+            name: secrets.token_urlsafe(32)
+            for name in ("signing", "signing.read", "filer_signing", "filer_signing.read")
+        }
+        toml = "".join(f'[jwt.{name}]\nkey = "{key}"\n' for name, key in keys.items())
+        path = self.data_dir / "security.toml"
+        path.unlink(missing_ok=True)  # an older file may be readable by others: the new one is created 0600
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("# No TLS between components: all on loopback.\n" + toml)
 
     def _local_socket_flags(self) -> list[str]:
         flags = []
@@ -255,7 +318,7 @@ class EmbeddedS3:
         topology = (status or {}).get("Topology") or {}
         if not topology.get("Max"):
             return False
-        return _signed_list_buckets(self.host, self.port, self.access_key, self.secret_key, self.region) == 200
+        return _signed_request("GET", "/", self.host, self.port, self.access_key, self.secret_key, self.region) == 200
 
     def stop(self) -> None:
         """Stop both processes, remove their sockets and the temporary data. Idempotent."""
@@ -299,8 +362,11 @@ def _distinct_free_ports(host: str, count: int) -> list[int]:
     return ports
 
 
-def _signed_list_buckets(host: str, port: int, access_key: str, secret_key: str, region: str) -> int | None:
-    """Send an AWS SigV4-signed ``ListBuckets``; return the HTTP status, or None if unreachable.
+def _signed_request(
+    method: str, path: str, host: str, port: int, access_key: str, secret_key: str, region: str
+) -> int | None:
+    """Send an AWS SigV4-signed request without a body (``GET /``: ListBuckets, ``PUT /bucket``:
+    CreateBucket); return the HTTP status, or None if unreachable.
 
     Done with the standard library so this package needs no S3 SDK.
     """
@@ -312,8 +378,8 @@ def _signed_list_buckets(host: str, port: int, access_key: str, secret_key: str,
     signed_headers = "host;x-amz-content-sha256;x-amz-date"
     canonical_request = "\n".join(
         [
-            "GET",
-            "/",
+            method,
+            path,
             "",
             f"host:{host_header}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n",
             signed_headers,
@@ -338,7 +404,7 @@ def _signed_list_buckets(host: str, port: int, access_key: str, secret_key: str,
     }
     conn = http.client.HTTPConnection(host, port, timeout=1.0)
     try:
-        conn.request("GET", "/", headers=headers)
+        conn.request(method, path, headers=headers)
         resp = conn.getresponse()
         resp.read()
         return resp.status

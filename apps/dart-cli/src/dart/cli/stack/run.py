@@ -29,11 +29,12 @@ from rich.live import Live
 from rich.table import Table
 
 from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config, warm_start_on
-from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store
+from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store, run_store_prefixes
 from dart.cli.stack.placement import placed, plan_placement
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.real_checkpoint import check_real_checkpoint
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
+from dart.cli.stack.store_credentials import StoreKeyFiles, as_store_role, store_environment
 from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import HeldOutValidator, heldout_summary
@@ -44,6 +45,7 @@ from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
 from dart.protocol.stacks import DUMP_SIGNAL
 from dart.protocol.store import StoreConfig
+from dart.protocol.store.grants import StoreRole
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
 
 if TYPE_CHECKING:
@@ -595,9 +597,10 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         for r, f in credentials.items()
     ]
     nats = EmbeddedNats(store_dir=run_dir / "nats", users=users) if config.run.embedded_nats else None
-    s3 = None
+    s3: EmbeddedS3 | None = None
+    store_keys: dict[StoreRole, StoreKeyFiles] = {}
     if config.store is None and config.run.artifacts == "embedded_s3":
-        s3 = embedded_s3_server(run_dir)
+        s3, store_keys = embedded_s3_server(run_dir, run_store_prefixes(config))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if nats is not None:
@@ -621,10 +624,14 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         def respawn(name: str) -> subprocess.Popen[bytes]:
             service = next(s for s in SERVICES if s == name)
             env = service_environment(service, credentials[service]) if credentials else {}
+            if service in store_keys:  # the service's own store key pair
+                env = {**env, **store_environment(store_keys[service])}
             return spawn(service, config_file, run_dir, {**env, **placement.service_environment(service)})
 
         if credentials:  # the supervisor connects as the ``run`` role
             config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
+        if store_keys and config.store is not None:  # and opens the store as the ``run`` role
+            config = config.model_copy(update={"store": as_store_role(config.store, store_keys["run"])})
         # The services only bind to the run's streams, consumers and bucket: the supervisor makes them first.
         asyncio.run(create_topology(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"})))
         for service in SERVICES:
@@ -648,7 +655,7 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
 def _use_embedded_s3(s3: EmbeddedS3, config: RunConfig) -> RunConfig:
     """Start the embedded S3 server; ``config`` with the run's store on it."""
     s3.start()
-    # Keys travel to the services in their environment, never in config.yaml.
+    # Each service's key files are named in its environment, never in config.yaml.
     store = embedded_s3_store(s3)
     console.log(f"embedded S3 at {s3.url}: artifacts in {store.uri}")
     return config.model_copy(update={"store": store})

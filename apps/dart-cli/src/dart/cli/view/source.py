@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from dart.cli.stack.embedded_store import EMBEDDED_S3_URI, embedded_s3_server, embedded_s3_store
+from dart.cli.stack.store_credentials import as_store_role
 from dart.cli.view.errors import NotARunError
 from dart.cli.view.tokens import policy_checkpoint
 from dart.data.config import BatchingConfig
@@ -96,14 +97,16 @@ def open_run(
         return
     from dart.embedded.process import EmbeddedServerError
 
-    server = embedded_s3_server(source.run_dir or run_dir)
+    server, keys = embedded_s3_server(source.run_dir or run_dir)
     try:
         server.start()
     except EmbeddedServerError as exc:
         reason = str(exc).splitlines()[0]
         raise NotARunError(run_dir, f"its S3 store's server did not start ({reason}; see s3/seaweedfs.log)") from exc
     try:
-        yield replace(source, store=embedded_s3_store(server).model_copy(update={"create_bucket": False}))
+        # The viewer's own key pair: it may read the run's artifacts, never write or delete one.
+        store = as_store_role(embedded_s3_store(server), keys["view"])
+        yield replace(source, store=store.model_copy(update={"create_bucket": False}))
     finally:
         server.stop()
 
