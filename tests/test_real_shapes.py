@@ -10,9 +10,9 @@ Then:
 
 - the prompt ids the engine recorded equal the prompt builder's, re-encoded from the stored screenshot;
 - the trainer's recomputation (torch, and FSDP2 on 2 gloo ranks) equals the engine's log-probs within 1e-4;
-- a vLLM server loads the checkpoint and answers the same prompt with the same ids, log-probs within 1e-4;
-- the trainer takes a step and publishes; both engines load the published weights, and their log-probs
-  equal the updated trainer's.
+- the trainer takes a step and publishes; the hf engine and a vLLM server (launched on the checkpoint) load
+  the published weights, answer the same prompt with the prompt builder's ids, and their log-probs equal the
+  updated trainer's within 1e-4.
 """
 
 from __future__ import annotations
@@ -117,11 +117,12 @@ def _as_sample(template: TrainingSample, result: GenerationResult) -> TrainingSa
 def _fsdp_logprobs(checkpoint: Path, samples: list[TrainingSample], out: Path) -> list[list[float]]:
     """The FSDP2 backend's recomputed log-probs (2 gloo ranks under torchrun)."""
     out.mkdir()
-    config = {"model_path": str(checkpoint), "num_threads": 1, "backend": {"kind": "fsdp", "nproc": 2}}
+    # 2 threads a rank: rank 1 holds no sample and runs only a dummy row, then waits in the collectives.
+    config = {"model_path": str(checkpoint), "num_threads": 2, "backend": {"kind": "fsdp", "nproc": 2}}
     (out / "config.json").write_text(json.dumps(config))
     (out / "samples.json").write_text(json.dumps([s.model_dump(mode="json") for s in samples]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(FSDP_WORKER)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [*cmd, str(out / "config.json"), str(out / "samples.json"), str(out)],
         env=env,
@@ -203,15 +204,13 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
         worst_fsdp = _worst(samples, [torch.tensor(x) for x in fsdp])
 
         request = GenerationRequest(prompt, max_new_tokens=6, sampling=Sampling(temperature=1.0), seed=7)
+        worst_engines: dict[str, float] = {}
         try:
             assert worst_fsdp < TOLERANCE, worst_fsdp
-            served = await vllm.generate(request)
-            assert served.prompt_token_ids == encoded.input_ids
-            vllm_sample = _as_sample(samples[0], served)
-            worst_vllm = _worst([vllm_sample], await asyncio.to_thread(trainer.compute_logprobs, [vllm_sample]))
-            assert worst_vllm < TOLERANCE, worst_vllm
-
-            # One update, published as the trainer publishes; both engines load it and match the new policy.
+            # One update, published as the trainer publishes; both engines load it, consume the prompt
+            # builder's ids and match the new policy. (The vLLM server is checked on the updated weights only:
+            # they replace every weight it loaded from the checkpoint, and a check before the update would
+            # repeat the same forward of the 1080p prompt twice more.)
             before = await asyncio.to_thread(_mlp_weights_of_the_first_layer, trainer)
             # A lone trajectory's group advantage is 0: give it one, so the step moves the weights.
             await asyncio.to_thread(trainer.train_step, [s.model_copy(update={"advantage": 1.0}) for s in samples])
@@ -230,8 +229,10 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
                 assert engine.version == 1
                 result = await engine.generate(request)
                 assert result.policy_version == 1
+                assert result.prompt_token_ids == encoded.input_ids, type(engine).__name__
                 updated = _as_sample(samples[0], result)
                 worst = _worst([updated], await asyncio.to_thread(trainer.compute_logprobs, [updated]))
+                worst_engines[type(engine).__name__] = worst
                 assert worst < TOLERANCE, (type(engine).__name__, worst)
         finally:
             await vllm.close()
@@ -240,7 +241,8 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
         images.close()
     print(
         f"real shapes at {SCREEN}: {EXPECTED_IMAGE_TOKENS} image tokens, {len(step.prompt_token_ids)} prompt ids; "
-        f"max |trainer - engine| log-prob: torch {worst_torch:.2e}, fsdp {worst_fsdp:.2e}, vllm {worst_vllm:.2e}"
+        f"max |trainer - engine| log-prob: torch {worst_torch:.2e}, fsdp {worst_fsdp:.2e}; after the update "
+        + ", ".join(f"{name} {gap:.2e}" for name, gap in worst_engines.items())
     )
 
 
