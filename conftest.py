@@ -124,6 +124,13 @@ def _can_build_images() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
 
 
+_VLLM_CACHE = Path(tempfile.mkdtemp(prefix="dart-vllm-cache-"))
+"""vLLM's cache for every server the session starts (in tests and in the runs they make): shared, as the
+servers of one host share theirs, and empty at the start, as on a fresh machine (never the user's
+``~/.cache/vllm``). Removed at the session's end."""
+os.environ["VLLM_CACHE_ROOT"] = str(_VLLM_CACHE)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start preparing the end-to-end runs' warm starts (see :class:`_WarmStartsAhead`), and building the compose
     stack's images as soon as its test is collected: the build (about 4 minutes) mostly waits on the disk and
@@ -148,6 +155,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     _warm_starts.stop()
+    shutil.rmtree(_VLLM_CACHE, ignore_errors=True)
 
 
 class _WarmStartsAhead:

@@ -106,7 +106,7 @@ def test_each_started_process_sees_the_gpus_the_plan_gave_it(tmp_path: Path) -> 
     engine = load_run_config(config_file).rollout.engine  # what the rollout service reads
     assert isinstance(engine, VLLMEngineConfig) and engine.launch is not None
     for index, expected in enumerate(["2,3", "4,5"]):
-        env = server_env(engine.launch, tmp_path / "cache", index, token="t")
+        env = server_env(engine.launch, index, token="t")
         server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
         try:
             assert environ(server.pid)["CUDA_VISIBLE_DEVICES"] == expected

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -54,10 +53,10 @@ def test_server_args_carry_the_token_contract() -> None:
     assert chat_template_path().is_file()
 
 
-def test_a_launched_servers_token_is_in_its_environment_and_its_check_on_its_path(tmp_path: Path) -> None:
+def test_a_launched_servers_token_is_in_its_environment_and_its_check_on_its_path() -> None:
     args = server_args(VLLMEngineConfig(), model_path="/ckpt", host="127.0.0.1", port=8000)
     assert args[args.index("--middleware") + 1] == "dart_vllm_auth.BearerTokenMiddleware"
-    env = server_env(VLLMLaunchConfig(env={TOKEN_ENV: "from-config"}), tmp_path, token="s3cret")
+    env = server_env(VLLMLaunchConfig(env={TOKEN_ENV: "from-config"}), token="s3cret")
     assert env[TOKEN_ENV] == "s3cret" and "s3cret" not in " ".join(args)  # the launch's token wins
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(auth_middleware_dir())
     assert (auth_middleware_dir() / "dart_vllm_auth.py").is_file()
@@ -72,12 +71,12 @@ def test_launched_servers_never_prefill_a_prompt_in_chunks_by_default() -> None:
     assert args[args.index("--max-num-batched-tokens") + 1] == "16384"
 
 
-def test_each_launched_server_gets_its_gpus_and_their_settings(tmp_path: Path) -> None:
+def test_each_launched_server_gets_its_gpus_and_their_settings() -> None:
     launch = VLLMLaunchConfig(tensor_parallel_size=2, gpu_memory_utilization=0.8, devices=[[0, 1], [2, 3]])
     args = server_args(VLLMEngineConfig(launch=launch), model_path="/ckpt", host="127.0.0.1", port=8000)
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.8"
-    assert [server_env(launch, tmp_path, i, token="t")["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0,1", "2,3"]
+    assert [server_env(launch, i, token="t")["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0,1", "2,3"]
     defaults = server_args(VLLMEngineConfig(), model_path="/ckpt", host="127.0.0.1", port=8000)
     assert "--tensor-parallel-size" not in defaults and "--gpu-memory-utilization" not in defaults
     with pytest.raises(ValidationError, match="use launch.devices"):

@@ -131,12 +131,15 @@ def configured_env(launch: VLLMLaunchConfig, *, runtime_lora: bool = False) -> d
     return env
 
 
-def server_env(
-    launch: VLLMLaunchConfig, cache_root: Path, index: int = 0, *, token: str, runtime_lora: bool = False
-) -> dict[str, str]:
-    """Environment of a launched server: this process's, then :func:`configured_env`, with its own compile
-    cache, unbuffered output, the auth middleware on ``PYTHONPATH``, ``token`` in :data:`TOKEN_ENV` and, where
-    ``launch.devices`` places the servers, its own GPUs in ``CUDA_VISIBLE_DEVICES``.
+def server_env(launch: VLLMLaunchConfig, index: int = 0, *, token: str, runtime_lora: bool = False) -> dict[str, str]:
+    """Environment of a launched server: this process's, then :func:`configured_env`, with unbuffered output,
+    the auth middleware on ``PYTHONPATH``, ``token`` in :data:`TOKEN_ENV` and, where ``launch.devices``
+    places the servers, its own GPUs in ``CUDA_VISIBLE_DEVICES``.
+
+    vLLM's cache (``VLLM_CACHE_ROOT``: the model-class inspection it otherwise repeats in a child process at
+    every start, and compile caches on GPUs) is the host's, shared by every server and start: vLLM's default
+    (``~/.cache/vllm``) or the environment's setting (``launch.env`` included). Its entries are keyed by content
+    and written atomically.
 
     CPU builds bind their compute threads to cores; left to itself every server on a host picks the same
     core, so server ``index`` gets core ``index mod cores`` (set ``VLLM_CPU_OMP_THREADS_BIND`` in
@@ -144,7 +147,7 @@ def server_env(
     """
     env = dict(os.environ)
     env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
-    env.update({"VLLM_CACHE_ROOT": str(cache_root), "PYTHONUNBUFFERED": "1"})
+    env["PYTHONUNBUFFERED"] = "1"
     env.update(configured_env(launch, runtime_lora=runtime_lora))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(auth_middleware_dir()), env.get("PYTHONPATH")) if p)
     env[TOKEN_ENV] = token
@@ -179,7 +182,6 @@ class VLLMServerProcess:
         self.launch = config.launch
         base = Path(self.launch.log_dir) if self.launch.log_dir else Path(tempfile.gettempdir()) / "dart-vllm"
         self.log_path = base / f"vllm-{name}.log"
-        self.cache_root = base / "vllm-cache"
         self.port: int | None = None
         self.token: str | None = None
         """Bearer token the running server requires; a new one at each start."""
@@ -222,9 +224,7 @@ class VLLMServerProcess:
 
     def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = server_env(
-            self.launch, self.cache_root, self.index, token=self.token or "", runtime_lora=self.config.lora is not None
-        )
+        env = server_env(self.launch, self.index, token=self.token or "", runtime_lora=self.config.lora is not None)
         gpus = f" on GPUs {env['CUDA_VISIBLE_DEVICES']}" if self.launch.devices else ""
         with self.log_path.open("ab") as log:
             log.write(f"\n=== dart: start #{self.starts}{gpus} at {time.ctime()}: {' '.join(cmd)}\n".encode())
