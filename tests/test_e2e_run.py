@@ -32,6 +32,10 @@ def test_summary_shows_training_and_no_loss(smoke_run: tuple[dict[str, Any], Pat
     assert summary["trajectories_lost"] == 0
     assert summary["service_exit_codes"] == {"rollout": 0, "data": 0, "train": 0, "env": 0}
     assert (run_dir / "summary.json").is_file()
+    # Phases count work: every warm-start step was taken, and RL ended on its own terms, saying which.
+    assert summary["warm_start_cut"] is False
+    assert summary["warm_start_steps"] == summary["warm_start_planned_steps"]
+    assert summary["rl_ended_by"] in ("duration", "versions")
     # The staleness bound holds for what was trained on, not only for what was batched.
     bound = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["grouping"]["max_staleness"]
     assert summary["max_trained_policy_lag"] is not None and summary["max_trained_policy_lag"] <= bound

@@ -64,3 +64,17 @@ def test_the_run_finds_the_warm_start_prepared_for_it(tmp_path: Path) -> None:
     policy, info = prepare_policy(config)
     assert info["warm_start_cached"] is True and info["warm_start_steps"] == 2
     assert (policy / "config.json").is_file()
+
+
+@pytest.mark.integration
+def test_a_cut_warm_start_says_so_with_the_steps_done_and_is_not_kept(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    # A cap no SFT step fits in: the warm start stops after its first step.
+    overrides = ["warm_start.steps=3", "warm_start.episodes_per_task=1", "warm_start.max_seconds=0.000001"]
+    code, out, err = invoke("warm-start", str(SMOKE), *overrides, f"warm_start.cache_dir={cache}")
+    assert code == 1, out + err
+    cut = json.loads(out.strip().splitlines()[-1])
+    assert cut["stored"] is False and not any(cache.glob("*/policy"))
+    assert cut["warm_start_cut"] is True and cut["warm_start_cut_by"] == "max_seconds"
+    assert cut["warm_start_steps"] == 1 and cut["warm_start_planned_steps"] == 3
+    assert "cut the warm start short at step 1 of 3" in err and "warm_start.max_seconds" in err

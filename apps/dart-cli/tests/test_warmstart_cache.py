@@ -49,7 +49,8 @@ def test_what_changes_the_policy_changes_the_key() -> None:
     assert key not in keys
     assert len(set(keys)) == len(keys)
     # What cannot change a complete warm start keeps the key.
-    same = base.model_copy(update={"warm_start": ws.model_copy(update={"max_seconds": 5.0, "cache_dir": Path("x")})})
+    limits = {"max_seconds": 5.0, "max_slowdown": 2.0, "guard_floor_s": 1.0, "cache_dir": Path("x")}
+    same = base.model_copy(update={"warm_start": ws.model_copy(update=limits)})
     assert _key(same) == key
 
 

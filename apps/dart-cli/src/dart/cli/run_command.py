@@ -64,7 +64,8 @@ def warm_start_command(
 
     Runs of the same config (and any that differ only after the warm start) then begin with RL. Nothing is
     done when the entry is there already. A config error (no cache_dir, no warm start) ends with exit code 2;
-    a warm start cut short by warm_start.max_seconds is not kept and ends with exit code 1.
+    a warm start cut short (by warm_start.max_seconds, or by the guard against a stuck machine) is not kept and
+    ends with exit code 1.
     """
     from dart.cli.stack.run import prepare_warm_start
 
@@ -76,8 +77,10 @@ def warm_start_command(
         raise typer.Exit(2) from None
     typer.echo(json.dumps(prepared))
     if not prepared["stored"]:
-        steps = prepared.get("warm_start_steps")
-        typer.echo(f"error: warm_start.max_seconds cut the warm start short at step {steps}: not kept", err=True)
+        steps, planned = prepared.get("warm_start_steps"), prepared.get("warm_start_planned_steps")
+        by = prepared.get("warm_start_cut_by")
+        setting = "warm_start.max_seconds" if by == "max_seconds" else "the guard (warm_start.max_slowdown)"
+        typer.echo(f"error: {setting} cut the warm start short at step {steps} of {planned}: not kept", err=True)
         raise typer.Exit(1)
 
 

@@ -46,10 +46,12 @@ class RunSection(ConfigModel):
     run_dir: Path | None = None
     """The run directory; set by ``dart run`` when it resolves the config."""
     rl_duration_s: float = Field(default=600.0, gt=0)
-    """Wall time of the RL phase, seconds (after warm start, from when the rollout service is ready)."""
+    """Wall time of the RL phase, seconds (after warm start, from when the rollout service is ready); with
+    ``min_versions``, its least length."""
     min_versions: int = Field(default=0, ge=0)
     """The RL phase goes on past ``rl_duration_s`` until this many versions are published (a condition, not
-    a wall-clock guess: a loaded machine trains slower but still shows training), up to ``max_rl_duration_s``."""
+    a wall-clock guess: a loaded machine trains slower but learns as much), up to ``max_rl_duration_s``. With a
+    short ``rl_duration_s`` the versions decide the phase's length (the summary's ``rl_ended_by: versions``)."""
     max_rl_duration_s: float | None = Field(default=None, gt=0)
     """Hard limit of the RL phase when ``min_versions`` is not reached, seconds; None: 4 x ``rl_duration_s``."""
     ready_timeout_s: float = Field(default=900.0, gt=0)
@@ -108,8 +110,15 @@ class WarmStartSection(ConfigModel):
     """SFT optimizer steps."""
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=3e-3, gt=0)
-    max_seconds: float = Field(default=300.0, gt=0)
-    """Stop SFT early past this wall time."""
+    max_slowdown: float = Field(default=10.0, ge=1)
+    """The guard against a stuck machine: the warm start is cut once its SFT steps have taken this many times
+    their expected time (the median of the first 10 steps' times x ``steps``). A machine that stays as slow as
+    it began takes every step; see ``dart.cli.stack.warmstart_guard``."""
+    guard_floor_s: float = Field(default=600.0, gt=0)
+    """The guard never cuts the warm start before this many seconds of SFT."""
+    max_seconds: float | None = Field(default=None, gt=0)
+    """A hard wall-clock limit on the SFT steps, seconds, on top of the guard: past it the warm start stops
+    after the step in progress however fast the machine is. None: only the guard."""
     cache_dir: Path | None = None
     """Keep warm-started policies here, keyed by everything that determines them (model, suite, env,
     prompt settings, SFT settings, seeds, package versions; see ``dart.cli.stack.warmstart_cache``), and

@@ -2,11 +2,12 @@
 
 Phases: check the config (the GPUs it needs included: ``dart.cli.stack.placement``) and resolve the run
 directory -> start an embedded nats-server -> write (or take) the initial policy -> warm start on oracle
-demonstrations -> start the four services as ``dart serve`` processes, each on its GPUs -> RL (decoupled,
-or the coupled baseline with ``data.emission.mode: coupled``) for ``run.rl_duration_s`` with live progress ->
-(held-out validation on the run's engines: stop the trainer, evaluate its last version on the rollout
-service's engines) -> stop rollout, let dart-data ingest every published trajectory, stop the rest -> write
-``summary.json`` and print it as the last line.
+demonstrations (its steps decide, ``dart.cli.stack.warmstart_guard`` stops a stuck one) -> start the four
+services as ``dart serve`` processes, each on its GPUs -> RL (decoupled, or the coupled baseline with
+``data.emission.mode: coupled``) until ``run.rl_duration_s`` and ``run.min_versions`` end it
+(``dart.cli.stack.rl_clock``), with live progress -> (held-out validation on the run's engines: stop the
+trainer, evaluate its last version on the rollout service's engines) -> stop rollout, let dart-data ingest
+every published trajectory, stop the rest -> write ``summary.json`` and print it as the last line.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store,
 from dart.cli.stack.placement import placed, plan_placement
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.real_checkpoint import check_real_checkpoint
+from dart.cli.stack.rl_clock import RlPhaseClock
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.store_credentials import StoreKeyFiles, as_store_role, store_environment
 from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import HeldOutValidator, heldout_summary
+from dart.cli.stack.warmstart_guard import WarmStartGuard, warm_start_row
 from dart.protocol.bus import Bus, BusConfig, KeyValueStore
 from dart.protocol.config import dump_config
 from dart.protocol.lifetime import die_with_parent
@@ -112,14 +115,14 @@ def prepare_policy(config: RunConfig) -> tuple[Path, dict[str, Any]]:
         cached = cache.get(key, out)
         if cached is not None:
             console.log(f"warm start: reused {cache.root / key} (warm_start.cache_dir)")
-            return out, {**cached, "warm_start_cached": True}
+            return out, {"warm_start_cut": False, **cached, "warm_start_cached": True}
         return _make_policy(config, tasks, cache, key)
 
 
 def prepare_warm_start(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """``dart warm-start``: fill ``warm_start.cache_dir`` with the warm start that ``dart run`` of the same config
     and overrides would compute, or find it there. Returns the entry's ``key``, ``cache_dir``, ``stored``
-    (False only when ``warm_start.max_seconds`` cut the warm start short: such a policy is not kept) and the
+    (False only when the warm start was cut short, ``warm_start_cut``: such a policy is not kept) and the
     warm start's figures (``warm_start_cached``: it was there already).
 
     Raises:
@@ -199,24 +202,22 @@ def _make_policy(
         if step == 1 or step % 10 == 0:
             console.log(f"warm start step {step}: loss {loss:.3f}")
 
+    guard = WarmStartGuard(ws.steps, ws.max_slowdown, ws.guard_floor_s, ws.max_seconds)
     steps, first, last = run_sft(
-        backend,
-        demos,
-        steps=ws.steps,
-        batch_size=ws.batch_size,
-        max_seconds=ws.max_seconds,
-        seed=config.run.seed,
-        on_step=on_step,
+        backend, demos, steps=ws.steps, batch_size=ws.batch_size, guard=guard, seed=config.run.seed, on_step=on_step
     )
     save_policy(backend, base, out)
     info.update(
         warm_start_demos=len(demos),
         warm_start_steps=steps,
+        **guard.report(),
         warm_start_first_loss=round(first, 4),
         warm_start_last_loss=round(last, 4),
         warm_start_s=round(time.monotonic() - t0, 1),
     )
-    if cache is not None and steps == ws.steps:  # a warm start cut short by max_seconds is not reusable
+    if guard.cut_by is not None:
+        console.log(f"[yellow]warning:[/] warm start {warm_start_row(info)}")
+    elif cache is not None:  # a warm start cut short is not reusable
         cache.put(key, out, info)
     return out, {**info, "warm_start_cached": False} if cache is not None else info
 
@@ -310,7 +311,15 @@ def _named(proc: subprocess.Popen[bytes]) -> str:
     return f"{' '.join(str(a) for a in args[-4:])} (pid {proc.pid})"
 
 
-def _table(progress: RunProgress, elapsed: float, produced: int, version: int, now_ns: int) -> Table:
+def _table(
+    progress: RunProgress,
+    elapsed: float,
+    produced: int,
+    version: int,
+    now_ns: int,
+    min_versions: int = 0,
+    warm_start: str | None = None,
+) -> Table:
     table = Table(title=f"DART run: {elapsed:.0f}s of RL", show_header=False)
     stats = progress.last_events.get("data.stats", {})
     batch = progress.last_events.get("data.batch", {})
@@ -321,10 +330,11 @@ def _table(progress: RunProgress, elapsed: float, produced: int, version: int, n
         return "-" if u is None else f"{u:.0%}"
 
     rows = [
+        *([("warm start", warm_start)] if warm_start else []),
         ("trajectories", f"{produced} ({produced / max(elapsed, 1e-9):.2f}/s)"),
         ("stored", str(stats.get("stored", "-"))),
         ("success rate (per-task EMA)", _fmt(_mean(stats.get("task_success")))),
-        ("policy version", str(version)),
+        ("policy version", f"{version} of {min_versions}" if min_versions else str(version)),
         ("staleness (last batch)", str(batch.get("max_staleness", batch.get("staleness", "-")))),
         ("trainer step / loss", f"{step.get('step', '-')} / {_fmt(step.get('loss'))}"),
         ("engine weight updates", str(progress.updates)),
@@ -377,9 +387,11 @@ async def monitor(
     respawn: Callable[[str], subprocess.Popen[bytes]],
     credentials: Mapping[Role, Path] | None = None,
     servers: dict[str, Server] | None = None,
+    warm_start: str | None = None,
 ) -> dict[str, Any]:
     """Show progress for the RL phase (restarting services and embedded ``servers`` that die,
-    ``run.max_restarts`` times each), then stop the services in order; returns the summary figures."""
+    ``run.max_restarts`` times each; ``warm_start`` is the table's warm-start row), then stop the services
+    in order; returns the summary figures."""
     run_dir = config.run.run_dir
     assert run_dir is not None
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
@@ -403,7 +415,9 @@ async def monitor(
         (run_dir / RL_WINDOW_FILE).write_text(json.dumps({"rl_start_unix_ns": start_ns}) + "\n")
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
         with _ends_on_stop_signals() as asked:
-            failed, ended_by = await _watch_rl_phase(config, supervisor, bus, state, progress, failed, asked)
+            failed, ended_by = await _watch_rl_phase(
+                config, supervisor, bus, state, progress, failed, asked, warm_start
+            )
         end_ns = time.time_ns()
         heldout, codes = await _stop_services(config, procs, bus, state, validator)
         traj_stream = await bus.stream_state("traj")
@@ -476,28 +490,27 @@ async def _watch_rl_phase(
     progress: RunProgress,
     failed: str | None,
     asked_to_stop: asyncio.Event,
+    warm_start: str | None = None,
 ) -> tuple[str | None, str]:
     """Show progress until the RL phase is over (at once when it ``failed`` already); why it failed, if it
-    did, and what ended it: ``duration``, ``max_duration`` (``run.min_versions`` not reached in time),
-    ``signal`` (``asked_to_stop`` set) or ``failure``.
-
-    The phase lasts ``run.rl_duration_s``, longer (up to ``run.max_rl_duration_s``) while fewer than
-    ``run.min_versions`` versions are published; a service that dies past its restarts ends it.
+    did, and what ended it: ``duration``, ``versions``, ``max_duration`` (see :mod:`dart.cli.stack.rl_clock`),
+    ``signal`` (``asked_to_stop`` set) or ``failure`` (a service died past its restarts). The table shows
+    ``warm_start``, the warm start's row, above the RL figures.
     """
     run_dir = config.run.run_dir
     assert run_dir is not None
-    began = time.monotonic()
-    deadline = began + (config.run.rl_duration_s if failed is None else 0.0)
-    limit = config.run.max_rl_duration_s or 4 * config.run.rl_duration_s
-    hard_deadline = began + (limit if failed is None else 0.0)
+    if failed is not None:
+        return failed, "failure"
+    rl = config.run
+    clock = RlPhaseClock.start(time.monotonic(), rl.rl_duration_s, rl.min_versions, rl.max_rl_duration_s)
     version = produced = 0
     with Live(console=console, refresh_per_second=2, transient=False) as live:
-        while (now_s := time.monotonic()) < deadline or (version < config.run.min_versions and now_s < hard_deadline):
+        while (ended := clock.ended_by(time.monotonic(), version)) is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asked_to_stop.wait(), 1.0)
             if asked_to_stop.is_set():
                 console.log(f"asked to stop: the RL phase ends at version {version} (Ctrl-C again to interrupt)")
-                return failed, "signal"
+                return None, "signal"
             # Off the loop: restarting the embedded nats-server waits for it to be healthy.
             gave_up = await asyncio.to_thread(supervisor.check)
             if gave_up is not None:
@@ -510,10 +523,9 @@ async def _watch_rl_phase(
             except Exception as exc:  # the broker is down or restarting: show the last figures
                 log.warning("progress from NATS unavailable: %s", exc)
             now = time.time_ns()
-            live.update(_table(progress, (now - progress.window_start_ns) / 1e9, produced, version, now))
-    if failed is not None:
-        return failed, "failure"
-    return None, "duration" if version >= config.run.min_versions else "max_duration"
+            elapsed = (now - progress.window_start_ns) / 1e9
+            live.update(_table(progress, elapsed, produced, version, now, rl.min_versions, warm_start))
+    return None, ended
 
 
 async def _stop_services(
@@ -638,7 +650,7 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             procs[service] = respawn(service)
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
         servers: dict[str, Server] = {"nats-server": nats} if nats is not None else {}
-        figures = asyncio.run(monitor(config, procs, respawn, credentials, servers))
+        figures = asyncio.run(monitor(config, procs, respawn, credentials, servers, warm_start_row(info)))
         storage = store_usage(store_config(config), config.train.weights_prefix)
     finally:
         for proc in procs.values():

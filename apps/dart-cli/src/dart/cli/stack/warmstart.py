@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dart.cli.stack.warmstart_guard import WarmStartGuard
 from dart.env.service.config import EnvServiceConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
@@ -111,18 +112,19 @@ def run_sft(
     *,
     steps: int,
     batch_size: int,
-    max_seconds: float,
+    guard: WarmStartGuard,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> tuple[int, float, float]:
-    """SFT steps on random mini-batches of demos; returns (steps, first loss, last loss)."""
+    """SFT steps on random mini-batches of demos until ``steps`` are taken or ``guard`` stops them (its
+    ``cut_by`` then says why); returns (steps taken, first loss, last loss)."""
     from dart.train.sft import sft_step
 
     rng = random.Random(seed)
-    started = time.monotonic()
     first = last = float("nan")
     done = 0
     for done in range(1, steps + 1):
+        began = time.monotonic()
         batch = rng.sample(list(demos), min(batch_size, len(demos)))
         metrics = sft_step(backend, batch)
         last = metrics.loss
@@ -130,7 +132,7 @@ def run_sft(
             first = metrics.loss
         if on_step is not None:
             on_step(done, metrics.loss)
-        if time.monotonic() - started > max_seconds:
+        if guard.step_done(time.monotonic() - began):
             break
     return done, first, last
 

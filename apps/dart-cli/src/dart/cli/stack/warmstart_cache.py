@@ -6,8 +6,9 @@ warm-start the same policy. The key is a SHA-256 over: the model source (tiny se
 path and file sizes and times), the suite's tasks, the env section, the prompt settings the demos are
 tokenized with, the warm-start and SFT-relevant trainer settings, the run seed, and the versions of
 DART, torch and transformers. What cannot change the policy stays out of it: trainer backend and
-parallelism, RL settings, data curation, the run's name and durations, ``warm_start.max_seconds``
-(only complete warm starts are stored, so the cap never cut a cached one short).
+parallelism, RL settings, data curation, the run's name and durations, the warm start's time limits
+(``max_seconds``, ``max_slowdown``, ``guard_floor_s``: only complete warm starts are stored, so no limit cut a
+cached one short).
 
 Entries are directories ``<cache_dir>/<key>/`` holding the checkpoint (``policy/``) and the warm
 start's figures (``info.json``); an entry is written under a temporary name and renamed into place,
@@ -33,6 +34,9 @@ from typing import Any
 
 from dart.cli.stack.config import RunConfig
 from dart.protocol.messages import TaskSpec
+
+_NOT_KEYED = frozenset({"max_seconds", "max_slowdown", "guard_floor_s", "cache_dir"})
+"""Warm-start settings that cannot change a complete warm start."""
 
 _TRAIN_FIELDS_OUTSIDE_KEY = frozenset(
     {
@@ -81,7 +85,7 @@ def warm_start_key(config: RunConfig, tasks: list[TaskSpec]) -> str:
         "tasks": [t.model_dump(mode="json") for t in tasks],
         "env": config.env.model_dump(mode="json"),
         "prompt": config.rollout.runner.prompt.model_dump(mode="json"),
-        "warm_start": config.warm_start.model_dump(mode="json", exclude={"max_seconds", "cache_dir"}),
+        "warm_start": config.warm_start.model_dump(mode="json", exclude=set(_NOT_KEYED)),
         "train": config.train.model_dump(mode="json", exclude=set(_TRAIN_FIELDS_OUTSIDE_KEY)),
         "seed": config.run.seed,
         "versions": {p: _version(p) for p in ("dart-cli", "dart-train", "dart-env", "torch", "transformers")},
