@@ -1,5 +1,6 @@
 """FSDP2 backend: 2 gloo ranks (real torchrun processes) match one process; checkpoints resume exactly; a
-fault on one rank skips the batch on both."""
+fault on one rank skips the batch on both; one rank out of memory in the update stops both, which run the
+batch again at half the micro-batch size."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.unit
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 FAULT_WORKER = Path(__file__).with_name("rank_fault_worker.py")
+OOM_WORKER = Path(__file__).with_name("oom_worker.py")
 
 
 def _torchrun(worker: Path, config: dict[str, object], samples: list[TrainingSample], out: Path, nproc: int) -> None:
@@ -129,3 +131,42 @@ def test_faults_on_one_rank_skip_or_drop_on_both_and_training_goes_on(
     # The ranks stayed in step: the batches that trained did so once on both.
     assert trained == {"step": 2, "samples": 2, "dropped": {}}
     assert rank0["step"] == rank1["step"] == 2
+
+
+def test_out_of_memory_on_one_rank_stops_both_and_the_batch_trains_at_half_the_micro_batch_size(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], tmp_path: Path
+) -> None:
+    # oom_worker.py: rank 1 runs out of memory once in batch 2 (its third micro-step), and in every row of batch 3.
+    config: dict[str, object] = {
+        "model_path": str(tiny_checkpoint),
+        "lr": 1e-3,
+        "micro_batch_size": 2,
+        "num_threads": 1,
+    }
+    # 4 samples, 2 per rank: one micro-step of 2 rows per batch.
+    samples = rollout_samples + [s.model_copy(update={"trajectory_id": f"{s.trajectory_id}x"}) for s in rollout_samples]
+    _torchrun(OOM_WORKER, config, samples, tmp_path, nproc=2)  # bounded: a rank left in a collective fails it
+    rank0 = json.loads((tmp_path / "rank-0.json").read_text())
+    rank1 = json.loads((tmp_path / "rank-1.json").read_text())
+    first, second, retried, given_up, after = rank0["batches"]
+    assert [b["micro_batch_size"] for b in (first, second, after)] == [2, 2, 2]
+    assert first["retried"] == second["retried"] == after["retried"] == []
+    # Rank 1's error stopped both ranks; the mini-batch ran again at size 1 and trained once.
+    assert retried["micro_batch_size"] == 1 and retried["step"] == 3
+    assert retried["retried"] == [{"rank": 1, "reason": "out_of_memory", "from_size": 2, "to_size": 1}]
+    # Not even one sample per micro-batch fit: the batch is given up, on both ranks, naming the setting.
+    assert given_up["error"] == "RankFailureError"
+    assert (given_up["reason"], given_up["rank"], given_up["retryable"]) == ("out_of_memory", 1, False)
+    assert "train.micro_batch_size 2 was halved down to 1" in given_up["message"]
+    assert rank1["raised_in"] == {"2": 1, "3": 2}  # size 2, then size 1
+    assert after["step"] == rank0["step"] == rank1["step"] == 4
+
+    # Nothing of a failed attempt was applied: each batch's figures are those of one process at micro-batch
+    # size 1 that never failed (the update does not depend on the micro-batch size).
+    single = TorchBackend.load(
+        TrainerConfig.model_validate({**config, "micro_batch_size": 1}), image_source=StoreImageSource()
+    )
+    for ours in (first, second, retried, after):
+        ref = single.train_step(samples).as_dict()
+        assert ours["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
+        assert ours["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)

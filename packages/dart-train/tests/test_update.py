@@ -1,5 +1,6 @@
 """The shared RL update on a real tiny model: clipping acts with several epochs, importance weights compare
-the same (tempered, nucleus) distribution, padding and micro-batching leave the loss alone."""
+the same (tempered, nucleus) distribution, padding and micro-batching leave the loss alone, a failed
+micro-batch applies nothing and an out-of-memory one runs again at half the size."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.prompt import build_prompt
 from dart.train.backend import TorchBackend
-from dart.train.batching import StoreImageSource
+from dart.train.batching import ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
+from dart.train.errors import RankFailureError
 from dart.train.testing import sample_of, store_png
-from dart.train.update import select_high_entropy
+from dart.train.update import Retry, select_high_entropy
 
 pytestmark = pytest.mark.unit
 
@@ -160,3 +162,56 @@ def test_ownership_keeps_the_mini_batches_and_each_ranks_share_of_them() -> None
                 chosen = list(range(0, n, 3))
                 picked = mini_batches(chosen, owners, min(m, len(chosen)), dp)
                 assert sorted(i for part in picked for i in part) == chosen
+
+
+class FailingForward:
+    """A backend's real ``forward_logprobs`` raising ``error`` after its ``at``-th pass with gradient (counted from 1).
+    The fault is this test's own: no production switch."""
+
+    def __init__(self, backend: TorchBackend, at: int, error: Exception) -> None:
+        self.forward, self.at, self.error, self.calls = backend.forward_logprobs, at, error, 0
+        backend.forward_logprobs = self  # type: ignore[method-assign]  # test-only fault
+
+    def __call__(self, inputs: ModelInputs, **sampling: object) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.forward(inputs, **sampling)  # type: ignore[arg-type]
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls == self.at:
+                raise self.error
+        return out
+
+
+def test_a_failed_micro_batch_applies_nothing_and_out_of_memory_runs_it_again_at_half_the_size(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample]
+) -> None:
+    # Micro-batch size 1: the first sample's gradients have accumulated when the second sample's forward fails.
+    failing = _backend(tiny_checkpoint, lr=1e-3, micro_batch_size=1, grad_clip=None)
+    before = {n: p.detach().clone() for n, p in failing.model.named_parameters()}
+    FailingForward(failing, 2, RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"))
+    with pytest.raises(RankFailureError) as caught:
+        failing.train_step(rollout_samples)
+    assert (caught.value.reason, caught.value.rank, caught.value.retryable) == ("error", 0, True)
+    assert failing.step == 0
+    assert all(p.grad is None for p in failing.model.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in failing.model.named_parameters())
+
+    # Out of memory at size 2: the mini-batch runs again at size 1 and lands where a run at size 1 does.
+    retried = _backend(tiny_checkpoint, lr=1e-3, micro_batch_size=2, grad_clip=None)
+    FailingForward(retried, 2, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.27 GiB"))
+    metrics = retried.train_step(rollout_samples)
+    assert metrics.micro_batch_size == 1 and metrics.step == 1
+    assert metrics.retried == (Retry(rank=0, reason="out_of_memory", from_size=2, to_size=1),)
+    plain = _backend(tiny_checkpoint, lr=1e-3, micro_batch_size=1, grad_clip=None)
+    reference = plain.train_step(rollout_samples)
+    assert metrics.loss == pytest.approx(reference.loss, rel=1e-5, abs=1e-7)
+    for (name, p), q in zip(retried.model.named_parameters(), plain.model.parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=0, atol=1e-6), name
+
+    # Out of memory at size 1: nothing smaller to try; the error names the setting, and no redelivery helps.
+    never = _backend(tiny_checkpoint, lr=1e-3, micro_batch_size=1, grad_clip=None)
+    FailingForward(never, 1, RuntimeError("CUDA error: out of memory"))
+    with pytest.raises(
+        RankFailureError, match="train.micro_batch_size is 1: one sample's forward and backward do not fit"
+    ) as caught:
+        never.train_step(rollout_samples)
+    assert (caught.value.reason, caught.value.retryable, never.step) == ("out_of_memory", False, 0)

@@ -22,6 +22,8 @@ images) can fail on one rank alone. The ranks agree on the outcome before the up
 (:mod:`dart.train.shares`): the same samples dropped as unusable, or the same
 :class:`~dart.train.errors.BatchSkippedError` raised everywhere, which rank 0's service terminates or naks
 by its ``retryable``.
+Inside the update, each step is agreed too (:mod:`dart.train.lockstep`): a failure on one rank raises the same
+:class:`~dart.train.errors.RankFailureError` on every rank, so a follower notes it and waits for the next command.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from dart.train import collectives
 from dart.train.admission import admissible
 from dart.train.checkpoint import load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
-from dart.train.errors import BatchSkippedError, SampleError
+from dart.train.errors import BatchSkippedError, RankFailureError, SampleError
 from dart.train.shares import Reader, build_share
 from dart.train.update import RLUpdate, TrainStepMetrics
 
@@ -143,7 +145,7 @@ def follow(backend: Any, config: TrainerConfig, reader: Reader, *, wait_s: float
             samples = [TrainingSample.model_validate(s) for s in command[1]]
             try:
                 train_batch(backend, config, reader, samples, command[2])
-            except BatchSkippedError as exc:
+            except (BatchSkippedError, RankFailureError) as exc:
                 # Rank 0 raised the same error and reports it; this rank only notes its part.
                 log.warning("rank %d: %s", backend.rank, exc)
             except Exception:

@@ -86,6 +86,42 @@ class BatchSkippedError(TrainerError):
         super().__init__(f"batch skipped on every rank ({reason} on rank {rank}): {detail}")
 
 
+class RankFailureError(TrainerError):
+    """A step of the update failed on (at least) one rank: every rank raises the same error at the same point,
+    and nothing of the failed step is applied (no optimizer step; its gradients are cleared).
+
+    Attributes:
+        reason: ``out_of_memory`` (every failing rank ran out of memory) or ``error`` (anything else).
+        rank: The lowest failing rank.
+        detail: That rank's error (type and message).
+        what: The step (``micro-batch``, ``logp_old``).
+        micro_batch_size: The micro-batch size the step ran at (0 where none applies).
+        retryable: Whether the batch may train if delivered again (the service naks it) or not (the service
+            terminates it): an out-of-memory error that halving ``train.micro_batch_size`` down to 1 did not
+            cure is not.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        rank: int,
+        detail: str,
+        *,
+        what: str = "micro-batch",
+        micro_batch_size: int = 0,
+        retryable: bool = True,
+        advice: str = "",
+    ) -> None:
+        self.reason = reason
+        self.rank = rank
+        self.detail = detail
+        self.what = what
+        self.micro_batch_size = micro_batch_size
+        self.retryable = retryable
+        at = f" at micro-batch size {micro_batch_size}" if micro_batch_size else ""
+        super().__init__(f"{what} failed on every rank ({reason} on rank {rank}{at}): {detail}{advice}")
+
+
 class CheckpointError(TrainerError):
     """A checkpoint directory is missing, incomplete or belongs to another model.
 

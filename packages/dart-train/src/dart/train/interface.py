@@ -76,6 +76,17 @@ class TrainerBackend(abc.ABC):
     def optimizer_step(self) -> float:
         """Clip accumulated gradients, step the optimizer, zero gradients, ``step += 1``; returns the pre-clip norm."""
 
+    def zero_grad(self) -> None:
+        """Drop every gradient accumulated since the last optimizer step (a failed micro-batch's): the optimizer's
+        tensors' and the model's own (a backward cut short may leave some there)."""
+        optimizer: Any = getattr(self, "optimizer", None)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        model: Any = getattr(self, "model", None)
+        if model is not None:
+            for param in model.parameters():
+                param.grad = None
+
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full Hugging Face state dict on CPU (complete on the main rank; collective on all ranks)."""

@@ -30,7 +30,7 @@ from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig
 from dart.train.distributed import Commander, train_batch
-from dart.train.errors import BatchSkippedError, SampleError
+from dart.train.errors import BatchSkippedError, RankFailureError, SampleError
 from dart.train.interface import TrainerBackend, load_backend
 from dart.train.publish import WeightPublisher
 from dart.train.retention import prune_checkpoints, prune_weights
@@ -59,6 +59,10 @@ class TrainerStats:
         stale_batches: Batches acked untrained because every sample was stale.
         samples_dropped: Unusable samples (tokens that disagree with the images, a screenshot missing or
             corrupt) dropped from batches that trained on the rest, by reason.
+        batches_retried: Mini-batches run again at half the micro-batch size after a rank ran out of memory.
+        batches_failed: Batches whose update failed on a rank (every rank stopped with it), by reason
+            (``out_of_memory``, ``error``; see :class:`~dart.train.errors.RankFailureError`); each is also in
+            ``rejected`` or ``failed``.
     """
 
     batches: int = 0
@@ -70,6 +74,8 @@ class TrainerStats:
     stale_samples: int = 0
     stale_batches: int = 0
     samples_dropped: dict[str, int] = field(default_factory=dict)
+    batches_retried: int = 0
+    batches_failed: dict[str, int] = field(default_factory=dict)
 
 
 async def _catch_up(
@@ -278,6 +284,9 @@ class TrainerService:
             except BatchSkippedError as exc:
                 await self._skip(delivery, exc)
                 return
+            except RankFailureError as exc:
+                await self._failed(delivery, exc)
+                return
             except SampleError as exc:
                 # Every sample was refused by the update's admission check, on every rank alike (same
                 # samples, same rule): redelivery would be refused the same way.
@@ -298,6 +307,16 @@ class TrainerService:
             await delivery.ack()
         self.stats.batches += 1
         self.last_metrics = metrics
+        for retry in metrics.retried:
+            self.stats.batches_retried += 1
+            self._event(
+                "trainer.batch_retried",
+                batch_id=batch.batch_id,
+                reason=retry.reason,
+                rank=retry.rank,
+                micro_batch_size=retry.to_size,
+                failed_micro_batch_size=retry.from_size,
+            )
         for reason, count in metrics.dropped_by_reason.items():
             self.stats.samples_dropped[reason] = self.stats.samples_dropped.get(reason, 0) + count
             self._event("trainer.samples_dropped", batch_id=batch.batch_id, reason=reason, samples=count)
@@ -330,6 +349,29 @@ class TrainerService:
         )
         if exc.retryable:
             log.error("batch %s skipped; handing it back: %s", batch_id, exc)
+            self.stats.failed += 1
+            await self._hand_back(delivery)
+        else:
+            log.error("terminating batch %s: %s", batch_id, exc)
+            self.stats.rejected += 1
+            await delivery.term()
+
+    async def _failed(self, delivery: Delivery[TrainingBatch], exc: RankFailureError) -> None:
+        """Count a batch whose update failed on a rank (every rank stopped); hand it back, or terminate it when
+        not even one sample per micro-batch fits."""
+        batch_id = delivery.message.batch_id
+        self.stats.batches_failed[exc.reason] = self.stats.batches_failed.get(exc.reason, 0) + 1
+        self._event(
+            "trainer.batch_failed",
+            batch_id=batch_id,
+            reason=exc.reason,
+            rank=exc.rank,
+            error=exc.detail,
+            micro_batch_size=exc.micro_batch_size,
+            redelivered=exc.retryable,
+        )
+        if exc.retryable:
+            log.error("batch %s failed on rank %d (%s); handing it back: %s", batch_id, exc.rank, exc.reason, exc)
             self.stats.failed += 1
             await self._hand_back(delivery)
         else:

@@ -22,6 +22,14 @@ Every rank makes the same number of forward/backward calls (FSDP all-gathers par
 a rank short of samples runs a dummy row with weight 0. Each sample is one unpadded row, and the loss
 is a weighted sum, so neither padding nor micro-batching changes the result.
 
+A failure on one rank is every rank's (:mod:`dart.train.lockstep`): after each row's forward pass and each
+micro-batch's backward the ranks agree on a status, so all of them stop at the same point. The failed
+mini-batch's gradients are cleared and nothing of it is applied. Where every failing rank ran out of memory,
+the mini-batch runs again at half the micro-batch size (down to 1; the rest of the batch keeps the smaller
+size, the next batch starts at ``micro_batch_size`` again); each retry is recorded in
+:attr:`TrainStepMetrics.retried`. Otherwise, or out of memory at size 1, every rank raises the same
+:class:`~dart.train.errors.RankFailureError`.
+
 Each sample belongs to one data-parallel rank (:func:`owners_of`), which alone needs its inputs: it computes
 the sample's ``logp_old`` and its share of every mini-batch. Blocks of ``min(mini_batches, n)`` consecutive
 samples are dealt to the ranks in turn and each rank deals its chosen samples to the mini-batches in turn,
@@ -36,6 +44,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -45,10 +54,28 @@ from dart.train import collectives
 from dart.train.admission import admissible
 from dart.train.batching import ImageSource, InputBuilder, ModelInputs, StoreImageSource, decode_screenshot, pad_rows
 from dart.train.config import TrainerConfig
-from dart.train.errors import SampleError, TrainerError
+from dart.train.errors import RankFailureError, SampleError, TrainerError
+from dart.train.lockstep import together
 from dart.train.loss import grpo_loss
 
 log = logging.getLogger("dart.train")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A mini-batch run again at a smaller micro-batch size after a rank ran out of memory.
+
+    Attributes:
+        rank: The (lowest) rank that ran out of memory.
+        reason: Why (``out_of_memory``).
+        from_size: The micro-batch size that failed.
+        to_size: The size it ran again at (half, at least 1).
+    """
+
+    rank: int
+    reason: str
+    from_size: int
+    to_size: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,10 @@ class TrainStepMetrics:
             (:mod:`dart.train.admission`).
         dropped_samples: Samples dropped as unusable before the update (:mod:`dart.train.shares`).
         dropped_by_reason: The same, by reason (not in :meth:`as_dict`: the service reports it per reason).
+        micro_batch_size: The micro-batch size the batch finished at: ``train.micro_batch_size``, or less
+            after an out-of-memory retry (0 where not recorded).
+        retried: The out-of-memory retries of this batch, in order (not in :meth:`as_dict`: the service
+            reports each).
     """
 
     step: int
@@ -98,11 +129,13 @@ class TrainStepMetrics:
     refused_samples: int = 0
     dropped_samples: int = 0
     dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    micro_batch_size: int = 0
+    retried: tuple[Retry, ...] = ()
 
     def as_dict(self) -> dict[str, float | int | None]:
         """Plain dict of the scalar figures, for telemetry events."""
         figures = asdict(self)
-        del figures["dropped_by_reason"]
+        del figures["dropped_by_reason"], figures["retried"]
         return figures
 
 
@@ -253,6 +286,8 @@ class RLUpdate:
         Raises:
             TrainerError: No samples, or no inputs on this rank.
             SampleError: Every sample was refused (:mod:`dart.train.admission`).
+            RankFailureError: A step failed on some rank (the same error on every rank; see the module
+                docstring); optimizer steps of earlier mini-batches of the batch stand.
         """
         started = time.perf_counter()
         if not samples:
@@ -285,9 +320,11 @@ class RLUpdate:
         )
         sums = dict.fromkeys(keys, 0.0)
         norms: list[float] = []
+        retried: list[Retry] = []
+        mbs = cfg.micro_batch_size
         for _ in range(cfg.ppo_epochs):
             for mini in minis:
-                step_sums = self._mini_batch(samples, held, mini, old, rollout, keys)
+                step_sums, mbs = self._fitting(samples, held, mini, old, rollout, keys, mbs, retried)
                 summed = collectives.sum_values(step_sums, size=dp_size, group=dp_group)
                 for key, value in zip(keys, summed, strict=True):
                     sums[key] += value
@@ -311,6 +348,15 @@ class RLUpdate:
             optimizer_steps=n_steps,
             selected_samples=len(chosen),
             refused_samples=sum(refused.values()),
+            micro_batch_size=mbs,
+            retried=tuple(retried),
+        )
+
+    def _together(self, step: Any, what: str, micro_batch_size: int = 0) -> Any:
+        """``step()`` on this rank, its outcome agreed by every rank (:func:`~dart.train.lockstep.together`)."""
+        backend = self.backend
+        return together(
+            step, rank=backend.rank, world_size=backend.world_size, what=what, micro_batch_size=micro_batch_size
         )
 
     def _admit(
@@ -346,15 +392,81 @@ class RLUpdate:
         with torch.no_grad():
             for i in _shard(range(len(samples)), held.owner, backend.dp_rank, backend.dp_size):
                 j = held.spare if i is None else i
-                logp, ent = self._logp(held.inputs[j], samples[j])
-                sampling = self._sampling(samples[j])
-                ref = backend.reference_logprobs(held.inputs[j], **sampling).float().cpu() if kl else None
+                logp, ent, ref = self._together(lambda j=j: self._old_row(held.inputs[j], samples[j], kl), "logp_old")
                 if i is not None:
-                    local[i] = (logp.float().cpu(), ent.float().cpu(), ref)
+                    local[i] = (logp, ent, ref)
         old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
         for part in collectives.gather_objects(local, size=backend.dp_size, group=backend.dp_group):
             old.update(part)
         return old
+
+    def _old_row(
+        self, inputs: ModelInputs, sample: TrainingSample, kl: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One row's ``logp_old``, entropies and (with ``kl``) reference log-probs, on the CPU."""
+        logp, ent = self._logp(inputs, sample)
+        ref = self.backend.reference_logprobs(inputs, **self._sampling(sample)).float().cpu() if kl else None
+        return logp.float().cpu(), ent.float().cpu(), ref
+
+    def _fitting(
+        self,
+        samples: Sequence[TrainingSample],
+        held: _Held,
+        mini: dict[int, float],
+        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+        rollout: Sequence[torch.Tensor],
+        keys: Sequence[str],
+        mbs: int,
+        retried: list[Retry],
+    ) -> tuple[list[float], int]:
+        """One mini-batch's gradients at micro-batch size ``mbs``, run again at half the size (down to 1) while every
+        failing rank runs out of memory; returns the metric sums and the size that fit (every rank alike).
+
+        Raises:
+            RankFailureError: Any other failure, or out of memory at size 1 (not retryable, naming the setting);
+                the mini-batch's gradients are cleared.
+        """
+        backend = self.backend
+        while True:
+            try:
+                return self._mini_batch(samples, held, mini, old, rollout, keys, mbs), mbs
+            except RankFailureError as exc:
+                backend.zero_grad()
+                if exc.reason != "out_of_memory":
+                    raise
+                if mbs == 1:
+                    raise RankFailureError(
+                        exc.reason,
+                        exc.rank,
+                        exc.detail,
+                        what=exc.what,
+                        micro_batch_size=1,
+                        retryable=False,
+                        advice=f"; {self._too_large()}",
+                    ) from exc
+                smaller = max(1, mbs // 2)
+                log.warning(
+                    "rank %d: out of memory on rank %d at micro-batch size %d; running the mini-batch again at %d",
+                    backend.rank,
+                    exc.rank,
+                    mbs,
+                    smaller,
+                )
+                retried.append(Retry(rank=exc.rank, reason=exc.reason, from_size=mbs, to_size=smaller))
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()  # hand the failed attempt's cached blocks back before the retry
+                mbs = smaller
+
+    def _too_large(self) -> str:
+        """What to do when one sample per micro-batch does not fit either."""
+        size = self.config.micro_batch_size
+        tried = (
+            f"train.micro_batch_size {size} was halved down to 1 and" if size > 1 else "train.micro_batch_size is 1:"
+        )
+        return (
+            f"{tried} one sample's forward and backward do not fit: give each rank more memory (more FSDP ranks, "
+            "train.backend.mixed_precision bf16) or train on shorter samples"
+        )
 
     def _mini_batch(
         self,
@@ -364,20 +476,26 @@ class RLUpdate:
         old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
         rollout: Sequence[torch.Tensor],
         keys: Sequence[str],
+        mbs: int,
     ) -> list[float]:
-        """Accumulate one mini-batch's gradients on this rank; returns this rank's weighted metric sums.
+        """Accumulate one mini-batch's gradients on this rank at micro-batch size ``mbs``; returns this rank's
+        weighted metric sums.
 
         ``mini`` maps the mini-batch's sample indices to their token weights (batch-wide, see the module
-        docstring).
+        docstring). Each row's forward and each micro-batch's loss and backward are agreed by every rank.
+
+        Raises:
+            RankFailureError: A step failed on some rank (gradients are left for the caller to clear).
         """
         backend, dp_size = self.backend, self.backend.dp_size
         mine = _shard(list(mini), held.owner, backend.dp_rank, dp_size)
         sums = dict.fromkeys(keys, 0.0)
-        mbs = self.config.micro_batch_size
         for lo in range(0, len(mine), mbs):
             rows = mine[lo : lo + mbs]
             real = [held.spare if i is None else i for i in rows]
-            outs = [self._logp(held.inputs[i], samples[i])[0] for i in real]
+            outs = [
+                self._together(lambda i=i: self._logp(held.inputs[i], samples[i])[0], "micro-batch", mbs) for i in real
+            ]
             logp, mask = pad_rows(outs)
             device = logp.device
             logp_old = pad_rows([old[i][0] for i in real])[0].to(device)
@@ -388,12 +506,24 @@ class RLUpdate:
             # Per-token weights ride in the mask; a padding row (None) weighs 0 but still runs its
             # forward/backward so every rank makes the same collective calls.
             row_w = torch.tensor([0.0 if i is None else mini[i] for i in rows], device=device)
-            loss, metrics = grpo_loss(
-                logp, logp_old, roll, adv, mask.to(device) * row_w[:, None], self.loss_config, ref, reduction="sum"
-            )
-            # Data-parallel backends average gradients over ranks; the weights already cover the whole
-            # mini-batch, so undo the average.
-            (loss * dp_size).backward()
+            step = partial(self._backward, logp, logp_old, roll, adv, mask.to(device) * row_w[:, None], ref)
+            metrics = self._together(step, "micro-batch", mbs)
             for key in keys:
                 sums[key] += metrics[key]
         return [sums[k] for k in keys]
+
+    def _backward(
+        self,
+        logp: torch.Tensor,
+        logp_old: torch.Tensor,
+        rollout: torch.Tensor,
+        advantages: torch.Tensor,
+        weights: torch.Tensor,
+        ref: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """One micro-batch's weighted-sum loss and its backward; returns the loss's metric sums."""
+        loss, metrics = grpo_loss(logp, logp_old, rollout, advantages, weights, self.loss_config, ref, reduction="sum")
+        # Data-parallel backends average gradients over ranks; the weights already cover the whole mini-batch,
+        # so undo the average.
+        (loss * self.backend.dp_size).backward()
+        return metrics
