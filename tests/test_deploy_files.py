@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from dart.cli.nats_server import deployment_nats_config, password_variable
+from dart.cli.stack.compose_store import COMPOSE_STORE_ROLES, access_key, compose_store_policies, secret_variable
 from dart.cli.stack.config import RunConfig
 from dart.embedded.process import find_binary
 from dart.protocol.config import load_config
@@ -62,6 +63,30 @@ def test_each_dart_container_gets_its_user_and_only_its_own_password() -> None:
         assert re.findall(r"\$\{(\w+)", env["DART_NATS_PASSWORD"]) == [password_variable(name)]
         others = {password_variable(role) for role in ROLES} - {password_variable(name)}
         assert not any(other in str(env) for other in others), name
+
+
+def test_the_committed_store_policies_are_the_grants_of_the_stacks_run() -> None:
+    # Regenerate with: uv run python -m dart.cli.stack.compose_store deploy/dart/run.yaml deploy/s3/policies
+    policies = compose_store_policies(_run_config())
+    committed = {path.stem: json.loads(path.read_text()) for path in (DEPLOY / "s3" / "policies").glob("*.json")}
+    assert committed == policies
+
+
+def test_each_dart_container_gets_its_store_identity_and_only_its_own_secret() -> None:
+    services = _compose()["services"]
+    secrets = {secret_variable(role) for role in COMPOSE_STORE_ROLES}
+    admin = {"DART_S3_ADMIN_ACCESS_KEY", "DART_S3_ADMIN_SECRET_KEY"}
+    for name in DART_SERVICES:
+        env = services[name]["environment"]
+        assert env["DART_S3_ACCESS_KEY"] == access_key(name)
+        assert re.findall(r"\$\{(\w+)", env["DART_S3_SECRET_KEY"]) == [secret_variable(name)]
+        assert not any(other in str(env) for other in (secrets | admin) - {secret_variable(name)}), name
+        assert "s3-setup" in services[name]["depends_on"], name  # the bucket and identities exist first
+    # The setup step makes every identity in the run config's bucket.
+    setup = services["s3-setup"]["environment"]
+    assert set(setup) == secrets | admin | {"DART_S3_BUCKET"}
+    store = _run_config().store
+    assert store is not None and store.uri.startswith(f"s3://{setup['DART_S3_BUCKET']}/")
 
 
 def test_every_secret_the_compose_file_requires_is_in_the_env_example() -> None:

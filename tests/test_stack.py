@@ -13,6 +13,9 @@ and checks:
 - a service that dies is restarted: the data manager's process is SIGKILLed, its container restarts
   (``restart: on-failure``) and the trainer publishes two more versions;
 - NATS refuses a client without credentials and one with another role's password;
+- the S3 store admits each service (and the viewer) with its own identity only where its role's grants
+  allow: every read, write and delete outside them is refused (AccessDenied), and no service was refused
+  while the job ran;
 - Prometheus scrapes all four services and has DART metrics from each; every expression of the Grafana
   dashboard parses, and those not about held-out validation return data;
 - `dart view --config deploy/dart/run.yaml` serves the running job (headless Chromium): its overview
@@ -29,6 +32,7 @@ image present, 5 of them building the images.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import secrets
@@ -47,9 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from minio import Minio
+from minio.error import S3Error
 
+from dart.cli.stack.compose_store import COMPOSE_STORE_ROLES, access_key, secret_variable
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion
+from dart.protocol.store.grants import StoreRole
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure_topology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
@@ -62,6 +70,16 @@ RUN = "dart"  # run.name of deploy/dart/run.yaml
 INFRA = ("nats", "s3", "postgres", "prometheus")
 SERVICES = ("env", "data", "train", "rollout")
 JOB_LIMIT_S = 1500.0
+STORE_BUCKET, STORE_PREFIX = "dart", "run"  # store.uri of deploy/dart/run.yaml
+STORE_PREFIXES = ("screenshots", "trajectories", "weights")
+STORE_ALLOWED: dict[StoreRole, dict[str, set[str]]] = {
+    # role: access -> the prefixes where it is allowed (everywhere else it must be refused)
+    "env": {"read": {"screenshots"}, "write": {"screenshots"}, "delete": set()},
+    "rollout": {"read": {"screenshots", "weights"}, "write": {"screenshots"}, "delete": set()},
+    "train": {"read": set(STORE_PREFIXES), "write": {"weights"}, "delete": {"weights"}},
+    "data": {"read": set(STORE_PREFIXES), "write": {"trajectories"}, "delete": {"screenshots", "trajectories"}},
+    "view": {"read": set(STORE_PREFIXES), "write": set(), "delete": set()},
+}
 
 
 def _docker_missing() -> str | None:
@@ -90,10 +108,13 @@ class Stack:
         self.passwords = {role: secrets.token_hex(16) for role in ROLES}
         self.ports = {name: _free_port() for name in ("NATS", "S3", "POSTGRES", "PROMETHEUS")}
         self.postgres_password = secrets.token_hex(16)
-        self.s3_keys = {"DART_S3_ACCESS_KEY": secrets.token_hex(10), "DART_S3_SECRET_KEY": secrets.token_hex(20)}
+        self.s3_secrets = {role: secrets.token_hex(20) for role in COMPOSE_STORE_ROLES}
+        self.s3_admin = (secrets.token_hex(10), secrets.token_hex(20))
         values = {f"DART_NATS_{role.upper()}_PASSWORD": pw for role, pw in self.passwords.items()}
+        values |= {secret_variable(role): secret for role, secret in self.s3_secrets.items()}
         values |= {
-            **self.s3_keys,
+            "DART_S3_ADMIN_ACCESS_KEY": self.s3_admin[0],
+            "DART_S3_ADMIN_SECRET_KEY": self.s3_admin[1],
             "DART_POSTGRES_PASSWORD": self.postgres_password,
             "DART_GRAFANA_PASSWORD": secrets.token_hex(10),
             "DART_OTLP_TRACES_ENDPOINT": "",  # no collector here
@@ -165,6 +186,11 @@ class Stack:
         dsn = f"host=127.0.0.1 port={self.ports['POSTGRES']} dbname=dart user=dart password={self.postgres_password}"
         with psycopg.connect(dsn, connect_timeout=5) as db:
             return [tuple(row) for row in db.execute(query).fetchall()]
+
+    def s3(self, role: StoreRole | None) -> Minio:
+        """A client of the stack's S3 store as ``role`` (None: the administrator)."""
+        keys = self.s3_admin if role is None else (access_key(role), self.s3_secrets[role])
+        return Minio(f"127.0.0.1:{self.ports['S3']}", *keys, secure=False, region="us-east-1")
 
     @property
     def prometheus_url(self) -> str:
@@ -251,9 +277,10 @@ def _the_viewer_on_the_running_stack(stack: Stack, browser: Any, no_js_errors: A
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    # Only what the viewer needs: earlier tests in this process leave other runs' store keys in its environment.
+    # Only what the viewer needs (its own store identity): earlier tests in this process leave other runs'
+    # store keys in its environment.
     keys = {}
-    for name, value in stack.s3_keys.items():
+    for name, value in (("DART_S3_ACCESS_KEY", access_key("view")), ("DART_S3_SECRET_KEY", stack.s3_secrets["view"])):
         keys[name] = stack.workdir / f"{name.lower()}.key"
         fd = os.open(keys[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -316,12 +343,54 @@ def _the_viewer_on_the_running_stack(stack: Stack, browser: Any, no_js_errors: A
     assert proc.returncode == 0, err[-3000:]
 
 
+def _store_refused(client: Minio, access: str, key: str) -> bool:
+    """Whether ``access`` to ``key`` is refused as the client's identity (not found counts as admitted)."""
+    try:
+        if access == "read":
+            client.get_object(STORE_BUCKET, key).close()
+        elif access == "write":
+            client.put_object(STORE_BUCKET, key, io.BytesIO(b"probe"), 5)
+        else:
+            client.remove_object(STORE_BUCKET, key)  # of a missing key: admitted or refused, nothing removed
+    except S3Error as exc:
+        if exc.code == "AccessDenied":
+            return True
+        assert exc.code == "NoSuchKey", (access, key, exc)
+    return False
+
+
+def _store_least_privilege(stack: Stack) -> None:
+    """Each store identity of the running stack reads, writes and deletes only where its role may."""
+    admin = stack.s3(None)
+    wrong = []
+    for prefix in STORE_PREFIXES:
+        found = next(iter(admin.list_objects(STORE_BUCKET, f"{STORE_PREFIX}/{prefix}/", recursive=True)), None)
+        existing = found.object_name if found is not None else f"{STORE_PREFIX}/{prefix}/missing"
+        for role, allowed in STORE_ALLOWED.items():
+            client = stack.s3(role)
+            for access, where in allowed.items():
+                if access == "write" and prefix in where:
+                    continue  # the job's own writes show these; a probe would leave an object behind
+                key = existing if access == "read" else f"{STORE_PREFIX}/{prefix}/access-probe-{role}"
+                if _store_refused(client, access, key) != (prefix not in where):
+                    wrong.append(f"{role} {access} {prefix}: {'refused' if prefix in where else 'admitted'}")
+    assert not wrong, wrong
+    # A wrong secret is refused too.
+    with pytest.raises(S3Error, match="SignatureDoesNotMatch|InvalidAccessKeyId|AccessDenied"):
+        Minio(
+            f"127.0.0.1:{stack.ports['S3']}", access_key("view"), "wrong", secure=False, region="us-east-1"
+        ).get_object(STORE_BUCKET, existing)
+
+
 def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack, browser: Any, no_js_errors: Any) -> None:
     until = time.monotonic() + JOB_LIMIT_S
     try:
         version = asyncio.run(_wait_for_version(stack, 2, until, used=1))
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{stack.logs(*SERVICES)}") from None
+
+    # Least privilege in the store: each service's identity is refused outside its role's prefixes.
+    _store_least_privilege(stack)
 
     # The env image carries no torch (an env host installs no GPU stack).
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
@@ -370,3 +439,6 @@ def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack, browser:
     assert codes == dict.fromkeys(SERVICES, 0), (codes, stack.logs(*SERVICES))
     rows, works = stack.sql("SELECT COUNT(*), COUNT(DISTINCT work_id) FROM trajectories")
     assert produced > 0 and rows == produced == works, (produced, rows, works)
+    # No service was refused by the store while the job ran: each stayed within its role's prefixes.
+    service_logs = stack.compose("logs", "--no-color", *SERVICES).stdout
+    assert "AccessDenied" not in service_logs, [line for line in service_logs.splitlines() if "AccessDenied" in line]
