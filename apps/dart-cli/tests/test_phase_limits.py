@@ -7,6 +7,7 @@ import pytest
 
 from dart.cli.stack.config import RunSection, WarmStartSection
 from dart.cli.stack.rl_clock import RlPhaseClock
+from dart.cli.stack.summary import phase_times
 from dart.cli.stack.warmstart_guard import REFERENCE_STEPS, WarmStartGuard, guard_limit_s, warm_start_row
 
 pytestmark = pytest.mark.unit
@@ -121,3 +122,25 @@ def test_the_quickstart_runs_to_versions_with_a_cap() -> None:
     assert run.min_versions > 0 and run.max_rl_duration_s is not None
     assert run.rl_duration_s < run.max_rl_duration_s
     assert config.warm_start.max_seconds is None  # its steps decide; only the guard stops a stuck machine
+
+
+def test_the_run_ends_by_printing_where_its_time_went() -> None:
+    summary = {
+        "model_init_s": 2.5,
+        "warm_start_s": 1_300.0,
+        "warm_start_steps": 476,
+        "warm_start_planned_steps": 700,
+        "warm_start_cut": True,
+        "rl_seconds": 1_800.2,
+        "versions_published": 61,
+        "rl_ended_by": "max_duration",
+        "total_seconds": 3_200.0,
+    }
+    assert phase_times(summary) == (
+        "phases: model init 2.5 s, warm start 1300.0 s (476 of 700 steps CUT), "
+        "RL 1800.2 s (61 versions, ended by max_duration), total 3200.0 s"
+    )
+    reused = {"warm_start_cached": True, "rl_seconds": 60.0, "versions_published": 80, "rl_ended_by": "versions"}
+    assert phase_times({**reused, "total_seconds": 70.0}) == (
+        "phases: warm start reused, RL 60.0 s (80 versions, ended by versions), total 70.0 s"
+    )

@@ -37,7 +37,7 @@ from dart.cli.stack.real_checkpoint import check_real_checkpoint
 from dart.cli.stack.rl_clock import RlPhaseClock
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.store_credentials import StoreKeyFiles, as_store_role, store_environment
-from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary
+from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary, phase_times
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import HeldOutValidator, heldout_summary
 from dart.cli.stack.warmstart_guard import WarmStartGuard, warm_start_row
@@ -661,6 +661,7 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             nats.stop()
     summary = _summary(run_dir, figures, info, storage, started)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.log(phase_times(summary))
     return summary
 
 
