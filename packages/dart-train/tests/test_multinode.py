@@ -7,7 +7,8 @@ batches must equal those of one launcher running every rank itself: FSDP2 with 2
 megatron-core with its tensor-parallel group of 2 split across the two nodes. The megatron run across two
 launchers has a 15 s collective timeout and no batch for 30 s between its two: the ranks outside rank 0 wait
 for its next command on the store, not in a collective, so the idle spell kills nothing. The one-launcher run
-it is compared with trains during that spell (the machine would otherwise wait it out).
+it is compared with trains during that spell (the machine would otherwise wait it out); FSDP's, with no spell,
+beside the two launchers.
 """
 
 from __future__ import annotations
@@ -181,9 +182,9 @@ def test_two_launchers_train_as_one(
         def train_one() -> None:
             started.append(pool.submit(_train, tmp_path / "one", *args, BACKENDS[kind], nnodes=1))
 
-        two = _train(tmp_path / "two", *args, ACROSS_TWO[kind], nnodes=2, idle_s=idle, on_idle=train_one)
-        if not started:  # no idle spell: one launcher after the other
+        if not idle:  # no idle spell to run it in: the one-launcher baseline runs beside the two launchers
             train_one()
+        two = _train(tmp_path / "two", *args, ACROSS_TWO[kind], nnodes=2, idle_s=idle, on_idle=train_one)
         one = started[0].result()
     assert one.keys() == two.keys()
     initial = load_file(str(tiny_checkpoint / "model.safetensors"))
