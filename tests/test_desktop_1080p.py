@@ -46,6 +46,7 @@ async def test_a_1080p_desktop_screenshot_travels_by_reference(bus: Bus, tmp_pat
         backend="osworld",
         instances=1,
         osworld={"provider": "local", "desktop": {"width": 1920, "height": 1080}, "request_timeout_s": 60},
+        suites=("builtin:osworld/local",),
     )
     task = load_local_suite()[0]
     images = ImageCache()

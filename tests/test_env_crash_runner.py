@@ -205,7 +205,12 @@ needs_desktop = pytest.mark.skipif(
 async def test_xvfb_killed_mid_trajectory_ends_it_env_failed_and_the_desktop_is_replaced(bus: Bus) -> None:
     pool = f"p{uuid.uuid4().hex[:8]}"
     config = EnvServiceConfig(
-        pool=pool, backend="osworld", instances=1, warm_spares=1, osworld={"request_timeout_s": 10.0}
+        pool=pool,
+        backend="osworld",
+        instances=1,
+        warm_spares=1,
+        osworld={"request_timeout_s": 10.0},
+        suites=("builtin:osworld/local",),
     )
     service = EnvService(config, bus)
     await service.start()
@@ -236,7 +241,8 @@ async def test_a_shipped_local_desktop_task_is_solved_over_nats_by_its_script(bu
     """The runner drives the ``osworld`` backend through the env service with the task's scripted
     actions (as an engine would answer them): reward 0 before, 1 after, status ok."""
     pool = f"p{uuid.uuid4().hex[:8]}"
-    service = EnvService(EnvServiceConfig(pool=pool, backend="osworld", instances=1), bus)
+    config = EnvServiceConfig(pool=pool, backend="osworld", instances=1, suites=("builtin:osworld/local",))
+    service = EnvService(config, bus)
     await service.start()
     try:
         task = next(t for t in load_local_suite() if "terminal" in t.tags)

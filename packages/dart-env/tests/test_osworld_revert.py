@@ -8,6 +8,7 @@ and a fresh one is acquired. The env pool answers the capability query the data 
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import uuid
@@ -39,6 +40,7 @@ from dart.protocol.messages import (
     ResetRequest,
     TaskSpec,
 )
+from dart.protocol.suite import TaskSuite, dump_suite
 from dart.protocol.testing import wait_until
 
 pytestmark = pytest.mark.integration
@@ -175,15 +177,25 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
         yield connected
 
 
-def service_config(osworld: OSWorldConfig, **fields: Any) -> EnvServiceConfig:
+def service_config(osworld: OSWorldConfig, suite: Path, **fields: Any) -> EnvServiceConfig:
+    """One instance of a pool whose suite is ``suite`` (the tasks it runs)."""
     return EnvServiceConfig(
         pool=f"p{uuid.uuid4().hex[:8]}",
         backend="osworld",
         instances=1,
         osworld=osworld,
         restart_backoff_s=0.0,
+        suites=(str(suite),),
         **fields,
     )
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A suite file holding :data:`TASK`."""
+    path = tmp_path_factory.mktemp("suite") / "marker.json"
+    path.write_text(json.dumps(dump_suite(TaskSuite(name="marker", tasks=(TASK,)))))
+    return path
 
 
 async def episode(bus: Bus, pool: str) -> tuple[LeaseReply, ResetReply]:
@@ -204,8 +216,10 @@ async def release(bus: Bus, pool: str, lease: LeaseReply) -> None:
     await bus.request(subject, ReleaseRequest(lease_id=lease.lease_id), ReleaseReply)
 
 
-async def test_service_ends_an_instance_whose_revert_failed(bus: Bus, desktop: XDesktop, desktop_token: Path) -> None:
-    config = service_config(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/no-such-route"))
+async def test_service_ends_an_instance_whose_revert_failed(
+    bus: Bus, desktop: XDesktop, desktop_token: Path, suite: Path
+) -> None:
+    config = service_config(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/no-such-route"), suite)
     async with EnvService(config, bus) as service:
         instance = config.instance_id(0)
         first = service.backend(instance)
@@ -221,12 +235,12 @@ async def test_service_ends_an_instance_whose_revert_failed(bus: Bus, desktop: X
 
 
 async def test_service_replaces_a_vm_that_cannot_revert_after_each_episode(
-    bus: Bus, desktop: XDesktop, desktop_token: Path, tmp_path: Path
+    bus: Bus, desktop: XDesktop, desktop_token: Path, tmp_path: Path, suite: Path
 ) -> None:
     released = tmp_path / "released"
     acquire = [sys.executable, "-c", f"print({desktop.url!r})"]
     give_back = ["sh", "-c", f'echo "$DART_VM_URL" >> {released}']
-    config = service_config(remote(desktop_token, acquire_command=acquire, release_command=give_back))
+    config = service_config(remote(desktop_token, acquire_command=acquire, release_command=give_back), suite)
     async with EnvService(config, bus) as service:
         instance = config.instance_id(0)
         first = service.backend(instance)
@@ -242,11 +256,11 @@ async def test_service_replaces_a_vm_that_cannot_revert_after_each_episode(
 
 
 async def test_env_pool_says_what_it_runs_and_the_data_manager_keeps_those_tasks(
-    bus: Bus, desktop: XDesktop, desktop_token: Path
+    bus: Bus, desktop: XDesktop, desktop_token: Path, suite: Path
 ) -> None:
     if not (CORPUS / "examples").is_dir():
         pytest.fail(f"the OSWorld task corpus is missing: expected {CORPUS}/examples beside the repository")
-    config = service_config(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/revert"))
+    config = service_config(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/revert"), suite)
     tasks = load_osworld_suite(CORPUS).tasks
     async with EnvService(config, bus):
         caps = await request_capabilities(bus, config.pool, timeout_s=30)
@@ -259,3 +273,39 @@ async def test_env_pool_says_what_it_runs_and_the_data_manager_keeps_those_tasks
     assert any("app:libreoffice" in t.requires for t in runnable.tasks)
     with pytest.raises(EnvPoolUnreachableError, match="start the env service"):
         await request_capabilities(bus, config.pool, timeout_s=0.5)  # the service has stopped
+
+
+async def test_the_pool_runs_its_suites_copy_of_a_task_and_refuses_an_altered_one(
+    bus: Bus, desktop: XDesktop, desktop_token: Path, suite: Path
+) -> None:
+    forged = f"forged-{uuid.uuid4().hex[:8]}"
+    extra_setup = {"type": "execute", "parameters": {"command": ["sh", "-c", f"touch $HOME/{forged}"]}}
+    with_extra_setup = TASK.model_copy(
+        update={"params": {**TASK.params, "config": [*TASK.params["config"], extra_setup]}}
+    )
+    stealing = {**TASK.params["evaluator"], "result": {"type": "vm_file", "path": "/etc/shadow", "dest": "shadow"}}
+    with_other_getter = TASK.model_copy(update={"params": {**TASK.params, "evaluator": stealing}})
+    config = service_config(remote(desktop_token, url=desktop.url, revert_url="{url}/dart/revert"), suite)
+    async with EnvService(config, bus) as service:
+        lease = await bus.request(bus.subjects.env_lease(config.pool), LeaseRequest(holder="t", ttl_s=60.0), LeaseReply)
+        subject = bus.subjects.env_instance(config.pool, lease.instance_id, "reset")
+        unknown = TASK.model_copy(update={"task_id": "osworld/test/not-in-the-suite"})
+        for task, reason, field in (
+            (with_extra_setup, "altered_task", "params.config"),
+            (with_other_getter, "altered_task", "params.evaluator"),
+            (unknown, "unknown_task", "marker.json"),
+        ):
+            with pytest.raises(RemoteError) as err:
+                await bus.request(subject, ResetRequest(lease_id=lease.lease_id, task=task), ResetReply)
+            assert err.value.code == ErrorCode.INVALID_REQUEST and err.value.details["reason"] == reason
+            assert field in err.value.message
+        assert service.task_refusals == {"altered_task": 2, "unknown_task": 1}
+        backend = service.backend(lease.instance_id)
+        assert isinstance(backend, OSWorldEnv) and backend.client is not None
+        assert forged not in str(backend.client.execute(["ls", "-a", client_home(backend)]).get("output", ""))
+        # The suite's task, on the same lease: its setup runs (the marker) and its episode evaluates.
+        await bus.request(subject, ResetRequest(lease_id=lease.lease_id, task=TASK), ResetReply)
+        assert home_has_marker(backend)
+        evaluate = bus.subjects.env_instance(config.pool, lease.instance_id, "evaluate")
+        await bus.request(evaluate, EvaluateRequest(lease_id=lease.lease_id), EvaluateReply)
+        assert service.stats()[lease.instance_id].failures == 0

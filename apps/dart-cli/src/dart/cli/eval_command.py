@@ -151,7 +151,7 @@ async def _on_bus(
         try:
             # A run's store: large screenshots go by reference, as in the run.
             store = config.store or (store_config(config) if config.run.run_dir is not None else None)
-            async with EvalEnv(config, bus, pool=EVAL_POOL, instances=instances, store=store):
+            async with EvalEnv(config, bus, pool=EVAL_POOL, suite=suite, instances=instances, store=store):
                 # As the data manager does: only the tasks this pool can set up count (the rest are reported).
                 runnable = await runnable_on_pool(bus, tasks, EVAL_POOL, timeout_s=config.data.capabilities_timeout_s)
                 report = await evaluate_policy(

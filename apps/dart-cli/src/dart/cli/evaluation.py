@@ -192,16 +192,26 @@ class EvalEnv:
         config: The run config (its ``env`` section gives the backend and its settings).
         bus: A connected bus.
         pool: Pool name of the evaluation instances.
+        suite: The suite evaluated (a run config's ``suite`` form): the pool runs its tasks only (``env.suites``).
         instances: How many env instances to host.
         store: Where screenshots above ``env.inline_max_bytes`` go (by reference, as in training); None
             sends every screenshot inline.
     """
 
     def __init__(
-        self, config: RunConfig, bus: Bus, *, pool: str, instances: int, store: StoreConfig | None = None
+        self,
+        config: RunConfig,
+        bus: Bus,
+        *,
+        pool: str,
+        suite: str,
+        instances: int,
+        store: StoreConfig | None = None,
     ) -> None:
         self.pool = pool
-        self._env_config = config.env.model_copy(update={"pool": pool, "instance_prefix": pool, "instances": instances})
+        self._env_config = config.env.model_copy(
+            update={"pool": pool, "instance_prefix": pool, "instances": instances, "suites": (suite,)}
+        )
         self._bus = bus
         self._store_config = store
         self._store: ArtifactStore | None = None

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dart.protocol.errors import DartError, SuiteError
 
-__all__ = ["EnvError", "EpisodeStateError", "InstanceIdTakenError", "LayoutError", "SuiteError", "TaskParamsError"]
+__all__ = [
+    "EnvError",
+    "EpisodeStateError",
+    "InstanceIdTakenError",
+    "LayoutError",
+    "SuiteError",
+    "TaskParamsError",
+    "TaskRefusedError",
+]
 
 
 class EnvError(DartError):
@@ -60,4 +68,24 @@ class InstanceIdTakenError(EnvError):
         super().__init__(
             f"env instance {instance_id!r} is already served by another process: "
             "set a distinct instance_prefix for each env service sharing a pool"
+        )
+
+
+class TaskRefusedError(EnvError):
+    """A reset named a task the env pool does not run as sent: its id is not the pool's, or the body the
+    request carries differs from the pool's own copy (see :mod:`dart.env.service.pool_tasks`).
+
+    Attributes:
+        task_id: The task the request named.
+        reason: ``unknown_task`` (not among the pool's tasks) or ``altered_task`` (its body differs).
+        detail: Where the pool's tasks come from, or which fields differ.
+    """
+
+    def __init__(self, task_id: str, reason: str, detail: str) -> None:
+        self.task_id = task_id
+        self.reason = reason
+        self.detail = detail
+        super().__init__(
+            f"reset refused: task {task_id!r} {detail}; the env pool runs only its own copy of the tasks of its "
+            "suites (env.suites): send the task as the suite holds it"
         )

@@ -151,6 +151,12 @@ class EnvBackend(ABC):
         without requirements need none)."""
         return frozenset()
 
+    def task_from_id(self, task_id: str) -> TaskSpec | None:
+        """The task this backend generates from its id alone (the sim's ``sim/<family>/<difficulty>/<seed>``),
+        or None for an id it generates nothing from (the default: a backend whose tasks are data, such as
+        OSWorld's). An env pool with no configured suite runs only these (:mod:`dart.env.service.pool_tasks`)."""
+        return None
+
     def process_ids(self) -> list[int]:
         """The OS processes this backend runs (a browser's driver, an X server), whose memory, with their
         descendants', is its health's ``rss_mib``; none for an in-process backend (the default)."""

@@ -23,11 +23,21 @@ class EnvServeConfig(ServeConfig):
     """What the env service reads of a run config."""
 
     env: EnvServiceConfig = Field(default_factory=EnvServiceConfig)
+    suite: str | None = None
+    """The run's suite (the run config's ``suite``): the tasks the pool runs unless ``env.suites`` names its own.
+    None (a run config that names no suite): the tasks the backend generates from their ids."""
+
+    def pool(self) -> EnvServiceConfig:
+        """The env section as served: ``env.suites`` defaults to the run's suite, resolved on this host as the
+        data manager resolves it on its own."""
+        if self.env.suites or self.suite is None:
+            return self.env
+        return self.env.model_copy(update={"suites": (self.suite,)})
 
 
 async def run_env(config: EnvServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
     """Serve the env pool until ``stop`` is set."""
-    service = EnvService(config.env, bus, telemetry=telemetry, store=open_store(config.store_config()))
+    service = EnvService(config.pool(), bus, telemetry=telemetry, store=open_store(config.store_config()))
     await serve_until_stopped(service, "env", telemetry, stop)
 
 

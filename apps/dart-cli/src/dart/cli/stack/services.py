@@ -45,7 +45,9 @@ def served(config: RunConfig, service: ServiceName) -> tuple[ServeConfig, Any]:
     if service == "env":
         from dart.env.serve import EnvServeConfig, run_env
 
-        return EnvServeConfig(**shared, env=config.env), run_env
+        # The run's suite where its config names one (a config file that names none runs the generated tasks).
+        suite = config.suite if "suite" in config.model_fields_set else None
+        return EnvServeConfig(**shared, env=config.env, suite=suite), run_env
     if service == "data":
         from dart.data.serve import DataServeConfig, run_data
 

@@ -172,7 +172,9 @@ class HeldOutValidator:
             "dart-validation", version=__version__, run_id=self._config.run.name, config=tel
         )
         v = self._config.validation
-        self._env = EvalEnv(self._config, self._env_bus, pool=v.pool, instances=v.instances, store=self._store)
+        self._env = EvalEnv(
+            self._config, self._env_bus, pool=v.pool, suite=v.suite, instances=v.instances, store=self._store
+        )
         await self._env.__aenter__()
         # As the data manager does: only the tasks the pool can set up count (the rest are reported).
         runnable = await runnable_on_pool(

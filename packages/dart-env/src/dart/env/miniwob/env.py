@@ -82,6 +82,7 @@ def miniwob_task(name: str, seed: int | None = None, *, max_steps: int = 15) -> 
 
 
 _ENV_ID = re.compile(r"^(?:miniwob/)?(?P<name>[a-z0-9][a-z0-9-]*?)(?:-v\d+)?(?:/\d+)?$")
+_TASK_ID = re.compile(r"^miniwob/(?P<name>[a-z0-9][a-z0-9-]*)(?:/(?P<seed>0|[1-9][0-9]{0,8}))?$")
 
 
 class MiniWoBEnv(EnvBackend):
@@ -263,6 +264,15 @@ class MiniWoBEnv(EnvBackend):
     def process_ids(self) -> list[int]:
         """chromedriver, whose descendants are the browser's processes."""
         return [self._browser.driver_pid] if self._browser is not None else []
+
+    def task_from_id(self, task_id: str) -> TaskSpec | None:
+        """The MiniWoB++ task an id names (``miniwob/<name>`` or ``miniwob/<name>/<seed>``, as
+        :func:`miniwob_task` writes it), or None. Whether ``<name>`` is installed is checked at reset."""
+        match = _TASK_ID.fullmatch(task_id)
+        if match is None:
+            return None
+        seed = match.group("seed")
+        return miniwob_task(match.group("name"), int(seed) if seed is not None else None)
 
     def oracle_action(self) -> tuple[str, Action] | None:
         """The next correct ``(thought, action)`` from the page's DOM, or None.

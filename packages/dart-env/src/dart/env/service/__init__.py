@@ -2,8 +2,8 @@
 
 Modules: :mod:`.config` (:class:`EnvServiceConfig`), :mod:`.lease`
 (leases and their lifecycle), :mod:`.instance` (one hosted instance and its counters),
-:mod:`.lease_book` (lease checks on instance calls), :mod:`.spares` (warm spares that replace
-crashed instances), :mod:`.service` (:class:`EnvService`).
+:mod:`.lease_book` (lease checks on instance calls), :mod:`.pool_tasks` (the tasks a pool runs, by id),
+:mod:`.spares` (warm spares that replace crashed instances), :mod:`.service` (:class:`EnvService`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -41,6 +41,14 @@ class EnvServiceConfig(ConfigModel):
     one another package registers)."""
     instances: int = Field(default=4, ge=1, le=4096)
     """Number of env instances this process hosts."""
+    suites: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    """The suites whose tasks this pool runs, in the forms of a run config's ``suite`` (``builtin:<name>``,
+    ``osworld:<dir>``, a suite file path), resolved on this host when the service starts. A reset names a
+    task by its id and the pool runs its own copy of it: a task in none of these suites, or one whose body
+    differs from the suite's, is refused (:mod:`dart.env.service.pool_tasks`). When this is empty, ``dart run``,
+    ``dart serve`` and ``dart-env serve`` set the run config's ``suite``, and an evaluation's pool (held-out
+    validation, ``dart eval``) the suite it evaluates. Empty: only the tasks the backend generates from their
+    ids (the sim's and MiniWoB++'s); an OSWorld pool then runs none."""
     instance_prefix: str | None = None
     """Instance ids are ``<instance_prefix>-<i>``; defaults to the pool name. Processes sharing a
     pool must use distinct prefixes (the service refuses to start on an id already served)."""

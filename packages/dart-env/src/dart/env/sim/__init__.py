@@ -20,6 +20,7 @@ from dart.env.sim.catalog import (
     generate_suite,
     load_builtin_suite,
     sim_task,
+    sim_task_from_id,
 )
 from dart.env.sim.env import LatencySample, SimConfig, SimEnv
 from dart.env.sim.families import DIFFICULTIES, FAMILIES, MAX_STEPS, Difficulty, FamilyName, SimTaskParams
@@ -51,4 +52,5 @@ __all__ = [
     "generate_suite",
     "load_builtin_suite",
     "sim_task",
+    "sim_task_from_id",
 ]

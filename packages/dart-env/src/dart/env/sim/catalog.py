@@ -56,6 +56,25 @@ def sim_task(family: FamilyName, difficulty: Difficulty, seed: int) -> TaskSpec:
     )
 
 
+_MAX_ID_SEED = 2**31 - 1
+"""Largest layout seed :func:`sim_task_from_id` generates a task for."""
+
+
+def sim_task_from_id(task_id: str) -> TaskSpec | None:
+    """The task :func:`sim_task` makes for an id it writes (``sim/<family>/<difficulty>/<seed>``), or None for
+    any other id (an unknown family or difficulty, a seed that is not a plain number)."""
+    parts = task_id.split("/")
+    if len(parts) != 4 or parts[0] != "sim":
+        return None
+    _, family, difficulty, seed = parts
+    # isdigit alone accepts other scripts' digits; int() of those is not what the id says.
+    if family not in FAMILIES or difficulty not in DIFFICULTIES or not (seed.isascii() and seed.isdigit()):
+        return None
+    if str(int(seed)) != seed or int(seed) > _MAX_ID_SEED:
+        return None
+    return sim_task(family, difficulty, int(seed))
+
+
 def generate_suite(
     name: str,
     *,

@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError
 
 from dart.env.errors import TaskParamsError
 from dart.env.interface import BackendState, EnvBackend
+from dart.env.sim.catalog import sim_task_from_id
 from dart.env.sim.families import SimTask, SimTaskParams, build_task, evaluate
 from dart.env.sim.interaction import apply_action
 from dart.env.sim.latency import LatencyConfig, LatencyModel, Operation
@@ -164,6 +165,11 @@ class SimEnv(EnvBackend):
         """Drop the episode; further calls raise (idempotent)."""
         self._state = BackendState.CLOSED
         self._task = None
+
+    def task_from_id(self, task_id: str) -> TaskSpec | None:
+        """The sim task an id names (``sim/<family>/<difficulty>/<seed>``, as :func:`~dart.env.sim.sim_task` writes
+        it), or None."""
+        return sim_task_from_id(task_id)
 
     def oracle_action(self) -> tuple[str, Action] | None:
         """The next correct ``(thought, action)``, or None when no episode is running."""
