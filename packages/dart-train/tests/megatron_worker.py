@@ -105,6 +105,11 @@ def main() -> None:
             result["logits_max_abs"] = float((logits - ref).abs().max())
             result["logits_scale"] = float(ref.abs().max())
     diffs = []
+    # The rows megatron's output layer is given: the response-predicting positions only.
+    head_rows: list[int] = []
+    counted = backend.model.gpt.output_layer.register_forward_hook(
+        lambda _module, args, _out: head_rows.append(args[0].shape[0])
+    )
     for x in inputs:
         logp, entropy = backend.forward_logprobs(x, temperature=TEMPERATURE)
         loss_of(logp, entropy).backward()
@@ -115,6 +120,9 @@ def main() -> None:
                 float((logp - ref_logp).detach().abs().max()),
                 float((entropy - ref_entropy).detach().abs().max()),
             ]
+    counted.remove()
+    result["head_rows"] = head_rows
+    result["response_and_sequence_lens"] = [[x.response_len, x.input_ids.shape[1]] for x in inputs]
     grads = backend.full_grad_dict()
     if hf is not None:
         result["logprob_entropy_max_abs"] = max(diffs)

@@ -181,6 +181,9 @@ def test_tensor_parallel_backend_matches_transformers(tiny_checkpoint: Path, tmp
     # Forward: logits, tempered log-probs and entropies as transformers computes them.
     assert r["logits_max_abs"] < 1e-5 and r["logits_scale"] > 0.1
     assert r["logprob_entropy_max_abs"] < 1e-5
+    # The output layer ran on the response-predicting positions only, not on the prompt's.
+    assert r["head_rows"] == [response for response, _ in r["response_and_sequence_lens"]]
+    assert all(response < seq for response, seq in r["response_and_sequence_lens"])
     # Backward: every parameter's gradient (vision tower included) in HF layout, relative to its norm.
     assert r["grads_same_keys"] and r["grads_max_rel"] < 1e-5
     # Training: the loss decreases, TP-aware norms equal the single-process ones, weights follow transformers.

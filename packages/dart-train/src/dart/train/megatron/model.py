@@ -6,10 +6,15 @@ The vision tower stays the transformers module; its embeddings replace the image
 embeddings, and the result enters the decoder through ``decoder_input``. The 3-D rope positions come
 from the transformers model's own ``get_rope_index``, so the forward pass is the transformers one.
 
+Memory at real size: attention is :class:`~dart.train.megatron.attention.SdpaAttention` in place of the
+local spec's ``DotProductAttention`` (which materializes every layer's scores), and the output layer runs
+on the positions asked for only (the decoder's hidden states are cut to them first), as the torch
+backend's ``logits_to_keep``: a prompt's logits are never made.
+
 CPU support: megatron-core assumes CUDA in a few places. :func:`cpu_compat` avoids them (see
-``shared/notes/real-engines-on-cpu.md``): a CPU global memory buffer for DotProductAttention, the
-mrope ``inv_freq`` built on the current device instead of ``torch.cuda.current_device()``, an
-explicit boolean causal mask, and no logit all-gather inside megatron (``parallel_output=True``;
+``shared/notes/real-engines-on-cpu.md``): a CPU global memory buffer (megatron's tensor-parallel layers
+draw scratch tensors from it), the mrope ``inv_freq`` built on the current device instead of
+``torch.cuda.current_device()``, and no logit all-gather inside megatron (``parallel_output=True``;
 :func:`gather_vocab` uses ``all_gather`` on a list, which gloo supports).
 """
 
@@ -25,6 +30,7 @@ import torch.distributed as dist
 
 from dart.train import collectives
 from dart.train.batching import ModelInputs
+from dart.train.megatron.attention import SdpaAttention
 from dart.train.megatron.convert import LMSpec
 
 
@@ -115,11 +121,13 @@ def build_gpt(hf_config: Any, tp_size: int, dtype: torch.dtype, device: torch.de
             attention_softmax_in_fp32=True,
             mrope_section=list(rope["mrope_section"]),
         )
+    layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer_spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     with cpu_compat(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GPTModel's deprecation notice in favour of HybridModel (no mrope there)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            transformer_layer_spec=layer_spec,
             vocab_size=spec.padded_vocab(tp_size),
             max_sequence_length=int(text.max_position_embeddings),
             parallel_output=True,
@@ -232,13 +240,17 @@ class QwenVLMegatron(torch.nn.Module):
             image = self.visual(pixels, grid_thw=grid, return_dict=True).pooler_output.to(emb.dtype)
             mask = (ids[0] == int(self.hf_config.image_token_id)).view(seq, 1, 1).expand_as(emb)
             emb = emb.masked_scatter(mask, image)
-        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1).view(1, 1, seq, seq)
-        logits = self.gpt(
-            input_ids=ids,
-            position_ids=self.positions(inputs, device),
-            attention_mask=causal,
-            decoder_input=emb,
-        )  # [1, S, V_pad / tp]
-        full = gather_vocab(logits[0, start : start + length], self.tp_group)
+        # The decoder's hidden states are cut to the kept positions before megatron's output layer runs.
+        keep = self.gpt.decoder.register_forward_hook(lambda _module, _args, hidden: hidden[start : start + length])
+        try:
+            logits = self.gpt(
+                input_ids=ids,
+                position_ids=self.positions(inputs, device),
+                attention_mask=None,  # causal: SdpaAttention's default for the GPT spec's causal layers
+                decoder_input=emb,
+            )  # [1, length, V_pad / tp]
+        finally:
+            keep.remove()
+        full = gather_vocab(logits[0], self.tp_group)
         # Padded vocabulary rows are zero weights, not tokens: drop their logits before any softmax.
         return full[:, : self.spec.vocab_size]
