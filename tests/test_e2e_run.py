@@ -30,6 +30,7 @@ def test_summary_shows_training_and_no_loss(smoke_run: tuple[dict[str, Any], Pat
     assert summary["trajectories_produced"] > 0
     assert summary["trajectories_produced"] == summary["trajectories_stored"]
     assert summary["trajectories_lost"] == 0
+    assert summary["trajectories_duplicated"] == 0  # no trajectory id was stored twice on the stream
     assert summary["service_exit_codes"] == {"rollout": 0, "data": 0, "train": 0, "env": 0}
     assert (run_dir / "summary.json").is_file()
     # Phases count work: every warm-start step was taken, and RL ended on its own terms, saying which.

@@ -327,12 +327,15 @@ async def test_kv_reopen_with_other_history_updates_the_bucket(bus: Bus) -> None
     assert await kv.history("never-written", State) == []
 
 
-async def test_largest_message_reads_the_stored_sizes(bus: Bus) -> None:
+async def test_census_counts_messages_sizes_and_replays(bus: Bus) -> None:
     from dart.protocol.messages.codec import encode
 
     await bus.ensure_stream("work")
-    assert await bus.largest_message("work") == 0
+    empty = await bus.census("work", "item_id")
+    assert (empty.messages, empty.largest_bytes, empty.distinct, empty.duplicates) == (0, 0, 0, 0)
     small, big = Work(item_id="s"), Work(item_id="b" * 5000)
-    for i, msg in enumerate((small, big, small)):
+    for i, msg in enumerate((small, big, small)):  # the second "s" under another message id: a replay
         await bus.js_publish(bus.subjects.stream_subject("work"), msg, msg_id=f"m{i}")
-    assert await bus.largest_message("work") == len(encode(big))
+    census = await bus.census("work", "item_id")
+    assert (census.messages, census.largest_bytes) == (3, len(encode(big)))
+    assert (census.distinct, census.duplicates) == (2, 1)

@@ -94,9 +94,9 @@ class StreamSpec:
     publishers: tuple[Role, ...] = ()
     """Roles allowed to publish to the stream's subject."""
     message_readers: tuple[Role, ...] = ()
-    """Roles allowed to read stored messages by sequence (``Bus.largest_message``: the run summary's
-    largest trajectory message; ``Bus.stored_messages``: the rollout service's look-up of announced
-    versions)."""
+    """Roles allowed to read stored messages by sequence (``Bus.census``: the run summary's count of
+    distinct and replayed trajectories and its largest trajectory message; ``Bus.stored_messages``: the
+    rollout service's look-up of announced versions)."""
 
 
 @dataclass(frozen=True)

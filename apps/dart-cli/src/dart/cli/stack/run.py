@@ -421,15 +421,18 @@ async def monitor(
         end_ns = time.time_ns()
         heldout, codes = await _stop_services(config, procs, bus, state, validator)
         traj_stream = await bus.stream_state("traj")
-        produced = traj_stream.messages
+        # Produced: distinct trajectories. A replayed message (the same trajectory id stored again) is a
+        # duplicate, which dart-data's index stores once: counted as such, never as a loss.
+        census = await bus.census("traj", "trajectory_id")
         latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
         if validator is not None and not validator.on_run_engines:
             heldout = await validator.finish(latest.version if latest else 0)
         return {
-            "produced": produced,
+            "produced": census.distinct,
+            "duplicated": census.duplicates,
             # What a trajectory costs the bus (screenshots above env.inline_max_bytes go by reference).
-            "bus_bytes_per_trajectory": round(traj_stream.bytes / produced) if produced else None,
-            "largest_trajectory_message_bytes": await bus.largest_message("traj"),
+            "bus_bytes_per_trajectory": round(traj_stream.bytes / census.messages) if census.messages else None,
+            "largest_trajectory_message_bytes": census.largest_bytes,
             "versions": latest.version if latest else 0,
             "rl_start_ns": start_ns,
             "rl_end_ns": end_ns,
@@ -681,6 +684,7 @@ def _summary(
     return build_summary(
         run_dir,
         produced=figures["produced"],
+        duplicated=figures["duplicated"],
         versions=figures["versions"],
         rl_start_ns=figures["rl_start_ns"],
         rl_end_ns=figures["rl_end_ns"],

@@ -1,9 +1,10 @@
 """The end-of-run summary: figures computed from the run's own records, never assumed.
 
 - versions published: the newest ModelVersion in the state bucket;
-- trajectories produced: messages on the trajectory stream; stored: rows in dart-data's index;
-  rejected: messages dart-data refused at ingestion (its ``rejected_trajectories``, by reason);
-  lost: produced minus stored minus rejected;
+- trajectories produced: distinct trajectory ids on the trajectory stream; duplicated: messages that
+  repeat an id stored before them (a replay, which dart-data's index stores once); stored: rows in
+  dart-data's index; rejected: messages dart-data refused at ingestion (its ``rejected_trajectories``, by
+  reason); lost: produced minus stored minus rejected;
 - success rates: trainable RL trajectories (ok/truncated, experience-pool replays excluded) in
   order of finish, first and last quarter;
 - utilization: busy records of each resource kind over the RL window (telemetry JSONL);
@@ -213,6 +214,7 @@ def build_summary(
     produced: int,
     versions: int,
     rl_start_ns: int,
+    duplicated: int = 0,
     rl_end_ns: int,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
@@ -231,6 +233,7 @@ def build_summary(
         **published_figures(run_dir / "telemetry"),
         "trajectories_produced": produced,
         "trajectories_stored": stored,
+        "trajectories_duplicated": duplicated,
         "trajectories_lost": produced - stored - sum(rejected.values()),
         "rejected": {"total": sum(rejected.values()), "by_reason": rejected},
         "trainable_trajectories": len(outcomes),

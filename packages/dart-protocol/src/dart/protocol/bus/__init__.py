@@ -12,7 +12,7 @@ Example::
 from dart.protocol.bus.client import Bus
 from dart.protocol.bus.config import BusConfig
 from dart.protocol.bus.consumer import Delivery, PullConsumer
-from dart.protocol.bus.jetstream import ConsumerState, EnsureResult, PublishAck, StreamState
+from dart.protocol.bus.jetstream import ConsumerState, EnsureResult, PublishAck, StreamCensus, StreamState
 from dart.protocol.bus.kv import KeyValueStore, KvEntry
 from dart.protocol.bus.service import Service
 from dart.protocol.bus.stats import BusStats, EndpointStats
@@ -30,5 +30,6 @@ __all__ = [
     "PublishAck",
     "PullConsumer",
     "Service",
+    "StreamCensus",
     "StreamState",
 ]

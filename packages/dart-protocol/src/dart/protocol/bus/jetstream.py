@@ -86,6 +86,27 @@ class StreamState:
 
 
 @dataclass(frozen=True)
+class StreamCensus:
+    """What a stream holds, read message by message (``Bus.census``).
+
+    Attributes:
+        messages: Messages read.
+        largest_bytes: Size of the largest one (0 when empty).
+        distinct: Distinct values of the identifying field among them: a message stored twice (a replay
+            past the stream's duplicate window) counts once; one without the field counts on its own.
+    """
+
+    messages: int
+    largest_bytes: int
+    distinct: int
+
+    @property
+    def duplicates(self) -> int:
+        """Messages that repeat an identity stored before them."""
+        return self.messages - self.distinct
+
+
+@dataclass(frozen=True)
 class ConsumerState:
     """A durable consumer's backlog right now (queue depth for telemetry and tests).
 

@@ -7,6 +7,7 @@ that only works as a base of ``Bus``, which provides the attributes it declares.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, TypeVar, cast, get_args, overload
@@ -28,6 +29,7 @@ from dart.protocol.bus.jetstream import (
     PublishAck,
     Retention,
     Storage,
+    StreamCensus,
     StreamState,
     consumer_state,
     ensure_consumer,
@@ -221,16 +223,24 @@ class JetStreamMethods:
         """Messages stored in a stream (a stream kind or a full name) right now."""
         return await stream_state(self._js, self._stream_name(stream))
 
-    async def largest_message(self, stream: StreamKind | str) -> int:
-        """Size of the largest message stored in a stream, bytes (0 when empty); reads every message.
+    async def census(self, stream: StreamKind | str, id_field: str) -> StreamCensus:
+        """Every message stored in a stream, read once: how many, the largest one's size, and how many distinct
+        values of the top-level JSON field ``id_field`` they carry (the run summary tells a replayed
+        trajectory from a lost one by it).
 
         Raises:
             JetStreamError: The stream does not exist or a read failed.
         """
-        largest = 0
-        async for _, data in self._stored(stream, "largest_message", newest_first=False):
+        messages = largest = 0
+        ids: set[str] = set()
+        async for seq, data in self._stored(stream, "census", newest_first=False):
+            messages += 1
             largest = max(largest, len(data))
-        return largest
+            try:
+                ids.add(str(json.loads(data)[id_field]))
+            except (ValueError, KeyError, TypeError):  # not an object with the field: counts on its own
+                ids.add(f"\0seq:{seq}")
+        return StreamCensus(messages=messages, largest_bytes=largest, distinct=len(ids))
 
     async def stored_messages(self, stream: StreamKind | str, schema: type[M]) -> AsyncGenerator[M]:
         """The messages stored in a stream, newest first, read one by one by sequence.
