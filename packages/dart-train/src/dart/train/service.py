@@ -337,41 +337,38 @@ class TrainerService:
 
     async def _skip(self, delivery: Delivery[TrainingBatch], exc: BatchSkippedError) -> None:
         """Count a batch every rank skipped; terminate it if its samples are at fault, else hand it back."""
-        batch_id = delivery.message.batch_id
         self.stats.skipped[exc.reason] = self.stats.skipped.get(exc.reason, 0) + 1
-        self._event(
-            "trainer.batch_skipped",
-            batch_id=batch_id,
-            reason=exc.reason,
-            rank=exc.rank,
-            error=exc.detail,
-            redelivered=exc.retryable,
-        )
-        if exc.retryable:
-            log.error("batch %s skipped; handing it back: %s", batch_id, exc)
-            self.stats.failed += 1
-            await self._hand_back(delivery)
-        else:
-            log.error("terminating batch %s: %s", batch_id, exc)
-            self.stats.rejected += 1
-            await delivery.term()
+        await self._give_up(delivery, exc, "trainer.batch_skipped", "skipped")
 
     async def _failed(self, delivery: Delivery[TrainingBatch], exc: RankFailureError) -> None:
         """Count a batch whose update failed on a rank (every rank stopped); hand it back, or terminate it when
         not even one sample per micro-batch fits."""
-        batch_id = delivery.message.batch_id
         self.stats.batches_failed[exc.reason] = self.stats.batches_failed.get(exc.reason, 0) + 1
+        what = f"failed on rank {exc.rank} ({exc.reason})"
+        await self._give_up(delivery, exc, "trainer.batch_failed", what, micro_batch_size=exc.micro_batch_size)
+
+    async def _give_up(
+        self,
+        delivery: Delivery[TrainingBatch],
+        exc: BatchSkippedError | RankFailureError,
+        event: str,
+        what: str,
+        **attributes: object,
+    ) -> None:
+        """Record a batch no rank trained (``event`` with its reason, rank, error and ``attributes``), then hand it
+        back when ``exc`` is retryable, else terminate it."""
+        batch_id = delivery.message.batch_id
         self._event(
-            "trainer.batch_failed",
+            event,
             batch_id=batch_id,
             reason=exc.reason,
             rank=exc.rank,
             error=exc.detail,
-            micro_batch_size=exc.micro_batch_size,
             redelivered=exc.retryable,
+            **attributes,
         )
         if exc.retryable:
-            log.error("batch %s failed on rank %d (%s); handing it back: %s", batch_id, exc.rank, exc.reason, exc)
+            log.error("batch %s %s; handing it back: %s", batch_id, what, exc)
             self.stats.failed += 1
             await self._hand_back(delivery)
         else:
