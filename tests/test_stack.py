@@ -39,7 +39,6 @@ import secrets
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from minio import Minio
 from minio.error import S3Error
 
 from dart.cli.stack.compose_store import COMPOSE_STORE_ROLES, access_key, secret_variable
+from dart.embedded.process import free_ports
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion
 from dart.protocol.store.grants import StoreRole
@@ -94,19 +94,14 @@ def _docker_missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Stack:
     """One compose project of the stack: its env file (fresh secrets and ports) and commands."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.passwords = {role: secrets.token_hex(16) for role in ROLES}
-        self.ports = {name: _free_port() for name in ("NATS", "S3", "POSTGRES", "PROMETHEUS")}
+        names = ("NATS", "S3", "POSTGRES", "PROMETHEUS")
+        self.ports = dict(zip(names, free_ports(len(names)), strict=True))  # distinct: each is published
         self.postgres_password = secrets.token_hex(16)
         self.s3_secrets = {role: secrets.token_hex(20) for role in COMPOSE_STORE_ROLES}
         self.s3_admin = (secrets.token_hex(10), secrets.token_hex(20))

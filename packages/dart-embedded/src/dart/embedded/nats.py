@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary, free_port
+from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary, free_ports
 from dart.protocol.permissions import Permissions
 
 BCRYPT_ROUNDS = 10
@@ -190,8 +190,10 @@ class EmbeddedNats:
         server_name: str | None = None,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
-        self.monitor_port = free_port(host)
+        if port:
+            self.port, self.monitor_port = port, free_ports(1, host, exclude=(port,))[0]
+        else:
+            self.port, self.monitor_port = free_ports(2, host)
         self.jetstream = jetstream
         self.max_payload = max_payload
         self._owns_dir = store_dir is None
@@ -348,7 +350,7 @@ class EmbeddedNatsCluster:
             raise ValueError(f"{len(ports)} client ports for {size} nodes")
         self._owns_dir = store_dir is None
         self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="dart-nats-cluster-"))
-        route_ports = [free_port(host) for _ in range(size)]
+        route_ports = free_ports(size, host, exclude=ports or ())
         routes = tuple(f"{host}:{port}" for port in route_ports)
         route_password = secrets.token_urlsafe(24)  # in each node's config only (0600), never on a command line
         self.nodes = [

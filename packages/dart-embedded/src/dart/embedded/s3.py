@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary, free_port
+from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary, free_ports
 
 _PORT_NAMES = (
     "master",
@@ -124,7 +124,7 @@ class EmbeddedS3:
         self.volume_size_limit_mb = volume_size_limit_mb
         self.max_volumes = max_volumes
         self.stop_grace_s = stop_grace_s
-        self.ports = _distinct_free_ports(host, len(_PORT_NAMES))
+        self.ports = free_ports(len(_PORT_NAMES), host)
         self._owns_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="dart-s3-"))
         self._server: ManagedProcess | None = None
@@ -349,17 +349,6 @@ class EmbeddedS3:
 
 def _random_key(length: int, alphabet: str) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(length))
-
-
-def _distinct_free_ports(host: str, count: int) -> list[int]:
-    # free_port() asks the kernel for an ephemeral port and releases it; asking several times can
-    # in principle return the same port twice, which would make SeaweedFS fail to bind.
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port(host)
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 def _signed_request(
