@@ -22,7 +22,7 @@ from dart.train.batching import ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.errors import RankFailureError
 from dart.train.testing import sample_of, store_png
-from dart.train.update import Retry, select_high_entropy
+from dart.train.update import Retry, RLUpdate, select_high_entropy
 
 pytestmark = pytest.mark.unit
 
@@ -59,6 +59,43 @@ async def _tempered(checkpoint: Path, store: LocalStore) -> TrainingSample:
         temperature=0.7, top_p=0.9, excluded_token_ids=result.sampling.excluded_token_ids
     )
     return sample_of(result, [store_png(store, "shots/tempered.png", image)], "tempered")
+
+
+class CountedForward:
+    """A backend's real ``forward_logprobs``, counting its passes with and without gradient."""
+
+    def __init__(self, backend: TorchBackend) -> None:
+        self.forward, self.calls = backend.forward_logprobs, {True: 0, False: 0}
+        backend.forward_logprobs = self  # type: ignore[method-assign]  # test-only count
+
+    def __call__(self, inputs: ModelInputs, **sampling: object) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls[torch.is_grad_enabled()] += 1
+        return self.forward(inputs, **sampling)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_one_step_batches_take_logp_old_from_the_steps_own_forward_pass(
+    tiny_checkpoint: Path, rollout_samples: list[TrainingSample], kl_coef: float
+) -> None:
+    overrides = {"lr": 1e-2, "grad_clip": None, "micro_batch_size": 2, "loss": {"kl_coef": kl_coef}}
+    one, two = _backend(tiny_checkpoint, **overrides), _backend(tiny_checkpoint, **overrides)
+    one_count, two_count = CountedForward(one), CountedForward(two)
+    n = len(rollout_samples)
+    a = RLUpdate(one, one.config).run(rollout_samples, [one.sample_inputs(s) for s in rollout_samples])
+    b = RLUpdate(two, two.config, one_pass=False).run(rollout_samples, [two.sample_inputs(s) for s in rollout_samples])
+    # The reference policy's passes (KL) run without gradient in both: the policy's own are what differ.
+    refs = n if kl_coef else 0
+    assert one_count.calls == {True: n, False: refs} and two_count.calls == {True: n, False: n + refs}
+    for key in ("loss", "grad_norm", "ratio_mean", "tis_weight_mean", "rollout_mismatch", "entropy", "kl"):
+        x, y = getattr(a, key), getattr(b, key)
+        assert (x is None and y is None) or x == pytest.approx(y, rel=1e-5, abs=1e-7), key
+    assert a.ratio_mean == pytest.approx(1.0, abs=1e-6) and a.entropy > 0.0 and a.rollout_mismatch < 1e-3
+    for (name, p), q in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=0, atol=1e-6), name
+    # More than one optimizer step over the batch: the separate pass runs before the first.
+    CountedForward(again := _backend(tiny_checkpoint, ppo_epochs=2))
+    again.train_step(rollout_samples)
+    assert again.forward_logprobs.calls == {True: 2 * n, False: n}  # type: ignore[attr-defined]
 
 
 def test_importance_weight_compares_the_sampled_distribution(tiny_checkpoint: Path, shot_store: LocalStore) -> None:

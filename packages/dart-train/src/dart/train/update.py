@@ -5,7 +5,11 @@ One batch goes through:
 
 1. **``logp_old`` pass** (no gradient, before any update): every sample's log-probs under its own
    sampling distribution (``TrainingSample.sampling``) and exact per-token entropies from the trainer's
-   full logits. Spread over data-parallel ranks, then gathered so every rank holds all of them.
+   full logits. Spread over data-parallel ranks, then gathered so every rank holds all of them. Where the
+   batch is one optimizer step over every sample (``ppo_epochs`` 1, ``mini_batches`` 1,
+   ``entropy_top_fraction`` 1: the defaults) there is no such pass: the policy has not moved before that
+   step, so its own forward pass gives the same numbers (kept detached, gathered after it), and each
+   sample's forward pass runs once, not twice.
 2. **Selection**: the ``entropy_top_fraction`` of steps with the highest mean entropy (per batch or per
    trajectory); the others are not trained on.
 3. **Token weights**: ``token_mean`` or ``trajectory_mean`` over all the selected steps of the batch
@@ -248,6 +252,10 @@ class _Held:
     spare: int
 
 
+# What logp_old keeps of one sample: its log-probs, entropies and (with a KL term) reference log-probs, on the CPU.
+_Old = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
 class RLUpdate:
     """Runs one batch's update on a backend; see the module docstring for the steps.
 
@@ -256,10 +264,14 @@ class RLUpdate:
         config: Trainer configuration (epochs, mini-batches, micro-batch size, aggregation, selection, loss).
     """
 
-    def __init__(self, backend: Any, config: TrainerConfig) -> None:
+    def __init__(self, backend: Any, config: TrainerConfig, *, one_pass: bool = True) -> None:
         self.backend = backend
         self.config = config
         self.loss_config = config.loss
+        # Whether a batch that is one optimizer step over every sample takes logp_old from that step's own
+        # forward pass (see the module docstring); False always runs the separate pass (tests compare the two).
+        self.one_pass = one_pass and config.ppo_epochs == 1 and config.mini_batches == 1
+        self.one_pass = self.one_pass and config.entropy_top_fraction >= 1.0
 
     @staticmethod
     def _sampling(sample: TrainingSample) -> dict[str, Any]:
@@ -295,26 +307,13 @@ class RLUpdate:
         cfg, backend = self.config, self.backend
         dp_size, dp_group = backend.dp_size, backend.dp_group
         samples, held, refused = self._admit(samples, inputs, owners)
-        owner = held.owner
         kl = self.loss_config.kl_coef > 0.0
 
-        # 1. logp_old, entropies (and reference log-probs) of every sample, once, before any update.
-        old = self._old_logprobs(samples, held, kl)
         rollout = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
         lengths = [len(s.response_token_ids) for s in samples]
         total_tokens = sum(lengths)
-        mismatch = sum(float((old[i][0] - rollout[i]).abs().sum()) for i in range(len(samples))) / total_tokens
-        entropy = sum(float(old[i][1].sum()) for i in range(len(samples))) / total_tokens
 
-        # 2-3. selection and token weights.
-        mean_entropy = [float(old[i][1].mean()) if lengths[i] else 0.0 for i in range(len(samples))]
-        chosen = select_high_entropy(samples, mean_entropy, cfg.entropy_top_fraction, cfg.entropy_scope)
-        n_mini = min(cfg.mini_batches, len(chosen))
-        weights = token_weights([samples[i] for i in chosen], [lengths[i] for i in chosen], cfg.loss_aggregation)
-        weight_of = {i: w * n_mini for i, w in zip(chosen, weights, strict=True)}
-        # Each mini-batch: its sample indices and their token weights.
-        minis = [{i: weight_of[i] for i in part} for part in mini_batches(chosen, owner, n_mini, dp_size)]
-
+        old, chosen, minis = self._plan(samples, held, lengths, kl)
         keys = ("loss", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_truncated_fraction") + (
             ("kl",) if kl else ()
         )
@@ -329,7 +328,11 @@ class RLUpdate:
                 for key, value in zip(keys, summed, strict=True):
                     sums[key] += value
                 norms.append(backend.optimizer_step())
+        if self.one_pass:
+            old = self._gathered(old)
         n_steps = len(norms)
+        mismatch = sum(float((old[i][0] - rollout[i]).abs().sum()) for i in range(len(samples))) / total_tokens
+        entropy = sum(float(old[i][1].sum()) for i in range(len(samples))) / total_tokens
         return TrainStepMetrics(
             step=backend.step,
             loss=sums["loss"] / n_steps,
@@ -351,6 +354,25 @@ class RLUpdate:
             micro_batch_size=mbs,
             retried=tuple(retried),
         )
+
+    def _plan(
+        self, samples: Sequence[TrainingSample], held: _Held, lengths: Sequence[int], kl: bool
+    ) -> tuple[dict[int, _Old], list[int], list[dict[int, float]]]:
+        """Steps 1-3: ``logp_old`` by sample index, the chosen samples, and each mini-batch's sample indices with
+        their token weights. In one pass ``logp_old`` starts empty: :meth:`_mini_batch` fills this rank's rows."""
+        cfg = self.config
+        old: dict[int, _Old] = {}
+        if self.one_pass:
+            chosen = list(range(len(samples)))
+        else:
+            old = self._gathered(self._old_logprobs(samples, held, kl))
+            mean_entropy = [float(old[i][1].mean()) if lengths[i] else 0.0 for i in range(len(samples))]
+            chosen = select_high_entropy(samples, mean_entropy, cfg.entropy_top_fraction, cfg.entropy_scope)
+        n_mini = min(cfg.mini_batches, len(chosen))
+        weights = token_weights([samples[i] for i in chosen], [lengths[i] for i in chosen], cfg.loss_aggregation)
+        weight_of = {i: w * n_mini for i, w in zip(chosen, weights, strict=True)}
+        parts = mini_batches(chosen, held.owner, n_mini, self.backend.dp_size)
+        return old, chosen, [{i: weight_of[i] for i in part} for part in parts]
 
     def _together(self, step: Any, what: str, micro_batch_size: int = 0) -> Any:
         """``step()`` on this rank, its outcome agreed by every rank (:func:`~dart.train.lockstep.together`)."""
@@ -382,38 +404,39 @@ class RLUpdate:
         spare = min((i for i in inputs_of if owner[i] == dp_rank), default=min(inputs_of))
         return list(samples), _Held(inputs_of, owner, spare), dict(refused)
 
-    def _old_logprobs(
-        self, samples: Sequence[TrainingSample], held: _Held, kl: bool
-    ) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        """Every sample's ``logp_old``, entropies and (with ``kl``) reference log-probs: each rank computes its own
-        samples', then all are gathered over the data-parallel group."""
+    def _old_logprobs(self, samples: Sequence[TrainingSample], held: _Held, kl: bool) -> dict[int, _Old]:
+        """This rank's samples' ``logp_old``, entropies and (with ``kl``) reference log-probs, by sample index."""
         backend = self.backend
-        local: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        local: dict[int, _Old] = {}
         with torch.no_grad():
             for i in _shard(range(len(samples)), held.owner, backend.dp_rank, backend.dp_size):
                 j = held.spare if i is None else i
-                logp, ent, ref = self._together(lambda j=j: self._old_row(held.inputs[j], samples[j], kl), "logp_old")
+                _, row = self._together(lambda j=j: self._row(held.inputs[j], samples[j], kl), "logp_old")
                 if i is not None:
-                    local[i] = (logp, ent, ref)
-        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        for part in collectives.gather_objects(local, size=backend.dp_size, group=backend.dp_group):
+                    local[i] = row
+        return local
+
+    def _gathered(self, local: dict[int, _Old]) -> dict[int, _Old]:
+        """Every rank's ``local`` rows, gathered over the data-parallel group (every rank gets all of them)."""
+        old: dict[int, _Old] = {}
+        for part in collectives.gather_objects(local, size=self.backend.dp_size, group=self.backend.dp_group):
             old.update(part)
         return old
 
-    def _old_row(
-        self, inputs: ModelInputs, sample: TrainingSample, kl: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One row's ``logp_old``, entropies and (with ``kl``) reference log-probs, on the CPU."""
+    def _row(self, inputs: ModelInputs, sample: TrainingSample, kl: bool) -> tuple[torch.Tensor, _Old]:
+        """One row's log-probs (with gradient where autograd is on) and what ``logp_old`` keeps of it, on the CPU:
+        the log-probs detached, the entropies and (with ``kl``) the reference log-probs."""
         logp, ent = self._logp(inputs, sample)
-        ref = self.backend.reference_logprobs(inputs, **self._sampling(sample)).float().cpu() if kl else None
-        return logp.float().cpu(), ent.float().cpu(), ref
+        with torch.no_grad():
+            ref = self.backend.reference_logprobs(inputs, **self._sampling(sample)).float().cpu() if kl else None
+        return logp, (logp.detach().float().cpu(), ent.detach().float().cpu(), ref)
 
     def _fitting(
         self,
         samples: Sequence[TrainingSample],
         held: _Held,
         mini: dict[int, float],
-        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+        old: dict[int, _Old],
         rollout: Sequence[torch.Tensor],
         keys: Sequence[str],
         mbs: int,
@@ -473,7 +496,7 @@ class RLUpdate:
         samples: Sequence[TrainingSample],
         held: _Held,
         mini: dict[int, float],
-        old: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+        old: dict[int, _Old],
         rollout: Sequence[torch.Tensor],
         keys: Sequence[str],
         mbs: int,
@@ -482,26 +505,38 @@ class RLUpdate:
         weighted metric sums.
 
         ``mini`` maps the mini-batch's sample indices to their token weights (batch-wide, see the module
-        docstring). Each row's forward and each micro-batch's loss and backward are agreed by every rank.
+        docstring). Each row's forward and each micro-batch's loss and backward are agreed by every rank. In one
+        pass (:attr:`one_pass`) each row's ``logp_old`` is its own forward pass's, recorded in ``old``.
 
         Raises:
             RankFailureError: A step failed on some rank (gradients are left for the caller to clear).
         """
-        backend, dp_size = self.backend, self.backend.dp_size
+        backend, dp_size, kl = self.backend, self.backend.dp_size, "kl" in keys
         mine = _shard(list(mini), held.owner, backend.dp_rank, dp_size)
         sums = dict.fromkeys(keys, 0.0)
         for lo in range(0, len(mine), mbs):
             rows = mine[lo : lo + mbs]
             real = [held.spare if i is None else i for i in rows]
-            outs = [
-                self._together(lambda i=i: self._logp(held.inputs[i], samples[i])[0], "micro-batch", mbs) for i in real
-            ]
-            logp, mask = pad_rows(outs)
+            if self.one_pass:
+                outs = [
+                    self._together(lambda i=i: self._row(held.inputs[i], samples[i], kl), "micro-batch", mbs)
+                    for i in real
+                ]
+                olds = [row for _, row in outs]
+                old.update((i, row) for i, row in zip(rows, olds, strict=True) if i is not None)
+                logp, mask = pad_rows([out for out, _ in outs])
+            else:
+                outs = [
+                    self._together(lambda i=i: self._logp(held.inputs[i], samples[i])[0], "micro-batch", mbs)
+                    for i in real
+                ]
+                olds = [old[i] for i in real]
+                logp, mask = pad_rows(outs)
             device = logp.device
-            logp_old = pad_rows([old[i][0] for i in real])[0].to(device)
+            logp_old = pad_rows([o[0] for o in olds])[0].to(device)
             roll = pad_rows([rollout[i] for i in real])[0].to(device)
-            ref_rows = [old[i][2] for i in real]
-            ref = pad_rows([r for r in ref_rows if r is not None])[0].to(device) if "kl" in keys else None
+            ref_rows = [o[2] for o in olds]
+            ref = pad_rows([r for r in ref_rows if r is not None])[0].to(device) if kl else None
             adv = torch.tensor([samples[i].advantage for i in real], dtype=torch.float32, device=device)
             # Per-token weights ride in the mask; a padding row (None) weighs 0 but still runs its
             # forward/backward so every rank makes the same collective calls.
