@@ -47,11 +47,11 @@ def test_ruff_lint() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_mypy_strict() -> None:
-    # One run over every package: each run analyses torch and transformers again (40 s apiece), and a
-    # package's errors are named by file either way.
-    res = _run(sys.executable, "-m", "mypy", "--strict", "--no-incremental", *STRICT_TYPED)
-    assert res.returncode == 0, res.stdout[-5000:] + res.stderr
+# One run over every package: each run analyses torch and transformers again (40 s apiece), and a package's
+# errors are named by file either way. The session runs it beside the end-to-end runs (conftest's checks ahead).
+@pytest.mark.run_ahead(sys.executable, "-m", "mypy", "--strict", "--no-incremental", *STRICT_TYPED)
+def test_mypy_strict(ran_ahead: subprocess.CompletedProcess[str]) -> None:
+    assert ran_ahead.returncode == 0, ran_ahead.stdout[-5000:]
 
 
 def test_no_subject_literals_outside_subjects_module() -> None:
