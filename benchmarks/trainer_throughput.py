@@ -7,8 +7,15 @@ torchrun (this script re-runs itself as the worker), ``megatron`` when ``dart.tr
 Memory per configuration: ``trainable_parameters`` and ``optimizer_state_mib`` (AdamW's moments, plus the
 float32 masters under bfloat16), read from the tensors after the updates; ``peak_rss_mib``, the peak resident
 memory of the (rank 0) process, each configuration running in a process of its own; ``peak_gpu_mib`` on CUDA.
-The first update of each run warms up and is not timed. Tokens/s counts prompt + response tokens of
-the samples each update trains on, divided by the update's wall time (all optimizer steps included).
+With ``--image WxH`` every sample's prompt carries one screenshot of that size (random pixels, stored as PNG in a
+local store, the prompt encoded by the rollout's own prompt builder), read back through the trainer's
+:class:`~dart.train.update.SampleReader`. Each rank builds its inputs as the trainer does (``--inputs share``:
+:func:`~dart.train.shares.build_share`, only the samples it owns) or as every rank once did (``--inputs all``:
+every sample's), and reports ``ranks``: per rank, ``input_mib`` (the tensors of the inputs it built) and
+``peak_rss_mib``. The default tiny checkpoint then gets Qwen2.5-VL's pixel bounds (the inputs of a screenshot
+are the real model's: they depend on the processor alone). The first update of each run warms up and is not
+timed. Tokens/s counts prompt + response tokens of the samples each update trains on, divided by the update's
+wall time (all optimizer steps included).
 
 Usage::
 
@@ -17,7 +24,7 @@ Usage::
         --configs torch fsdp:1 fsdp:2 --dtype bfloat16 --samples 16 --prompt-len 1024 --response-len 128
 
 The last line is one JSON object: ``{"results": [{"backend", "world_size", "step_s", "tokens_per_s",
-"trainable_parameters", "optimizer_state_mib", "peak_rss_mib", ...}]}``.
+"trainable_parameters", "optimizer_state_mib", "peak_rss_mib", "ranks", ...}]}``.
 """
 
 from __future__ import annotations
@@ -58,14 +65,79 @@ def synthetic_samples(n: int, prompt_len: int, response_len: int, vocab: int, se
     ]
 
 
+def image_samples(n: int, size: tuple[int, int], response_len: int, model: str, root: Path, seed: int) -> list[Any]:
+    """``n`` one-step samples whose prompt carries one ``size`` screenshot of random pixels, stored as PNG under
+    ``root`` (a local store); the prompt is encoded by the rollout's prompt builder, the response random tokens."""
+    import random
+
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from dart.protocol.messages import TrainingSample
+    from dart.protocol.store import LocalStore
+    from dart.rollout.model.prompt import build_prompt, encode_prompt
+    from dart.train.testing import store_png
+
+    rng, pixels = random.Random(seed), np.random.default_rng(seed)
+    store = LocalStore(root, fsync=False)
+    processor = AutoProcessor.from_pretrained(model, local_files_only=True)
+    samples = []
+    for i in range(n):
+        image = Image.fromarray(pixels.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+        prompt = build_prompt("Click the button.", image, [], max_images=1, image_size=None)
+        ids = encode_prompt(processor, prompt).input_ids
+        samples.append(
+            TrainingSample(
+                trajectory_id=f"t{i}",
+                step_index=0,
+                group_id="g",
+                task_id="bench",
+                advantage=1.0 if i % 2 == 0 else -1.0,
+                reward=float(i % 2 == 0),
+                policy_version=0,
+                prompt_token_ids=ids,
+                response_token_ids=[rng.randrange(100, _text_vocab(model)) for _ in range(response_len)],
+                rollout_logprobs=[-1.0] * response_len,
+                images=[store_png(store, f"shots/{i}.png", image)],
+            )
+        )
+    return samples
+
+
+def _real_pixel_bounds(model: Path) -> None:
+    """Give the tiny checkpoint's processor Qwen2.5-VL's own pixel bounds (it sizes every image to 224 x 224), so
+    a screenshot's inputs are as large as the real model's: the pixel patches depend on the processor alone."""
+    path = model / "processor_config.json"
+    config = json.loads(path.read_text())
+    config["image_processor"]["size"] = {"shortest_edge": 3136, "longest_edge": 12845056}
+    path.write_text(json.dumps(config, indent=2))
+
+
+def _text_vocab(model: str) -> int:
+    """Token ids below this are ordinary text (the special tokens, image pads among them, lie above)."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    vocab = int(config.get("text_config", {}).get("vocab_size", config.get("vocab_size", 1000)))
+    return min(vocab - 300, 150000)
+
+
+def _input_bytes(inputs: Any) -> int:
+    tensors = (inputs.input_ids, inputs.mm_token_type_ids, inputs.pixel_values, inputs.image_grid_thw)
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
 def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
     """Run the updates in this process (one of the ranks under torchrun); returns the figures."""
     import resource
 
     import torch
 
+    from dart.protocol.messages import TrainingSample
+    from dart.train import collectives
+    from dart.train.batching import StoreImageSource
     from dart.train.config import TrainerConfig
     from dart.train.interface import load_backend
+    from dart.train.shares import build_share
     from dart.train.update import RLUpdate, SampleReader
 
     lora = kind == "torch+lora"
@@ -88,18 +160,33 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
         }
     )
     backend = load_backend(config)
-    model_cfg = json.loads((Path(args.model) / "config.json").read_text())
-    vocab = int(model_cfg.get("text_config", {}).get("vocab_size", model_cfg.get("vocab_size", 1000)))
-    # Stay below the special tokens (image pads would need images).
-    samples = synthetic_samples(args.samples, args.prompt_len, args.response_len, min(vocab - 300, 150000), seed=0)
-    reader = SampleReader(config)
-    inputs = [reader(s) for s in samples]
+    if args.samples_file:  # image samples, made once by the parent for every rank
+        rows = json.loads(Path(args.samples_file).read_text())
+        samples = [TrainingSample.model_validate(row) for row in rows]
+    else:  # text only: image pads would need images
+        samples = synthetic_samples(args.samples, args.prompt_len, args.response_len, _text_vocab(args.model), 0)
+    reader = SampleReader(config, StoreImageSource())
+    owners = None
+    if args.inputs == "all":
+        inputs: dict[int, Any] = dict(enumerate(reader(s) for s in samples))
+    else:
+        share = build_share(
+            reader,
+            samples,
+            rank=backend.rank,
+            world_size=backend.world_size,
+            dp_rank=backend.dp_rank,
+            dp_size=backend.dp_size,
+            mini_batches=config.mini_batches,
+        )
+        samples, owners, inputs = share.samples, share.owners, share.inputs
+    input_mib = round(sum(_input_bytes(x) for x in inputs.values()) / 2**20, 1)
     times = []
     for i in range(args.steps + 1):
         if torch.cuda.is_available() and args.device.startswith("cuda"):
             torch.cuda.synchronize()
         started = time.perf_counter()
-        RLUpdate(backend, config).run(samples, inputs)
+        RLUpdate(backend, config).run(samples, inputs, owners)
         if torch.cuda.is_available() and args.device.startswith("cuda"):
             torch.cuda.synchronize()
         if i > 0:  # the first update warms up (allocations, kernels)
@@ -116,6 +203,12 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
     if masters is not None:
         optimizer_bytes += sum(m.numel() * m.element_size() for m in masters.masters)
     cuda = torch.cuda.is_available() and args.device.startswith("cuda")
+    mine = {
+        "rank": backend.rank,
+        "inputs_built": len(inputs),
+        "input_mib": input_mib,
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB on Linux
+    }
     return {
         "backend": kind + ("+lora" if lora else ""),
         "trainable_parameters": sum(p.numel() for p in backend.model.parameters() if p.requires_grad),
@@ -129,6 +222,9 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
         "tokens_per_update": tokens,
         "device": args.device,
         "dtype": args.dtype,
+        "image": args.image or None,
+        "inputs": args.inputs,
+        "ranks": collectives.gather_objects(mine, size=backend.world_size),
     }
 
 
@@ -161,7 +257,8 @@ def _forward(args: argparse.Namespace) -> list[str]:
         "--model", args.model, "--device", args.device, "--dtype", args.dtype, "--samples", str(args.samples),
         "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len), "--steps", str(args.steps),
         "--micro-batch-size", str(args.micro_batch_size), "--threads", str(args.threads),
-        "--lora-rank", str(args.lora_rank),
+        "--lora-rank", str(args.lora_rank), "--inputs", args.inputs, "--image", args.image,
+        "--samples-file", args.samples_file,
     ]  # fmt: skip
 
 
@@ -178,6 +275,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed updates (after one warm-up)")
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
+    parser.add_argument("--image", default="", help="WxH: one screenshot of this size per sample (e.g. 1920x1080)")
+    parser.add_argument("--inputs", default="share", choices=["share", "all"], help="what each rank builds")
+    parser.add_argument("--samples-file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -194,11 +294,23 @@ def main() -> None:
 
             args.model = str(Path(tmp) / "tiny")
             write_tiny_checkpoint(args.model, seed=0)
+            if args.image:
+                _real_pixel_bounds(Path(args.model))
+        if args.image:
+            width, _, height = args.image.partition("x")
+            made = image_samples(
+                args.samples, (int(width), int(height)), args.response_len, args.model, Path(tmp) / "store", seed=0
+            )
+            args.samples_file = str(Path(tmp) / "samples.json")
+            Path(args.samples_file).write_text(json.dumps([s.model_dump(mode="json") for s in made]))
         results = []
         for spec in args.configs:
             result = _run_config(args, spec)
             if result is not None:
                 print(f"{spec}: {result['step_s']} s/update, {result['tokens_per_s']} tokens/s", file=sys.stderr)
+                for rank in result["ranks"]:
+                    built = f"{rank['input_mib']} MiB of inputs ({rank['inputs_built']} samples)"
+                    print(f"  rank {rank['rank']}: {built}, peak RSS {rank['peak_rss_mib']} MiB", file=sys.stderr)
                 results.append(result)
     print(json.dumps({"results": results}))
 
