@@ -7,7 +7,9 @@ MiniWoB++ in headless Chromium (``examples/miniwob.yaml``), with retention on an
 - per service (``dart serve env|data|train|rollout``): resident memory of its process tree (the env
   service's browsers included), open file descriptors and threads of the service process;
 - the bus: messages pending or unacknowledged on the work, trajectory and batch consumers;
-- the store: bytes of the run's artifacts (trajectories, screenshots, weights) and of its index.
+- the store: bytes of the run's artifacts (trajectories, screenshots, weights) and of its index;
+- the weight cache: bytes of the versions the rollout host downloaded (``<run_dir>/weights``, pruned to
+  ``rollout.sync.keep_versions``).
 
 For each figure it fits a line (least squares) over the second half of the samples, after the warm-up,
 and fails when the slope passes the figure's bound (``BOUNDS``, per minute): growth that a single sample
@@ -51,6 +53,7 @@ BOUNDS = {
     "threads": 0.5,
     "bus_pending": 2.0,  # messages
     "store_mib": 2.0,  # with retention on, the store levels off
+    "weight_cache_mib": 2.0,  # the rollout host keeps rollout.sync.keep_versions versions
 }
 """Largest growth per minute over the second half of the run, per figure."""
 
@@ -121,6 +124,7 @@ def sample(run_pid: int, run_dir: Path, started: float) -> dict[str, Any]:
         row["bus_error"] = f"{type(exc).__name__}: {exc}"
     index = sum(p.stat().st_size for p in run_dir.glob("data.sqlite3*"))
     row["store_mib"] = round((_tree_bytes(run_dir / "artifacts") + index) / 2**20, 2)
+    row["weight_cache_mib"] = round(_tree_bytes(run_dir / "weights") / 2**20, 2)
     return row
 
 
@@ -136,14 +140,15 @@ def slope(points: list[tuple[float, float]]) -> float:
 
 
 def series(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """Every figure's (minute, value) points, named ``<service>.<figure>`` or ``bus_pending`` / ``store_mib``."""
+    """Every figure's (minute, value) points, named ``<service>.<figure>``, ``bus_pending``, ``store_mib`` or
+    ``weight_cache_mib``."""
     out: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         for service in SERVICES:
             for figure in ("rss_mib", "fds", "threads"):
                 if service in row:
                     out.setdefault(f"{service}.{figure}", []).append((row["minute"], row[service][figure]))
-        for figure in ("bus_pending", "store_mib"):
+        for figure in ("bus_pending", "store_mib", "weight_cache_mib"):
             if figure in row:
                 out.setdefault(figure, []).append((row["minute"], row[figure]))
     return out

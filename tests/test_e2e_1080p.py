@@ -108,6 +108,10 @@ def test_retention_deleted_what_training_was_done_with_and_nothing_still_referen
     trajectory still stored is whole (its JSON and every image it refers to are there), every pruned one is
     gone, and every index row is still there."""
     summary, run_dir = run_1080p
+    # The rollout host's weight cache (the run's own, <run_dir>/weights) keeps rollout.sync.keep_versions (2).
+    (cache,) = summary["weight_cache"].values()
+    on_disk = [p for p in (run_dir / "weights").iterdir() if not p.name.startswith(".dart-tmp-")]
+    assert 1 <= cache["versions"] <= 2 and cache["bytes"] > 0 and 1 <= len(on_disk) <= 2, (cache, on_disk)
     deleted = summary["retention_deleted"]
     assert deleted["trajectories"] > 0 and deleted["objects"] >= deleted["trajectories"] and deleted["bytes"] > 0
     keys = {o.object_name for o in s3_client.list_objects("dart", prefix="artifacts/", recursive=True)}

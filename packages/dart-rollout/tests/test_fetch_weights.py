@@ -24,6 +24,7 @@ from dart.rollout.errors import WeightFetchError
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.config import SyncConfig
+from dart.rollout.service.fetch import cache_usage
 from dart.rollout.service.sync import WeightSyncController, fetch_weights
 from dart.train.config import PublishConfig
 from dart.train.publish import WeightPublisher
@@ -265,3 +266,8 @@ async def test_the_download_cache_keeps_the_newest_versions_and_the_one_just_fet
     assert old.is_file() and sorted(p.name.split("-")[0] for p in cache.glob("v*")) == ["v1", "v3"]
     await fetch_weights(versions[4], store_config=config, cache_dir=cache, keep=2)
     assert sorted(p.name.split("-")[0] for p in cache.glob("v*")) == ["v3", "v4"] and (cache / "unrelated").is_dir()
+    # What the host reports of its cache: the two versions, the unrelated directory and a download in progress
+    # not counted.
+    (cache / ".dart-tmp-0123-v5-0123456789abcdef.safetensors").write_bytes(b"partial")
+    assert cache_usage(cache) == (2, 2 * (len(PAYLOAD) + 1))
+    assert cache_usage(tmp_path / "never-made") == (0, 0)

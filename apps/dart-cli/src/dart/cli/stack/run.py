@@ -246,12 +246,16 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
     data = config.data.model_copy(update={"database_url": f"sqlite:///{run_dir / 'data.sqlite3'}"})
     # ``image_size: model``: the checkpoint's pixel bounds, written into config.yaml for every reader.
     runner = resolve_runner(config.rollout.runner, policy)
+    # The run's own weight cache: its pruning never touches another run's versions on the same host, and the
+    # summary's weight_cache figure is this run's.
+    sync = config.rollout.sync
+    sync = sync.model_copy(update={"cache_dir": sync.cache_dir or str(run_dir / "weights")})
     return config.model_copy(
         update={
             "bus": bus,
             "train": train,
             "data": data,
-            "rollout": config.rollout.model_copy(update={"engine": engine, "runner": runner}),
+            "rollout": config.rollout.model_copy(update={"engine": engine, "runner": runner, "sync": sync}),
         }
     )
 

@@ -16,7 +16,9 @@
 - staleness: the largest policy lag of any sample the trainer trained on (``trainer.step``
   events; experience-pool replays apart), the samples it dropped as too stale
   (``trainer.stale_dropped``) and the pauses of work emission on the trainer's backlog
-  (``data.emission_throttled``).
+  (``data.emission_throttled``);
+- weight cache: each rollout host's download cache of weight versions (versions, bytes) after its last fetch
+  (``rollout.weight_cache`` events).
 """
 
 from __future__ import annotations
@@ -190,6 +192,22 @@ def retention_figures(telemetry_dir: Path) -> dict[str, int]:
     return totals
 
 
+def weight_cache_figures(telemetry_dir: Path) -> dict[str, dict[str, int]]:
+    """Each rollout host's weight download cache at its last fetch (its ``rollout.weight_cache`` events):
+    ``{host: {"versions": N, "bytes": B}}``; empty where no version was downloaded (``file://`` weights are
+    read in place)."""
+    hosts: dict[str, dict[str, int]] = {}
+    events = read_jsonl(telemetry_dir, types={"event"}) if telemetry_dir.is_dir() else iter(())
+    for record in events:
+        if record.get("name") == "rollout.weight_cache":
+            attrs = record.get("attributes") or {}
+            hosts[str(attrs.get("host"))] = {
+                "versions": int(attrs.get("versions", 0)),
+                "bytes": int(attrs.get("bytes", 0)),
+            }
+    return hosts
+
+
 def task_figures(telemetry_dir: Path) -> dict[str, Any]:
     """The tasks work was emitted for and the suite's tasks the env pool does not run, from the data manager's
     latest ``data.stats`` event: ``{"emitted": N, "excluded": M, "excluded_by": {requirement: tasks}}``
@@ -247,6 +265,7 @@ def build_summary(
         "gpu": gpu,
         **staleness_figures(run_dir / "telemetry"),
         "retention_deleted": retention_figures(run_dir / "telemetry"),
+        "weight_cache": weight_cache_figures(run_dir / "telemetry"),
         "tasks": task_figures(run_dir / "telemetry"),
         "rl_seconds": round(rl_seconds, 1),
         "trajectories_per_minute": round(produced / rl_seconds * 60, 2) if rl_seconds > 0 else None,

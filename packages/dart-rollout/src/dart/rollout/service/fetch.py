@@ -84,7 +84,8 @@ def _local_path(uri: str) -> Path | None:
     raise ValueError("weight URIs must be file:// or s3://")
 
 
-def _cache_root(cache_dir: str | Path | None) -> Path:
+def cache_root(cache_dir: str | Path | None) -> Path:
+    """The download cache directory of ``cache_dir`` (a temporary directory's ``dart-weights`` when None)."""
     return Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "dart-weights"
 
 
@@ -116,10 +117,26 @@ async def fetch_weights(
         WeightFetchError: Unsupported scheme, a missing object or manifest, or a digest that does not match.
     """
     path = await _fetch(version, store_config, cache_dir)
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     if keep is not None and path.parent == root:  # downloaded (a file:// version is read in place)
         await asyncio.to_thread(_prune, root, keep, path.name)
     return path
+
+
+def cache_usage(cache_dir: str | Path | None) -> tuple[int, int]:
+    """The download cache's versions and bytes (every version entry's files; the temporary files of downloads
+    in progress not counted). ``(0, 0)`` when nothing was downloaded."""
+    root = cache_root(cache_dir)
+    versions = size = 0
+    if not root.is_dir():
+        return 0, 0
+    for entry in root.iterdir():
+        if not _CACHED.match(entry.name):
+            continue
+        versions += 1
+        files = entry.rglob("*") if entry.is_dir() else (entry,)
+        size += sum(f.stat().st_size for f in files if f.is_file())
+    return versions, size
 
 
 def _prune(root: Path, keep: int, fetched: str) -> None:
@@ -141,7 +158,7 @@ def _prune(root: Path, keep: int, fetched: str) -> None:
 
 async def _fetch(version: ModelVersion, store_config: StoreConfig | None, cache_dir: str | Path | None) -> Path:
     if version.shards > 1:
-        return await _fetch_sharded(version, store_config, _cache_root(cache_dir))
+        return await _fetch_sharded(version, store_config, cache_root(cache_dir))
     try:
         local = _local_path(version.uri)
     except ValueError as exc:
@@ -149,7 +166,7 @@ async def _fetch(version: ModelVersion, store_config: StoreConfig | None, cache_
     if local is not None:
         await _verify(version, local, version.sha256)
         return local
-    path = _cache_root(cache_dir) / f"v{version.version}-{version.sha256[:16]}.safetensors"
+    path = cache_root(cache_dir) / f"v{version.version}-{version.sha256[:16]}.safetensors"
     if path.is_file():  # verified when downloaded; hashed again, and dropped if it changed on disk since
         await _verify(version, path, version.sha256, drop_bad=True)
     else:

@@ -4,7 +4,8 @@ Engine update lifecycle (driven by :class:`WeightSyncController`)::
 
     ModelVersion v announced (state KV key LATEST_MODEL_KEY)
       -> fetch the version once (every shard, sha256-verified; :mod:`.fetch`); a failure leaves every
-         engine serving its version
+         engine serving its version; then a telemetry event rollout.weight_cache (host, versions, bytes
+         of the host's download cache after pruning)
       -> for each engine below v, at most ``max_concurrent`` at a time:
            engine.update_weights(path, v): serving -> draining -> loading -> serving at v
            (path: the file of a one-shard version, the directory of index + shards of a sharded one)
@@ -33,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ from dart.protocol.waiting import cancel_and_wait
 from dart.rollout.engine.interface import EngineError, EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
-from dart.rollout.service.fetch import fetch_weights
+from dart.rollout.service.fetch import cache_root, cache_usage, fetch_weights
 
 __all__ = ["EngineUpdate", "WeightSyncController", "fetch_weights", "max_concurrent_updates"]
 
@@ -192,12 +194,7 @@ class WeightSyncController:
             if not stale:
                 return []
             try:
-                path = await fetch_weights(
-                    version,
-                    store_config=self._store_config,
-                    cache_dir=self._config.cache_dir,
-                    keep=self._config.keep_versions,
-                )
+                path = await self._fetch(version)
             except WeightFetchError:
                 self.failed_fetches += 1
                 raise
@@ -251,12 +248,7 @@ class WeightSyncController:
                     # weights if they waited in its queue through the load: let them finish first.
                     while engine.load > 0:  # noqa: ASYNC110  (engines do not announce their load)
                         await asyncio.sleep(_DRAIN_POLL_S)
-                    path = await fetch_weights(
-                        version,
-                        store_config=self._store_config,
-                        cache_dir=self._config.cache_dir,
-                        keep=self._config.keep_versions,
-                    )
+                    path = await self._fetch(version)
                     record = await self._update_one(engine_id, engine, path, target)
                     if not record.ok:
                         raise EngineError(f"engine {engine_id} could not load version {target}: {record.error}")
@@ -267,6 +259,18 @@ class WeightSyncController:
             yield engine_id, engine
         finally:
             self._release(engine_id)
+
+    async def _fetch(self, version: ModelVersion) -> Path:
+        """``version``'s weights on this host (:func:`~dart.rollout.service.fetch.fetch_weights`); when they were
+        downloaded, a ``rollout.weight_cache`` event: what the host's download cache holds after its pruning."""
+        cache_dir = self._config.cache_dir
+        path = await fetch_weights(
+            version, store_config=self._store_config, cache_dir=cache_dir, keep=self._config.keep_versions
+        )
+        if path.parent == cache_root(cache_dir):  # a file:// version is read in place: nothing downloaded
+            versions, size = await asyncio.to_thread(cache_usage, cache_dir)
+            self._event("rollout.weight_cache", host=socket.gethostname(), versions=versions, bytes=size)
+        return path
 
     def _release(self, engine_id: str) -> None:
         self._held.pop(engine_id, None)
