@@ -41,25 +41,35 @@ from pathlib import Path
 from typing import Any
 
 
+def _sample(i: int, prompt_ids: list[int], response_ids: list[int], images: list[Any] | None = None) -> Any:
+    """Sample ``i`` of a benchmark batch: one step, advantages alternating +1/-1, behaviour log-probs -1."""
+    from dart.protocol.messages import TrainingSample
+
+    return TrainingSample(
+        trajectory_id=f"t{i}",
+        step_index=0,
+        group_id="g",
+        task_id="bench",
+        advantage=1.0 if i % 2 == 0 else -1.0,
+        reward=float(i % 2 == 0),
+        policy_version=0,
+        prompt_token_ids=prompt_ids,
+        response_token_ids=response_ids,
+        rollout_logprobs=[-1.0] * len(response_ids),
+        images=images or [],
+    )
+
+
 def synthetic_samples(n: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> list[Any]:
     """``n`` text-only samples of random tokens below ``vocab`` (advantages alternating +1/-1), the same for a seed."""
     import random
 
-    from dart.protocol.messages import TrainingSample
-
     rng = random.Random(seed)
     return [
-        TrainingSample(
-            trajectory_id=f"t{i}",
-            step_index=0,
-            group_id="g",
-            task_id="bench",
-            advantage=1.0 if i % 2 == 0 else -1.0,
-            reward=float(i % 2 == 0),
-            policy_version=0,
-            prompt_token_ids=[rng.randrange(100, vocab) for _ in range(prompt_len)],
-            response_token_ids=[rng.randrange(100, vocab) for _ in range(response_len)],
-            rollout_logprobs=[-1.0] * response_len,
+        _sample(
+            i,
+            [rng.randrange(100, vocab) for _ in range(prompt_len)],
+            [rng.randrange(100, vocab) for _ in range(response_len)],
         )
         for i in range(n)
     ]
@@ -74,7 +84,6 @@ def image_samples(n: int, size: tuple[int, int], response_len: int, model: str, 
     from PIL import Image
     from transformers import AutoProcessor
 
-    from dart.protocol.messages import TrainingSample
     from dart.protocol.store import LocalStore
     from dart.rollout.model.prompt import build_prompt, encode_prompt
     from dart.train.testing import store_png
@@ -82,26 +91,14 @@ def image_samples(n: int, size: tuple[int, int], response_len: int, model: str, 
     rng, pixels = random.Random(seed), np.random.default_rng(seed)
     store = LocalStore(root, fsync=False)
     processor = AutoProcessor.from_pretrained(model, local_files_only=True)
+    vocab = _text_vocab(model)
     samples = []
     for i in range(n):
         image = Image.fromarray(pixels.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
         prompt = build_prompt("Click the button.", image, [], max_images=1, image_size=None)
-        ids = encode_prompt(processor, prompt).input_ids
-        samples.append(
-            TrainingSample(
-                trajectory_id=f"t{i}",
-                step_index=0,
-                group_id="g",
-                task_id="bench",
-                advantage=1.0 if i % 2 == 0 else -1.0,
-                reward=float(i % 2 == 0),
-                policy_version=0,
-                prompt_token_ids=ids,
-                response_token_ids=[rng.randrange(100, _text_vocab(model)) for _ in range(response_len)],
-                rollout_logprobs=[-1.0] * response_len,
-                images=[store_png(store, f"shots/{i}.png", image)],
-            )
-        )
+        response = [rng.randrange(100, vocab) for _ in range(response_len)]
+        shot = store_png(store, f"shots/{i}.png", image)
+        samples.append(_sample(i, encode_prompt(processor, prompt).input_ids, response, [shot]))
     return samples
 
 
