@@ -54,9 +54,9 @@ from minio import Minio
 from minio.error import S3Error
 
 from dart.cli.stack.compose_store import COMPOSE_STORE_ROLES, access_key, secret_variable
-from dart.embedded.process import free_ports
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion
+from dart.protocol.ports import free_ports
 from dart.protocol.store.grants import StoreRole
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure_topology
 

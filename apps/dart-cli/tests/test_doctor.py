@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dart.cli.doctor import check_browsers, check_python
 from dart.cli.main import app
-from dart.embedded.process import free_port
+from dart.protocol.ports import free_port
 
 pytestmark = pytest.mark.unit
 

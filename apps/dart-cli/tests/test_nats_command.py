@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from dart.embedded.process import free_port
+from dart.protocol.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,11 @@ import nats
 import pytest
 
 from dart.embedded.nats import EmbeddedNats, EmbeddedNatsCluster, NatsRoutes
-from dart.embedded.process import free_port
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import DartError
 from dart.protocol.messages import ModelVersion
 from dart.protocol.messages.base import Message
+from dart.protocol.ports import free_port
 from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,6 @@ import pytest
 from pydantic import Field, TypeAdapter
 
 from dart.embedded.nats import EmbeddedNats
-from dart.embedded.process import free_port
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import (
     BusConnectionError,
@@ -27,6 +26,7 @@ from dart.protocol.errors import (
     SubjectError,
 )
 from dart.protocol.messages.base import ErrorCode, ErrorReply, Message
+from dart.protocol.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -121,7 +121,7 @@ def test_wrong_credentials_are_a_clear_store_auth_error(s3_server: EmbeddedS3) -
 
 
 def test_unreachable_endpoint_is_a_store_unavailable_error(s3_server: EmbeddedS3) -> None:
-    from dart.embedded.process import free_port
+    from dart.protocol.ports import free_port
 
     dead = f"127.0.0.1:{free_port()}"
     started = time.monotonic()

