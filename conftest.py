@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -410,14 +410,17 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
         env: dict[str, str] | None = None,
         timeout_s: float = E2E_TIMEOUT_S,
         during: Callable[[subprocess.Popen[str], Path], None] | None = None,
+        args: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> tuple[dict[str, Any], Path]:
         """``during(process, runs_root)``, when given, runs on a thread while the run goes on (fault
-        injection); an exception it raises fails the test once the run ended."""
+        injection); an exception it raises fails the test once the run ended. ``args`` follow the config on
+        the command line; ``prefix`` runs the command inside another (e.g. a network namespace)."""
         _warm_starts.hurry()
         _checks_ahead.start()
         runs = tmp_path_factory.mktemp("runs")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dart.cli", "run", str(config)],
+            [*prefix, sys.executable, "-m", "dart.cli", "run", str(config), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from dart.cli.cluster.launch import spawn, stop_process
 from dart.cli.stack.config import RunConfig, load_run_config
 from dart.cli.stack.placement import placed, plan_placement
-from dart.cli.stack.run import spawn, stop_process
 from dart.protocol.config import dump_config
 from dart.protocol.errors import ConfigError
 from dart.rollout.engine.vllm_config import VLLMEngineConfig

@@ -127,7 +127,7 @@ def test_a_service_that_does_not_stop_writes_its_stacks_before_it_is_killed(
 ) -> None:
     """`dart run` stops a service with SIGTERM and kills it after its timeout; before the kill the service
     writes where each thread and each asyncio task waits to its log, so a hang can be read afterwards."""
-    from dart.cli.stack.run import stop_process
+    from dart.cli.cluster.launch import stop_process
 
     script, log_path = tmp_path / "stuck.py", tmp_path / "stuck.log"
     script.write_text(STUCK_SERVICE)

@@ -411,12 +411,24 @@ def doctor_command(
     vllm_model: Annotated[
         str | None, typer.Option("--vllm-model", help="With --vllm-args: the checkpoint path the server loads.")
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Print the nodes of the Ray cluster at ADDRESS (host:port of its GCS) and what each offers "
+            "(CPUs, GPUs, custom resources), the last line as JSON, and exit.",
+        ),
+    ] = None,
 ) -> None:
     """Check this machine for what DART needs: Python, packages, nats-server, torch/CUDA, browsers, vLLM, S3, NATS.
 
     With --vllm-args RUN_CONFIG, print instead the command that starts a vLLM server for that run's engine
     (for servers you run yourself, e.g. one per GPU with the engine's attach mode).
     """
+    if ray_address is not None:
+        ray_nodes(ray_address)
+        return
     if vllm_args is not None:
         from dart.protocol.errors import ConfigError
 
@@ -450,6 +462,32 @@ def doctor_command(
         typer.echo(json.dumps(summary))
     if failed:
         raise typer.Exit(1)
+
+
+def ray_nodes(address: str) -> None:
+    """``dart doctor --ray ADDRESS``: the cluster's alive nodes as a table, then one JSON line (exit 2 when Ray is
+    not installed or nothing answers at ``address``)."""
+    from dart.cli.cluster.ray_cluster import alive_nodes, connect, describe
+    from dart.protocol.errors import ConfigError
+
+    try:
+        ray = connect(address, "--ray")
+    except ConfigError as exc:
+        typer.echo(f"error: {exc.detail}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        nodes = describe(alive_nodes(ray))
+    finally:
+        ray.shutdown()
+    table = Table(title=f"Ray cluster at {address}: {len(nodes)} node(s)", title_justify="left")
+    for column in ("node", "ip", "CPU", "GPU", "other resources"):
+        table.add_column(column, overflow="fold")
+    for node in nodes:
+        res = node["resources"]
+        other = ", ".join(f"{k}: {v:g}" for k, v in res.items() if k not in ("CPU", "GPU"))
+        table.add_row(node["name"], node["ip"], f"{res.get('CPU', 0):g}", f"{res.get('GPU', 0):g}", other)
+    Console(highlight=False).print(table)
+    typer.echo(json.dumps({"address": address, "nodes": nodes}))
 
 
 def register(app: typer.Typer) -> None:

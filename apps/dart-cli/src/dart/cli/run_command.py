@@ -29,17 +29,28 @@ def run_command(
     config: Annotated[Path, typer.Argument(help="Run config YAML (see examples/).", exists=True, dir_okay=False)],
     overrides: Overrides = None,
     print_config: PrintConfig = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the services on the Ray cluster at ADDRESS (host:port of its GCS), or on a throwaway one on "
+            "this machine with 'local' (cluster.kind: ray, cluster.address: ADDRESS). Needs dart-cli[ray].",
+        ),
+    ] = None,
 ) -> None:
     """Run warm start and decoupled RL on one machine; the last line printed is a JSON summary.
 
     A config error (a misspelt key, a bad value, a suite that does not resolve) ends with exit code 2 and one
     'error:' line, before anything is written.
     """
+    from dart.cli.cluster.ray_cluster import ClusterError
     from dart.cli.stack.config import load_run_config
     from dart.cli.stack.run import check_for_dart_run, run
     from dart.protocol.config import dump_config
 
     logging.basicConfig(level=logging.WARNING)
+    overrides = [*(overrides or []), *(["cluster.kind=ray", f"cluster.address={ray}"] if ray is not None else [])]
     try:
         if print_config:
             resolved = load_run_config(config, overrides or [])
@@ -50,6 +61,9 @@ def run_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except ClusterError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(json.dumps(summary))
     if summary.get("error"):
         raise typer.Exit(1)

@@ -63,6 +63,7 @@ RUN_CONFIG_SECTIONS = frozenset(
         "data",
         "train",
         "validation",
+        "cluster",
     }
 )
 """Top-level keys of a run config (``dart.cli.stack.config.RunConfig``'s fields; a test keeps them equal)."""

@@ -55,8 +55,8 @@ class NodeSettings(ConfigModel):
     node_rank: int = Field(default=0, ge=0)
     """This machine's index, ``0 .. nnodes-1`` (static rendezvous: node 0 holds global rank 0)."""
     rdzv_endpoint: str | None = None
-    """``host:port`` of the rendezvous (static: node 0's address and a free port there); needed when
-    ``nnodes > 1``."""
+    """``host:port`` of the rendezvous (static: node 0's address and a free port there); needed to launch
+    ``nnodes > 1`` (``dart run`` on a Ray cluster sets it per run: rank 0's node and a free port there)."""
     rdzv_backend: Literal["static", "c10d"] = "static"
     """torchrun's rendezvous: ``static`` (fixed node ranks, node 0 hosts the store) or ``c10d`` (the
     rendezvous assigns node ranks; the host of ``rdzv_endpoint`` keeps the store)."""
@@ -75,8 +75,6 @@ class NodeSettings(ConfigModel):
     def _nodes_fit(self) -> NodeSettings:
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} is not below nnodes {self.nnodes}")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ValueError(f"nnodes {self.nnodes} needs rdzv_endpoint (host:port of node 0's rendezvous)")
         if self.rdzv_endpoint is not None:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

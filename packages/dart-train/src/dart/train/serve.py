@@ -54,11 +54,16 @@ async def run_train(config: TrainServeConfig, bus: Bus, telemetry: Telemetry, st
 
 
 def torchrun_argv(nodes: NodeSettings) -> list[str]:
-    """torchrun's command line (up to the module it runs) for this machine's share of the ranks."""
+    """torchrun's command line (up to the module it runs) for this machine's share of the ranks.
+
+    Raises:
+        ValueError: ``nnodes > 1`` without ``rdzv_endpoint``.
+    """
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nodes.nproc_per_node}"]
     if nodes.nnodes == 1:
         return [*argv, "--standalone"]
-    assert nodes.rdzv_endpoint is not None  # the settings' validator requires it with nnodes > 1
+    if nodes.rdzv_endpoint is None:
+        raise ValueError(_NEEDS_ENDPOINT.format(nnodes=nodes.nnodes))
     argv += [f"--nnodes={nodes.nnodes}", f"--rdzv-backend={nodes.rdzv_backend}"]
     argv += [f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={nodes.rdzv_id}"]
     if nodes.rdzv_backend == "static":
@@ -67,6 +72,9 @@ def torchrun_argv(nodes: NodeSettings) -> list[str]:
         argv.append(f"--rdzv-conf=join_timeout={int(nodes.rdzv_timeout_s)}")
     # One machine's ranks failing is the whole trainer failing: no elastic restarts behind the service's back.
     return [*argv, "--max-restarts=0"]
+
+
+_NEEDS_ENDPOINT = "nnodes {nnodes} needs rdzv_endpoint (host:port of node 0's rendezvous)"
 
 
 def launch_ranks(config_file: Path, nodes: NodeSettings, overrides: Sequence[str] = ()) -> int:
@@ -122,6 +130,9 @@ def _ranks(config: TrainServeConfig, config_file: Path, overrides: Sequence[str]
     if not isinstance(backend, NodeSettings) or backend.world_size <= 1:
         return None
     if "RANK" not in os.environ:
+        if backend.nnodes > 1 and backend.rdzv_endpoint is None:
+            print(f"error: train.backend: {_NEEDS_ENDPOINT.format(nnodes=backend.nnodes)}", file=sys.stderr)
+            return 2
         return launch_ranks(config_file, backend, overrides)
     # torchrun starts each rank in its own session: a SIGKILL of its agent would leave ranks waiting in a
     # collective forever, so each rank goes when the agent goes.

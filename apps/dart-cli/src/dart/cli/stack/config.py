@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from dart.cli.cluster.config import ClusterSection
 from dart.data.config import DataConfig
 from dart.env.service.config import EnvServiceConfig
 from dart.protocol.bus import BusConfig
@@ -186,6 +187,8 @@ class RunConfig(ConfigModel):
     """Trainer settings; ``model_path`` is filled in by ``dart run``."""
     validation: ValidationSection = Field(default_factory=ValidationSection)
     """Held-out validation during the run (off by default)."""
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    """Where ``dart run`` starts the services: its own processes, or a Ray cluster (``dart.cli.cluster``)."""
 
     @model_validator(mode="after")
     def _coupled_needs_a_version_per_batch(self) -> RunConfig:

@@ -36,16 +36,17 @@ def run_store_prefixes(config: RunConfig) -> StorePrefixes:
 
 
 def embedded_s3_server(
-    run_dir: Path, prefixes: StorePrefixes = DEFAULT_PREFIXES
+    run_dir: Path, prefixes: StorePrefixes = DEFAULT_PREFIXES, host: str = "127.0.0.1"
 ) -> tuple[EmbeddedS3, dict[StoreRole, StoreKeyFiles]]:
-    """The run's embedded S3 server (not started), keeping its data in ``<run_dir>/s3`` and admitting each
-    store role's key pair (created if missing) with that role's grants; the pairs' files."""
+    """The run's embedded S3 server (not started) listening on ``host``, keeping its data in ``<run_dir>/s3`` and
+    admitting each store role's key pair (created if missing) with that role's grants; the pairs' files."""
     from dart.embedded.s3 import EmbeddedS3
 
     keys = write_store_keys(run_dir, STORE_ROLES)
     # Room for real checkpoints: 1,024 volumes of 256 MiB (256 GiB; a volume's file grows with what
     # it holds). The server's default of 64 x 64 MiB refuses writes past 4 GiB: one 3B version in fp32.
     server = EmbeddedS3(
+        host=host,
         data_dir=run_dir / "s3",
         volume_size_limit_mb=256,
         max_volumes=1024,

@@ -50,6 +50,11 @@ class ProcessPlacement(BaseModel):
     """The machine: this one, or the trainer's ``train.backend.node_rank``."""
     devices: tuple[int, ...]
     """GPU indices of the machine, in the order the process sees them."""
+    host: str | None = None
+    """The Ray node it runs on (a ``--ray local`` node's name, else ``<ip>/<node id>``); None for ``dart run``'s
+    own processes."""
+    attempt: int = 1
+    """Which start of its service this is (a Ray run places a restarted service anew)."""
 
 
 class Placement(BaseModel):
@@ -79,6 +84,51 @@ def visible_gpus() -> int:
     return int(torch.cuda.device_count())
 
 
+Want = tuple[ServiceName, str, int, int]
+"""One process's need: service, process (``trainer``, ``vllm-engine-<i>``, ``hf-engine-<i>``), node, GPUs."""
+
+
+def demand(
+    config: RunConfig,
+    *,
+    has_gpus: bool,
+    every_node: bool = False,
+    gpus_per_rank: int | None = None,
+    gpus_per_engine: int | None = None,
+) -> list[Want]:
+    """The GPUs each process of ``config`` needs, in the order they are handed out (see the module docstring).
+
+    Args:
+        config: The run config.
+        has_gpus: Whether the machine (or cluster) has any: launched vLLM servers are a CPU build without.
+        every_node: One trainer entry per node its ranks span (a cluster places them all); else only this
+            machine's (``train.backend.node_rank``).
+        gpus_per_rank: GPUs per trainer rank, replacing what ``train.device`` implies (1 on CUDA, else 0).
+        gpus_per_engine: GPUs per engine, replacing what the engine implies (a launched vLLM server's
+            ``launch.tensor_parallel_size``, 1 for an hf engine on CUDA, else 0). Both are a Ray cluster's
+            ``cluster.gpus``: logical GPUs asked even for processes that compute on the CPU.
+    """
+    wanted: list[Want] = []
+    backend = config.train.backend
+    ranks, nnodes = (backend.nproc_per_node, backend.nnodes) if isinstance(backend, NodeSettings) else (1, 1)
+    per_rank = gpus_per_rank if gpus_per_rank is not None else int(_is_cuda(config.train.device))
+    if per_rank:
+        nodes = range(nnodes) if every_node else [_node_rank(config)]
+        wanted += [("train", "trainer", node, ranks * per_rank) for node in nodes]
+    # No engine configured: dart run gives the rollout service hf engines (``finalize``).
+    engine, engines = config.rollout.engine or HFEngineConfig(), config.rollout.num_engines
+    per_engine, kind = 0, ""
+    if isinstance(engine, VLLMEngineConfig) and engine.launch is not None and has_gpus:
+        per_engine, kind = engine.launch.tensor_parallel_size, "vllm-engine"
+    elif isinstance(engine, HFEngineConfig):
+        per_engine, kind = int(_is_cuda(engine.device)), "hf-engine"
+    if gpus_per_engine is not None and kind:
+        per_engine = gpus_per_engine
+    if per_engine:
+        wanted += [("rollout", f"{kind}-{i}", 0, per_engine) for i in range(engines)]
+    return wanted
+
+
 def plan_placement(
     config: RunConfig,
     source: str,
@@ -100,16 +150,7 @@ def plan_placement(
             "run.gpus",
             f"declares {gpus} GPUs but dart run was given {len(given)} ({VISIBLE_DEVICES}={environ[VISIBLE_DEVICES]})",
         )
-    wanted: list[tuple[ServiceName, str, int, int]] = []  # service, process, node, GPUs
-    if _is_cuda(config.train.device):
-        backend = config.train.backend
-        ranks, node = (backend.nproc_per_node, backend.node_rank) if isinstance(backend, NodeSettings) else (1, 0)
-        wanted.append(("train", "trainer", node, ranks))
-    engine, engines = config.rollout.engine, config.rollout.num_engines
-    if isinstance(engine, VLLMEngineConfig) and engine.launch is not None and gpus > 0:
-        wanted += [("rollout", f"vllm-engine-{i}", 0, engine.launch.tensor_parallel_size) for i in range(engines)]
-    if isinstance(engine, HFEngineConfig) and _is_cuda(engine.device):
-        wanted += [("rollout", f"hf-engine-{i}", 0, 1) for i in range(engines)]
+    wanted = demand(config, has_gpus=gpus > 0)
     needed = sum(n for *_, n in wanted)
     if needed > gpus:
         counted = "run.gpus" if config.run.gpus is not None else "torch.cuda.device_count(); declare run.gpus"
@@ -130,16 +171,24 @@ def plan_placement(
 
 def placed(config: RunConfig, placement: Placement) -> RunConfig:
     """``config`` as its placed processes must read it: each launched vLLM server's GPUs in
-    ``launch.devices``, and the trainer's and hf engines' device ``cuda`` (an index would count within the
-    GPUs the process is given, not the machine's)."""
-    train, rollout = config.train, config.rollout
-    if placement.service_environment("train"):
-        train = train.model_copy(update={"device": "cuda"})
-    engine = rollout.engine
+    ``launch.devices``, and CUDA devices without an index (:func:`on_given_gpus`)."""
+    config = on_given_gpus(config)
+    engine = config.rollout.engine
     servers = placement.vllm_devices()
     if isinstance(engine, VLLMEngineConfig) and engine.launch is not None and servers:
         engine = engine.model_copy(update={"launch": engine.launch.model_copy(update={"devices": servers})})
-    if isinstance(engine, HFEngineConfig) and placement.service_environment("rollout"):
+        config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": engine})})
+    return config
+
+
+def on_given_gpus(config: RunConfig) -> RunConfig:
+    """``config`` with the trainer's and hf engines' CUDA device ``cuda``: a process is given its GPUs
+    (``CUDA_VISIBLE_DEVICES``), and an index would count within them, not among the machine's."""
+    train, rollout = config.train, config.rollout
+    if _is_cuda(train.device):
+        train = train.model_copy(update={"device": "cuda"})
+    engine = rollout.engine
+    if isinstance(engine, HFEngineConfig) and _is_cuda(engine.device):
         engine = engine.model_copy(update={"device": "cuda"})
     return config.model_copy(update={"train": train, "rollout": rollout.model_copy(update={"engine": engine})})
 
@@ -164,6 +213,11 @@ def _given_devices(source: str, environ: Mapping[str, str]) -> list[int] | None:
     return [int(e) for e in entries]
 
 
+def _node_rank(config: RunConfig) -> int:
+    backend = config.train.backend
+    return backend.node_rank if isinstance(backend, NodeSettings) else 0
+
+
 def _server(process: ProcessPlacement) -> bool:
     return process.process.startswith("vllm-engine-")
 
@@ -172,7 +226,7 @@ def _is_cuda(device: str) -> bool:
     return device.split(":", 1)[0] == "cuda"
 
 
-def _needs(wanted: list[tuple[ServiceName, str, int, int]]) -> str:
+def _needs(wanted: list[Want]) -> str:
     """``trainer 2, 4 vllm engines x 1``: who needs the GPUs."""
     parts = []
     for kind in ("trainer", "vllm-engine-", "hf-engine-"):

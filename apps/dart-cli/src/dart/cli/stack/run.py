@@ -18,8 +18,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -29,9 +27,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from dart.cli.cluster.launch import Launcher, LocalLauncher, ServiceProcess, stop_process
 from dart.cli.stack.config import SERVICES, RunConfig, load_run_config, load_tasks, store_config, warm_start_on
 from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store, run_store_prefixes
-from dart.cli.stack.placement import placed, plan_placement
+from dart.cli.stack.placement import on_given_gpus, placed, plan_placement
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.real_checkpoint import check_real_checkpoint
 from dart.cli.stack.rl_clock import RlPhaseClock
@@ -43,15 +42,14 @@ from dart.cli.stack.validation import HeldOutValidator, heldout_summary
 from dart.cli.stack.warmstart_guard import WarmStartGuard, warm_start_row
 from dart.protocol.bus import Bus, BusConfig, KeyValueStore
 from dart.protocol.config import dump_config
-from dart.protocol.lifetime import die_with_parent
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
-from dart.protocol.stacks import DUMP_SIGNAL
 from dart.protocol.store import StoreConfig
 from dart.protocol.store.grants import StoreRole
 from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
 
 if TYPE_CHECKING:
+    from dart.cli.cluster.ray_launch import RaySession
     from dart.cli.stack.warmstart_cache import WarmStartCache
     from dart.embedded.s3 import EmbeddedS3
     from dart.protocol.messages import TaskSpec
@@ -71,6 +69,7 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
     """
     from dart.cli.stack.validation import heldout_tasks
     from dart.protocol.errors import ConfigError
+    from dart.train.config import NodeSettings
 
     if "database_url" in config.data.model_fields_set:
         raise ConfigError(
@@ -84,12 +83,20 @@ def check_for_dart_run(config: RunConfig, config_path: Path) -> None:
     if config.validation.enabled:
         heldout_tasks(config)
     config.rollout.runner.prompt.space()
-    plan_placement(config, str(config_path))
+    if config.cluster.kind == "local":  # a Ray cluster's fit is checked against its nodes (ray_session)
+        plan_placement(config, str(config_path))
+        backend = config.train.backend
+        if isinstance(backend, NodeSettings) and backend.nnodes > 1 and backend.rdzv_endpoint is None:
+            raise ConfigError(
+                str(config_path),
+                "train.backend.rdzv_endpoint",
+                f"is unset, but nnodes is {backend.nnodes}: dart run runs node {backend.node_rank}'s ranks here and "
+                "the others join at that host:port (or run the whole trainer on a Ray cluster: --ray)",
+            )
 
 
 def resolve(config: RunConfig, config_path: Path) -> RunConfig:
     """Give the run its directory (``<runs_root>/<name>-<UTC time>``)."""
-    check_for_dart_run(config, config_path)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     run_dir = (config.run.runs_root / f"{config.run.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -260,61 +267,6 @@ def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig
     )
 
 
-def spawn(
-    service: str, config_file: Path, run_dir: Path, env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start ``dart serve <service>`` as a child process logging to ``logs/<service>.log``.
-
-    ``env`` adds to the inherited environment (e.g. the service's NATS user and password file).
-    """
-    log_dir = run_dir / "logs"
-    log_dir.mkdir(exist_ok=True)
-    log = open(log_dir / f"{service}.log", "ab")  # the child owns it; closed here after Popen
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "dart.cli", "serve", service, "--config", str(config_file)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env} if env else None,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
-        )
-    finally:
-        log.close()
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
-    """SIGTERM, wait, then SIGKILL; returns the exit code.
-
-    One that does not stop in time is first asked for its stacks (:data:`DUMP_SIGNAL`: a ``dart serve``
-    process writes where each thread and task waits to the end of its log), then killed.
-    """
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(DUMP_SIGNAL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_STACK_DUMP_S)
-            log.warning("%s did not stop within %.0f s: killed (its stacks end its log)", _named(proc), timeout_s)
-            # Its group may be gone already: it can end while writing its stacks.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return int(proc.returncode)
-
-
-_STACK_DUMP_S = 2.0
-"""How long a process that did not stop has to write its stacks before it is killed."""
-
-
-def _named(proc: subprocess.Popen[bytes]) -> str:
-    args = proc.args if isinstance(proc.args, list | tuple) else [proc.args]
-    return f"{' '.join(str(a) for a in args[-4:])} (pid {proc.pid})"
-
-
 def _table(
     progress: RunProgress,
     elapsed: float,
@@ -387,8 +339,8 @@ async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor) 
 
 async def monitor(
     config: RunConfig,
-    procs: dict[str, subprocess.Popen[bytes]],
-    respawn: Callable[[str], subprocess.Popen[bytes]],
+    procs: dict[str, ServiceProcess],
+    respawn: Callable[[str], ServiceProcess],
     credentials: Mapping[Role, Path] | None = None,
     servers: dict[str, Server] | None = None,
     warm_start: str | None = None,
@@ -537,7 +489,7 @@ async def _watch_rl_phase(
 
 async def _stop_services(
     config: RunConfig,
-    procs: dict[str, subprocess.Popen[bytes]],
+    procs: dict[str, ServiceProcess],
     bus: Bus,
     state: KeyValueStore,
     validator: HeldOutValidator | None,
@@ -598,16 +550,36 @@ def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[st
 def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Run the pipeline described by ``config_path`` with ``KEY=VALUE`` ``overrides``; returns the summary.
 
+    With ``cluster.kind: ray`` the services run as actors on the Ray cluster (``dart.cli.cluster``), which is
+    joined (or, for ``local``, started) first and checked for room before the run directory is made.
+
     Raises:
         ConfigError: The config is invalid, or names what ``dart run`` cannot run (before anything is written).
+        ClusterError: The local Ray cluster did not come up.
     """
+    config = load_run_config(config_path, overrides)
+    check_for_dart_run(config, config_path)
+    if config.cluster.kind == "ray":
+        from dart.cli.cluster.ray_launch import ray_session
+
+        with ray_session(config, str(config_path)) as session:
+            return _run(resolve(config, config_path), config_path, session)
+    return _run(resolve(config, config_path), config_path, None)
+
+
+def _run(config: RunConfig, config_path: Path, session: RaySession | None) -> dict[str, Any]:
+    """:func:`run` once the run has its directory (and, on Ray, its cluster)."""
     from dart.embedded.nats import EmbeddedNats, NatsUser
 
-    config = resolve(load_run_config(config_path, overrides), config_path)
     run_dir = config.run.run_dir
     assert run_dir is not None
     console.log(f"run directory: {run_dir}")
     started = time.monotonic()
+    host = session.service_host if session is not None else "127.0.0.1"
+    if session is not None and session.local is not None:  # which process is which node (to stop one by hand)
+        local = session.local
+        nodes = {"address": session.address, "node_pids": local.pids, "temp_dir": str(local.directory)}
+        (run_dir / "ray-nodes.json").write_text(json.dumps(nodes) + "\n")
     credentials = write_bus_credentials(run_dir, ROLES) if config.run.embedded_nats and config.run.nats_auth else {}
     # The env user serves the run's pools only (its subscriptions name them): env.pool and the held-out one.
     pools = (config.env.pool, *((config.validation.pool,) if config.validation.enabled else ()))
@@ -615,37 +587,33 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         NatsUser(r, f, service_permissions(r, config.bus.prefix, config.run.name, pools))
         for r, f in credentials.items()
     ]
-    nats = EmbeddedNats(store_dir=run_dir / "nats", users=users) if config.run.embedded_nats else None
+    nats = EmbeddedNats(store_dir=run_dir / "nats", users=users, host=host) if config.run.embedded_nats else None
     s3: EmbeddedS3 | None = None
     store_keys: dict[StoreRole, StoreKeyFiles] = {}
     if config.store is None and config.run.artifacts == "embedded_s3":
-        s3, store_keys = embedded_s3_server(run_dir, run_store_prefixes(config))
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+        s3, store_keys = embedded_s3_server(run_dir, run_store_prefixes(config), host=host)
+    procs: dict[str, ServiceProcess] = {}
+    launcher: Launcher | None = None
+    info: dict[str, Any] = {}
     try:
         if nats is not None:
             nats.start()
             console.log(f"embedded nats-server at {nats.url}" + (" (one user per service)" if users else ""))
         if s3 is not None:
             config = _use_embedded_s3(s3, config)
-        policy, info = prepare_policy(config)
-        placement = plan_placement(config, str(config_path))
-        config = placed(finalize(config, policy, nats.url if nats else None), placement)
-        info["placement"] = [p.model_dump(mode="json") for p in placement.processes]
-        # A real checkpoint under the tiny model's defaults: what cannot work is refused, the rest said once.
-        warnings = check_real_checkpoint(config, policy)
-        for warning in warnings:
-            console.log(f"[yellow]warning:[/] {warning}")
-        if warnings:
-            info["config_warnings"] = warnings
-        config_file = run_dir / "config.yaml"
-        config_file.write_text(dump_config(config))
+        config, launcher = _prepare(config, config_path, session, nats.url if nats else None, info)
 
-        def respawn(name: str) -> subprocess.Popen[bytes]:
+        def respawn(name: str) -> ServiceProcess:
             service = next(s for s in SERVICES if s == name)
             env = service_environment(service, credentials[service]) if credentials else {}
             if service in store_keys:  # the service's own store key pair
                 env = {**env, **store_environment(store_keys[service])}
-            return spawn(service, config_file, run_dir, {**env, **placement.service_environment(service)})
+            assert launcher is not None
+            proc = launcher.start(service, env)
+            # Who runs where, kept current as services (re)start; the summary's placement at the end.
+            placement_now = [p.model_dump(mode="json") for p in launcher.placement()]
+            (run_dir / "placement.json").write_text(json.dumps(placement_now, indent=2) + "\n")
+            return proc
 
         if credentials:  # the supervisor connects as the ``run`` role
             config = config.model_copy(update={"bus": as_role(config.bus, "run", credentials["run"])})
@@ -662,6 +630,9 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     finally:
         for proc in procs.values():
             stop_process(proc, 10.0)
+        if launcher is not None:
+            info["placement"] = [p.model_dump(mode="json") for p in launcher.placement()]
+            launcher.close()
         if s3 is not None:
             s3.stop()
         if nats is not None:
@@ -670,6 +641,38 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.log(phase_times(summary))
     return summary
+
+
+def _prepare(
+    config: RunConfig, config_path: Path, session: RaySession | None, nats_url: str | None, info: dict[str, Any]
+) -> tuple[RunConfig, Launcher]:
+    """The policy (its figures into ``info``), the config the services read (written to ``config.yaml``), and the
+    launcher that starts them: on this machine's GPUs, or on the Ray cluster of ``session``."""
+    run_dir = config.run.run_dir
+    assert run_dir is not None
+    policy, prepared = prepare_policy(config)
+    info.update(prepared)
+    config = finalize(config, policy, nats_url)
+    placement = None
+    if session is None:
+        placement = plan_placement(config, str(config_path))
+        config = placed(config, placement)
+    else:  # Ray gives each actor its GPUs
+        config = on_given_gpus(config)
+    # A real checkpoint under the tiny model's defaults: what cannot work is refused, the rest said once.
+    warnings = check_real_checkpoint(config, policy)
+    for warning in warnings:
+        console.log(f"[yellow]warning:[/] {warning}")
+    if warnings:
+        info["config_warnings"] = warnings
+    config_file = run_dir / "config.yaml"
+    config_file.write_text(dump_config(config))
+    (run_dir / "logs").mkdir(exist_ok=True)
+    info["cluster"] = session.summary() if session is not None else {"kind": "local"}
+    if session is not None:
+        return config, session.launcher(config, config_file)
+    assert placement is not None
+    return config, LocalLauncher(config_file, run_dir, placement)
 
 
 def _use_embedded_s3(s3: EmbeddedS3, config: RunConfig) -> RunConfig:

@@ -21,12 +21,12 @@ Per service::
 from __future__ import annotations
 
 import logging
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from dart.cli.cluster.launch import ServiceProcess
 from dart.protocol.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ class ServiceSupervisor:
 
     def __init__(
         self,
-        procs: dict[str, subprocess.Popen[bytes]],
-        respawn: Callable[[str], subprocess.Popen[bytes]],
+        procs: dict[str, ServiceProcess],
+        respawn: Callable[[str], ServiceProcess],
         *,
         max_restarts: int,
         backoff_s: float,
