@@ -7,6 +7,7 @@ must end normally with every produced trajectory stored once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -24,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.warm_start(ROOT / "examples" / "smoke.yaml")]
 AFTER_DATA_RESTART = 2
-"""Versions published after the data manager's restart before the test ends the run."""
+"""Versions published after the data manager's restart before the test kills the whole run."""
+AFTER_RESUME = 2
+"""Versions published after the resume before the test ends the run."""
 WAIT_S = 900.0
 """Limit of one wait for a condition (catches a hung run; a loaded machine is slow, not stuck)."""
 
@@ -63,6 +66,34 @@ def events(run_dir: Path, service: str, name: str) -> list[dict[str, Any]]:
     return [r for r in read_jsonl(path, types={"event"}) if r["name"] == name]
 
 
+def published(run_dir: Path) -> list[int]:
+    """The versions the trainer published, in order (both parts of a resumed run append to one file)."""
+    return [int(e["attributes"]["version"]) for e in events(run_dir, "train", "trainer.published")]
+
+
+def kill_everything(root: int) -> int:
+    """Freeze ``root`` and all its descendants, then SIGKILL them: nothing gets to clean up. How many."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    return len(tree)
+
+
 def kill_and_await_restart(run: subprocess.Popen[str], service: str) -> None:
     old = wait_for(run, lambda: service_pid(run.pid, service), f"`dart serve {service}` process")
     os.kill(old, signal.SIGKILL)
@@ -70,11 +101,12 @@ def kill_and_await_restart(run: subprocess.Popen[str], service: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def killed_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path, dict[str, int]]:
-    seen: dict[str, int] = {}
+def killed_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path, dict[str, Any]]:
+    seen: dict[str, Any] = {}
 
     def inject(run: subprocess.Popen[str], runs: Path) -> None:
         run_dir = wait_for(run, lambda: next(runs.glob("*/config.yaml"), None), "run directory").parent
+        seen["run_dir"] = run_dir
         wait_for(run, lambda: list((run_dir / "checkpoints").glob("step-*")), "trainer checkpoint")
         seen["steps_before_kill"] = len(events(run_dir, "train", "trainer.step"))
         kill_and_await_restart(run, "train")
@@ -82,36 +114,44 @@ def killed_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[di
         wait_for(
             run, lambda: len(events(run_dir, "train", "trainer.step")) > seen["steps_before_kill"], "step after restart"
         )
-        seen["published_before_data_kill"] = published = len(events(run_dir, "train", "trainer.published"))
+        seen["published_before_data_kill"] = count = len(published(run_dir))
         kill_and_await_restart(run, "data")
         # The restarted data manager batches again: versions trained on its batches are published. Then the
-        # test ends the RL phase (SIGINT, as Ctrl-C would) and the services stop in order.
+        # whole run is lost at once.
         wait_for(
             run,
-            lambda: len(events(run_dir, "train", "trainer.published")) >= published + AFTER_DATA_RESTART,
+            lambda: len(published(run_dir)) >= count + AFTER_DATA_RESTART,
             f"{AFTER_DATA_RESTART} versions published after the data manager's restart",
+        )
+        seen["killed_processes"] = kill_everything(run.pid)
+        seen["published_before_resume"] = published(run_dir)
+
+    def end_after_resume(run: subprocess.Popen[str], _: Path) -> None:
+        # The resumed run publishes on; then the test ends the RL phase (SIGINT, as Ctrl-C would) and the
+        # services stop in order.
+        before = len(seen["published_before_resume"])
+        wait_for(
+            run, lambda: len(published(seen["run_dir"])) >= before + AFTER_RESUME, f"{AFTER_RESUME} versions resumed"
         )
         run.send_signal(signal.SIGINT)
 
-    summary, run_dir = dart_run(
-        ROOT / "examples" / "smoke.yaml",
-        env={
-            "DART_RUN__NAME": "recovery",
-            # The RL phase lasts until the test has seen training go on after both restarts, and ends it.
-            "DART_RUN__RL_DURATION_S": "10",
-            "DART_RUN__MIN_VERSIONS": "100000",
-            "DART_RUN__MAX_RL_DURATION_S": "1200",
-            "DART_RUN__RESTART_BACKOFF_S": "1",
-            "DART_TRAIN__CHECKPOINT_EVERY": "1",
-            "DART_VALIDATION__ENABLED": "false",
-        },
-        during=inject,
-    )
+    env = {
+        "DART_RUN__NAME": "recovery",
+        # The RL phase lasts until the test has seen training go on after both restarts, and ends it.
+        "DART_RUN__RL_DURATION_S": "10",
+        "DART_RUN__MIN_VERSIONS": "100000",
+        "DART_RUN__MAX_RL_DURATION_S": "1200",
+        "DART_RUN__RESTART_BACKOFF_S": "1",
+        "DART_TRAIN__CHECKPOINT_EVERY": "1",
+        "DART_VALIDATION__ENABLED": "false",
+    }
+    dart_run(ROOT / "examples" / "smoke.yaml", env=env, during=inject, killed=True)
+    summary, run_dir = dart_run(None, args=["--resume", str(seen["run_dir"])], env=env, during=end_after_resume)
     return summary, run_dir, seen
 
 
 def test_killed_services_are_restarted_and_the_run_completes(
-    killed_run: tuple[dict[str, Any], Path, dict[str, int]],
+    killed_run: tuple[dict[str, Any], Path, dict[str, Any]],
 ) -> None:
     summary, run_dir, seen = killed_run
     assert summary["error"] is None
@@ -126,7 +166,26 @@ def test_killed_services_are_restarted_and_the_run_completes(
     assert summary["versions_published"] >= seen["published_before_data_kill"] + AFTER_DATA_RESTART
 
 
-def test_nothing_lost_and_nothing_stored_twice(killed_run: tuple[dict[str, Any], Path, dict[str, int]]) -> None:
+def test_a_run_killed_as_a_whole_resumes_where_it_was(
+    killed_run: tuple[dict[str, Any], Path, dict[str, Any]],
+) -> None:
+    summary, run_dir, seen = killed_run
+    assert seen["killed_processes"] >= 5  # dart run, its four services (and the servers it started)
+    before = seen["published_before_resume"]
+    [resumed] = summary["resumed"]
+    assert resumed["version"] == max(before)
+    assert resumed["rl_elapsed_s"] > 0
+    versions = published(run_dir)
+    assert versions[: len(before)] == before
+    assert versions == sorted(set(versions)), f"a version number was published twice or out of order: {versions}"
+    assert len(versions) >= len(before) + AFTER_RESUME
+    assert summary["versions_published"] == versions[-1]
+    # The resumed trainer started from a checkpoint of the first part (not from the initial policy).
+    resumes = [line for line in (run_dir / "logs" / "train.log").read_text().splitlines() if "resumed from" in line]
+    assert len(resumes) >= 2, resumes  # the supervised restart, then the resume
+
+
+def test_nothing_lost_and_nothing_stored_twice(killed_run: tuple[dict[str, Any], Path, dict[str, Any]]) -> None:
     summary, run_dir, _ = killed_run
     assert summary["trajectories_produced"] > 0
     assert summary["trajectories_lost"] == 0

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from dart.cli.stack.summary import RL_WINDOW_FILE, utilization_by_kind
+from dart.cli.stack.run_record import RL_WINDOW_FILE
+from dart.cli.stack.summary import utilization_by_kind
 from dart.cli.view.app import create_app
 from dart.cli.view.figures import QUIET_S
 from dart.cli.view.source import open_run

@@ -26,7 +26,12 @@ PrintConfig = Annotated[
 
 
 def run_command(
-    config: Annotated[Path, typer.Argument(help="Run config YAML (see examples/).", exists=True, dir_okay=False)],
+    config: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[CONFIG]", help="Run config YAML (see examples/); with --resume, none.", show_default=False
+        ),
+    ] = None,
     overrides: Overrides = None,
     print_config: PrintConfig = False,
     ray: Annotated[
@@ -38,6 +43,16 @@ def run_command(
             "this machine with 'local' (cluster.kind: ray, cluster.address: ADDRESS). Needs dart-cli[ray].",
         ),
     ] = None,
+    resume_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            metavar="RUN_DIR",
+            help="Continue the run in RUN_DIR, killed as a whole, from where its data and checkpoints are "
+            "(KEY=VALUE overrides apply over its config.yaml).",
+            file_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Run warm start and decoupled RL on one machine; the last line printed is a JSON summary.
 
@@ -46,18 +61,28 @@ def run_command(
     """
     from dart.cli.cluster.ray_cluster import ClusterError
     from dart.cli.stack.config import load_run_config
-    from dart.cli.stack.run import check_for_dart_run, run
+    from dart.cli.stack.run import check_for_dart_run, resume, run
     from dart.protocol.config import dump_config
 
     logging.basicConfig(level=logging.WARNING)
     overrides = [*(overrides or []), *(["cluster.kind=ray", f"cluster.address={ray}"] if ray is not None else [])]
+    if resume_dir is not None and config is not None:  # with --resume every argument is an override
+        overrides, config = [config, *overrides], None
+    if config is None and resume_dir is None:
+        typer.echo("error: give a run config, or --resume RUN_DIR", err=True)
+        raise typer.Exit(2)
     try:
-        if print_config:
-            resolved = load_run_config(config, overrides or [])
-            check_for_dart_run(resolved, config)  # what dart run would refuse (its suites included) fails here too
-            typer.echo(dump_config(resolved), nl=False)
-            return
-        summary = run(config, overrides or [])
+        if resume_dir is not None:
+            summary = resume(resume_dir, overrides)
+        else:
+            assert config is not None
+            path = _config_file(config)
+            if print_config:
+                resolved = load_run_config(path, overrides)
+                check_for_dart_run(resolved, path)  # what dart run would refuse (its suites included) fails here too
+                typer.echo(dump_config(resolved), nl=False)
+                return
+            summary = run(path, overrides)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -67,6 +92,18 @@ def run_command(
     typer.echo(json.dumps(summary))
     if summary.get("error"):
         raise typer.Exit(1)
+
+
+def _config_file(config: str) -> Path:
+    """``config`` as a path to an existing file.
+
+    Raises:
+        ConfigError: It is not one.
+    """
+    path = Path(config)
+    if not path.is_file():
+        raise ConfigError(config, "", "no such run config file")
+    return path
 
 
 def warm_start_command(

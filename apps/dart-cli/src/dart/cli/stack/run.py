@@ -34,9 +34,19 @@ from dart.cli.stack.placement import on_given_gpus, placed, plan_placement
 from dart.cli.stack.progress import RunProgress
 from dart.cli.stack.real_checkpoint import check_real_checkpoint
 from dart.cli.stack.rl_clock import RlPhaseClock
+from dart.cli.stack.run_record import (
+    RL_WINDOW_FILE,
+    RUN_STATE_FILE,
+    Resumed,
+    RlWindow,
+    RunState,
+    read_window,
+    resumable,
+    write_json,
+)
 from dart.cli.stack.secrets import as_role, service_environment, write_bus_credentials
 from dart.cli.stack.store_credentials import StoreKeyFiles, as_store_role, store_environment
-from dart.cli.stack.summary import RL_WINDOW_FILE, build_summary, phase_times
+from dart.cli.stack.summary import build_summary, phase_times
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import HeldOutValidator, heldout_summary
 from dart.cli.stack.warmstart_guard import WarmStartGuard, warm_start_row
@@ -317,8 +327,9 @@ async def create_topology(bus_config: BusConfig) -> None:
         await ensure_topology(bus)
 
 
-async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor) -> str | None:
-    """Wait for the rollout service's ``service.ready`` event (its engines are serving); why not, if not."""
+async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor, since_ns: int) -> str | None:
+    """Wait for the rollout service's ``service.ready`` event written after ``since_ns`` (its engines are
+    serving; a resumed run's file holds the first part's too); why not, if not."""
     from dart.protocol.telemetry import read_jsonl
 
     run_dir = config.run.run_dir
@@ -331,7 +342,7 @@ async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor) 
             return f"{failed} (see {run_dir / 'logs'})"
         if path.is_file():
             events = await asyncio.to_thread(lambda: list(read_jsonl(path, types={"event"})))
-            if any(r["name"] == "service.ready" for r in events):
+            if any(r["name"] == "service.ready" and r["ts_unix_ns"] >= since_ns for r in events):
                 return None
         await asyncio.sleep(1.0)
     return f"the rollout service was not ready within {config.run.ready_timeout_s:g}s (see {run_dir / 'logs'})"
@@ -344,10 +355,12 @@ async def monitor(
     credentials: Mapping[Role, Path] | None = None,
     servers: dict[str, Server] | None = None,
     warm_start: str | None = None,
+    started_ns: int = 0,
 ) -> dict[str, Any]:
     """Show progress for the RL phase (restarting services and embedded ``servers`` that die,
     ``run.max_restarts`` times each; ``warm_start`` is the table's warm-start row), then stop the services
-    in order; returns the summary figures."""
+    in order; returns the summary figures. ``started_ns``: when the services were started (a resumed run goes
+    on with the RL window of ``rl_window.json``)."""
     run_dir = config.run.run_dir
     assert run_dir is not None
     bus = await Bus.connect(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"}))
@@ -364,15 +377,16 @@ async def monitor(
     try:
         state = await ensure_topology(bus)
         # vLLM servers take minutes to start: the RL window opens when the rollout service is ready.
-        failed = await _wait_rollout_ready(config, supervisor)
+        failed = await _wait_rollout_ready(config, supervisor, started_ns)
         if config.validation.enabled and failed is None:
             validator = await _start_validator(config, state, credentials, validation_buses)
-        start_ns = time.time_ns()
-        (run_dir / RL_WINDOW_FILE).write_text(json.dumps({"rl_start_unix_ns": start_ns}) + "\n")
+        window = await _open_window(run_dir, state)
+        earlier_restarts = list(window.service_restarts)
+        start_ns = window.rl_start_unix_ns
         progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
         with _ends_on_stop_signals() as asked:
             failed, ended_by = await _watch_rl_phase(
-                config, supervisor, bus, state, progress, failed, asked, warm_start
+                config, supervisor, bus, state, progress, failed, asked, warm_start, window
             )
         end_ns = time.time_ns()
         heldout, codes = await _stop_services(config, procs, bus, state, validator)
@@ -395,7 +409,8 @@ async def monitor(
             "rl_ended_by": ended_by,
             "failed": failed,
             "exit_codes": {"rollout": procs["rollout"].returncode, **codes},
-            "restarts": supervisor.report(),
+            "restarts": [*earlier_restarts, *supervisor.report()],
+            "resumed": [r.model_dump() for r in window.resumed],
             "engine_updates": progress.updates,
             "heldout": heldout,
         }
@@ -405,6 +420,20 @@ async def monitor(
         for extra in validation_buses:
             await extra.close()
         await bus.close()
+
+
+async def _open_window(run_dir: Path, state: KeyValueStore) -> RlWindow:
+    """Open the RL window (``rl_window.json``), or, in a resumed run, go on with the one it had."""
+    window = read_window(run_dir)
+    if window is None:
+        window = RlWindow(rl_start_unix_ns=time.time_ns())
+    else:
+        latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        version = latest.version if latest else 0
+        window.resumed.append(Resumed(at_unix_ns=time.time_ns(), version=version, rl_elapsed_s=window.rl_elapsed_s))
+        console.log(f"resumed at version {version} after {window.rl_elapsed_s:.0f} s of RL")
+    write_json(run_dir / RL_WINDOW_FILE, window)
+    return window
 
 
 async def _start_validator(
@@ -450,18 +479,24 @@ async def _watch_rl_phase(
     failed: str | None,
     asked_to_stop: asyncio.Event,
     warm_start: str | None = None,
+    window: RlWindow | None = None,
 ) -> tuple[str | None, str]:
     """Show progress until the RL phase is over (at once when it ``failed`` already); why it failed, if it
     did, and what ended it: ``duration``, ``versions``, ``max_duration`` (see :mod:`dart.cli.stack.rl_clock`),
     ``signal`` (``asked_to_stop`` set) or ``failure`` (a service died past its restarts). The table shows
-    ``warm_start``, the warm start's row, above the RL figures.
+    ``warm_start``, the warm start's row, above the RL figures. ``window`` (``rl_window.json``) is kept current
+    at every poll: the RL seconds so far (a resumed phase counts on from its ``rl_elapsed_s``) and the restarts.
     """
     run_dir = config.run.run_dir
     assert run_dir is not None
     if failed is not None:
         return failed, "failure"
     rl = config.run
-    clock = RlPhaseClock.start(time.monotonic(), rl.rl_duration_s, rl.min_versions, rl.max_rl_duration_s)
+    window = window or RlWindow(rl_start_unix_ns=time.time_ns())
+    before = window.rl_elapsed_s
+    began = time.monotonic() - before
+    clock = RlPhaseClock.start(began, rl.rl_duration_s, rl.min_versions, rl.max_rl_duration_s)
+    restarts_before = list(window.service_restarts)
     version = produced = 0
     with Live(console=console, refresh_per_second=2, transient=False) as live:
         while (ended := clock.ended_by(time.monotonic(), version)) is None:
@@ -482,8 +517,10 @@ async def _watch_rl_phase(
             except Exception as exc:  # the broker is down or restarting: show the last figures
                 log.warning("progress from NATS unavailable: %s", exc)
             now = time.time_ns()
-            elapsed = (now - progress.window_start_ns) / 1e9
-            live.update(_table(progress, elapsed, produced, version, now, rl.min_versions, warm_start))
+            window.rl_elapsed_s = round(time.monotonic() - began, 3)
+            window.service_restarts = [*restarts_before, *supervisor.report()]
+            write_json(run_dir / RL_WINDOW_FILE, window)
+            live.update(_table(progress, window.rl_elapsed_s, produced, version, now, rl.min_versions, warm_start))
     return None, ended
 
 
@@ -567,8 +604,48 @@ def run(config_path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     return _run(resolve(config, config_path), config_path, None)
 
 
-def _run(config: RunConfig, config_path: Path, session: RaySession | None) -> dict[str, Any]:
-    """:func:`run` once the run has its directory (and, on Ray, its cluster)."""
+def resume(run_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Continue the run in ``run_dir``, killed as a whole (``dart run --resume``); returns the summary.
+
+    The embedded NATS server, S3 server and index restart on their data in the run directory; the services
+    resume as they do after their own restart (the trainer from its newest checkpoint, the data manager from
+    its index and the streams, the engines on the newest version); the RL phase counts on from the RL seconds
+    already run (``rl_window.json``), and ``KEY=VALUE`` ``overrides`` apply over the run's ``config.yaml``.
+
+    Raises:
+        ConfigError: ``run_dir`` is not a run directory, finished, or was made by another DART version (see
+            :func:`dart.cli.stack.run_record.resumable`), or the overrides are invalid.
+    """
+    from dart.cli import __version__
+    from dart.cli.stack.embedded_store import EMBEDDED_S3_URI
+
+    run_dir = run_dir.resolve()
+    state = resumable(run_dir, __version__)
+    config_path = run_dir / "config.yaml"
+    config = load_run_config(config_path, overrides)
+    run = config.run.model_copy(update={"run_dir": run_dir})
+    # The embedded store's old address: it starts again on its data (and a new port).
+    own_store = (
+        config.run.artifacts == "embedded_s3" and config.store is not None and config.store.uri == EMBEDDED_S3_URI
+    )
+    # The index's URL is the one dart run itself set: dart run sets it again (finalize).
+    data = type(config.data).model_validate(config.data.model_dump(exclude={"database_url"}))
+    config = config.model_copy(update={"run": run, "store": None if own_store else config.store, "data": data})
+    check_for_dart_run(config, config_path)
+    console.log(f"resuming {run_dir}")
+    if config.cluster.kind == "ray":
+        from dart.cli.cluster.ray_launch import ray_session
+
+        with ray_session(config, str(config_path)) as session:
+            return _run(config, config_path, session, state)
+    return _run(config, config_path, None, state)
+
+
+def _run(
+    config: RunConfig, config_path: Path, session: RaySession | None, resumed: RunState | None = None
+) -> dict[str, Any]:
+    """:func:`run` once the run has its directory (and, on Ray, its cluster); ``resumed``: the state of the run
+    it continues."""
     from dart.embedded.nats import EmbeddedNats, NatsUser
 
     run_dir = config.run.run_dir
@@ -580,7 +657,11 @@ def _run(config: RunConfig, config_path: Path, session: RaySession | None) -> di
         local = session.local
         nodes = {"address": session.address, "node_pids": local.pids, "temp_dir": str(local.directory)}
         (run_dir / "ray-nodes.json").write_text(json.dumps(nodes) + "\n")
-    credentials = write_bus_credentials(run_dir, ROLES) if config.run.embedded_nats and config.run.nats_auth else {}
+    credentials = (
+        write_bus_credentials(run_dir, ROLES, keep_existing=resumed is not None)
+        if config.run.embedded_nats and config.run.nats_auth
+        else {}
+    )
     # The env user serves the run's pools only (its subscriptions name them): env.pool and the held-out one.
     pools = (config.env.pool, *((config.validation.pool,) if config.validation.enabled else ()))
     users = [
@@ -601,7 +682,7 @@ def _run(config: RunConfig, config_path: Path, session: RaySession | None) -> di
             console.log(f"embedded nats-server at {nats.url}" + (" (one user per service)" if users else ""))
         if s3 is not None:
             config = _use_embedded_s3(s3, config)
-        config, launcher = _prepare(config, config_path, session, nats.url if nats else None, info)
+        config, launcher = _prepare(config, config_path, session, nats.url if nats else None, info, resumed)
 
         def respawn(name: str) -> ServiceProcess:
             service = next(s for s in SERVICES if s == name)
@@ -621,11 +702,12 @@ def _run(config: RunConfig, config_path: Path, session: RaySession | None) -> di
             config = config.model_copy(update={"store": as_store_role(config.store, store_keys["run"])})
         # The services only bind to the run's streams, consumers and bucket: the supervisor makes them first.
         asyncio.run(create_topology(config.bus.model_copy(update={"run": config.run.name, "name": "dart-run"})))
+        started_ns = time.time_ns()
         for service in SERVICES:
             procs[service] = respawn(service)
         console.log(f"started services {', '.join(f'{s} (pid {p.pid})' for s, p in procs.items())}")
         servers: dict[str, Server] = {"nats-server": nats} if nats is not None else {}
-        figures = asyncio.run(monitor(config, procs, respawn, credentials, servers, warm_start_row(info)))
+        figures = asyncio.run(monitor(config, procs, respawn, credentials, servers, warm_start_row(info), started_ns))
         storage = store_usage(store_config(config), config.train.weights_prefix)
     finally:
         for proc in procs.values():
@@ -644,14 +726,27 @@ def _run(config: RunConfig, config_path: Path, session: RaySession | None) -> di
 
 
 def _prepare(
-    config: RunConfig, config_path: Path, session: RaySession | None, nats_url: str | None, info: dict[str, Any]
+    config: RunConfig,
+    config_path: Path,
+    session: RaySession | None,
+    nats_url: str | None,
+    info: dict[str, Any],
+    resumed: RunState | None = None,
 ) -> tuple[RunConfig, Launcher]:
-    """The policy (its figures into ``info``), the config the services read (written to ``config.yaml``), and the
-    launcher that starts them: on this machine's GPUs, or on the Ray cluster of ``session``."""
+    """The policy (its figures into ``info``; a ``resumed`` run's own), the config the services read (written to
+    ``config.yaml``), and the launcher that starts them: on this machine's GPUs, or on the Ray cluster of
+    ``session``."""
+    from dart.cli import __version__
+
     run_dir = config.run.run_dir
     assert run_dir is not None
-    policy, prepared = prepare_policy(config)
-    info.update(prepared)
+    if resumed is not None:
+        policy = Path(resumed.policy)
+        info.update(resumed.info)
+    else:
+        policy, prepared = prepare_policy(config)
+        info.update(prepared)
+        write_json(run_dir / RUN_STATE_FILE, RunState(dart_version=__version__, policy=str(policy), info=info))
     config = finalize(config, policy, nats_url)
     placement = None
     if session is None:
@@ -706,6 +801,7 @@ def _summary(
             **storage,
             "service_exit_codes": figures["exit_codes"],
             "service_restarts": figures["restarts"],
+            "resumed": figures["resumed"],
             **heldout_summary(figures.get("heldout")),
             "error": figures["failed"],
             "total_seconds": round(time.monotonic() - started, 1),

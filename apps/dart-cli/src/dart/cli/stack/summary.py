@@ -32,10 +32,6 @@ import yaml
 from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
 from dart.protocol.telemetry import gpu_summary, read_jsonl
 
-RL_WINDOW_FILE = "rl_window.json"
-"""Written in the run directory when the RL window opens (``{"rl_start_unix_ns": N}``), so what reads a run
-in progress (``dart view``) uses the window the summary will use; the summary records both ends."""
-
 
 def trajectory_outcomes(db_path: Path) -> list[tuple[float, bool, int]]:
     """(finished_at, success, max_policy_version) of trainable, non-pooled trajectories, by finish time."""

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dart.cli.stack.summary import RL_WINDOW_FILE, staleness_figures, utilization_by_kind
+from dart.cli.stack.run_record import RL_WINDOW_FILE
+from dart.cli.stack.summary import staleness_figures, utilization_by_kind
 from dart.protocol.telemetry import observed_window, read_jsonl
 
 RESOURCE_KINDS = ("env", "engine", "trainer")
