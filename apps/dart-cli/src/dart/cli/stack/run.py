@@ -61,6 +61,7 @@ from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, 
 if TYPE_CHECKING:
     from dart.cli.cluster.ray_launch import RaySession
     from dart.cli.stack.warmstart_cache import WarmStartCache
+    from dart.embedded.nats import NatsUser
     from dart.embedded.s3 import EmbeddedS3
     from dart.protocol.messages import TaskSpec
 
@@ -646,7 +647,7 @@ def _run(
 ) -> dict[str, Any]:
     """:func:`run` once the run has its directory (and, on Ray, its cluster); ``resumed``: the state of the run
     it continues."""
-    from dart.embedded.nats import EmbeddedNats, NatsUser
+    from dart.embedded.nats import EmbeddedNats
 
     run_dir = config.run.run_dir
     assert run_dir is not None
@@ -657,17 +658,7 @@ def _run(
         local = session.local
         nodes = {"address": session.address, "node_pids": local.pids, "temp_dir": str(local.directory)}
         (run_dir / "ray-nodes.json").write_text(json.dumps(nodes) + "\n")
-    credentials = (
-        write_bus_credentials(run_dir, ROLES, keep_existing=resumed is not None)
-        if config.run.embedded_nats and config.run.nats_auth
-        else {}
-    )
-    # The env user serves the run's pools only (its subscriptions name them): env.pool and the held-out one.
-    pools = (config.env.pool, *((config.validation.pool,) if config.validation.enabled else ()))
-    users = [
-        NatsUser(r, f, service_permissions(r, config.bus.prefix, config.run.name, pools))
-        for r, f in credentials.items()
-    ]
+    credentials, users = _bus_users(config, run_dir, keep_existing=resumed is not None)
     nats = EmbeddedNats(store_dir=run_dir / "nats", users=users, host=host) if config.run.embedded_nats else None
     s3: EmbeddedS3 | None = None
     store_keys: dict[StoreRole, StoreKeyFiles] = {}
@@ -723,6 +714,23 @@ def _run(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.log(phase_times(summary))
     return summary
+
+
+def _bus_users(config: RunConfig, run_dir: Path, keep_existing: bool) -> tuple[dict[Role, Path], list[NatsUser]]:
+    """Each role's NATS password file (kept where they exist, for a resumed run) and the embedded server's users:
+    none when the run's NATS is not embedded or admits any local client (``run.nats_auth: false``)."""
+    from dart.embedded.nats import NatsUser
+
+    if not (config.run.embedded_nats and config.run.nats_auth):
+        return {}, []
+    credentials = write_bus_credentials(run_dir, ROLES, keep_existing=keep_existing)
+    # The env user serves the run's pools only (its subscriptions name them): env.pool and the held-out one.
+    pools = (config.env.pool, *((config.validation.pool,) if config.validation.enabled else ()))
+    users = [
+        NatsUser(r, f, service_permissions(r, config.bus.prefix, config.run.name, pools))
+        for r, f in credentials.items()
+    ]
+    return credentials, users
 
 
 def _prepare(
