@@ -74,7 +74,9 @@ def test_vllm_run_trains_and_loses_nothing(vllm_run: tuple[dict[str, Any], Path]
 def test_each_vllm_server_ran_on_gpus_of_its_own(vllm_run: tuple[dict[str, Any], Path]) -> None:
     summary, run_dir = vllm_run
     assert summary["placement"] == [
-        {"service": "rollout", "process": f"vllm-engine-{i}", "node": 0, "devices": [i]} for i in range(2)
+        # host: None, dart run's own processes (not Ray's); attempt 1, the first start.
+        {"service": "rollout", "process": f"vllm-engine-{i}", "node": 0, "devices": [i], "host": None, "attempt": 1}
+        for i in range(2)
     ]
     assert sorted(v for v in SERVERS_SEEN.values() if v is not None) == ["0", "1"], SERVERS_SEEN
     for i in range(2):

@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,10 @@ from dart.protocol.lifetime import die_with_parent
 from dart.protocol.ports import free_ports
 
 HOST = "127.0.0.1"
+STARTED = b"Ray runtime started."
+"""What ``ray start`` prints once its node registered with the cluster."""
+START_ATTEMPTS = 3
+"""Tries to start each node (see :meth:`LocalRayCluster.start`)."""
 WORKER_PORTS = 100
 """Worker ports per node (a range of its own, so two nodes never hand out the same port)."""
 
@@ -78,8 +81,9 @@ class LocalRayCluster:
         self._worker_ports = random.randrange(10000, 32000 - WORKER_PORTS * len(self.names), WORKER_PORTS)
         self.address = f"{HOST}:{gcs}"
         deadline = time.monotonic() + self.settings.start_timeout_s
-        # One node at a time, each once its raylet listens: a worker that joins while the head's raylet is still
-        # starting times out (seen on a 2-core machine).
+        # One node at a time, each once its ray start reports it started: a worker that joins while the head is still
+        # starting times out (seen on a 2-core machine). ray start gives its raylet 30 s to register (fixed in
+        # Ray): on a loaded machine that can pass, so a node that exits while starting is started again.
         for name in self.names:
             head = [
                 "--head",
@@ -88,10 +92,12 @@ class LocalRayCluster:
                 f"--temp-dir={self._dir / 'ray'}",
                 "--include-dashboard=false",
             ]
-            raylet = self._node(name, head if name == "head" else [f"--address={self.address}"])
-            while not (_accepts(gcs) and _accepts(raylet)):
-                self._check_alive(deadline)
-                time.sleep(0.2)
+            for attempt in range(1, START_ATTEMPTS + 1):
+                log = self._dir / f"{name}.log"
+                log_from = log.stat().st_size if log.is_file() else 0
+                self._node(name, head if name == "head" else [f"--address={self.address}"])
+                if self._came_up(name, log_from, deadline, last=attempt == START_ATTEMPTS):
+                    break
         return self.address
 
     def wait_for_nodes(self, alive: int, count_alive: object) -> None:
@@ -119,8 +125,8 @@ class LocalRayCluster:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._procs.clear()
 
-    def _node(self, name: str, args: list[str]) -> int:
-        """Start node ``name``; its raylet's port."""
+    def _node(self, name: str, args: list[str]) -> None:
+        """Start node ``name``."""
         assert self._dir is not None
         s = self.settings
         ports = free_ports(6, HOST)
@@ -159,7 +165,25 @@ class LocalRayCluster:
             out.close()
         self._procs.append(proc)
         self.pids[name] = proc.pid
-        return ports[0]
+
+    def _came_up(self, name: str, log_from: int, deadline: float, last: bool) -> bool:
+        """Wait for node ``name``'s ``ray start`` to report the node started (in its log after byte ``log_from``);
+        False when it exited first and may be tried again (not ``last``), after which it is forgotten.
+
+        Raises:
+            ClusterError: It exited on its ``last`` try, another node exited, or the deadline passed.
+        """
+        assert self._dir is not None
+        proc, log = self._procs[-1], self._dir / f"{name}.log"
+        while STARTED not in log.read_bytes()[log_from:]:
+            if proc.poll() is not None and not last:
+                self._procs.pop()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                return False
+            self._check_alive(deadline)
+            time.sleep(0.2)
+        return True
 
     def _check_alive(self, deadline: float) -> None:
         assert self._dir is not None
@@ -178,12 +202,6 @@ def _ray_command() -> list[str]:
     """``ray`` of this Python environment."""
     script = Path(sys.executable).parent / "ray"
     return [str(script)] if script.is_file() else [sys.executable, "-m", "ray.scripts.scripts"]
-
-
-def _accepts(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1.0):
-        return True
-    return False
 
 
 def _kill_naming(text: str) -> None:
