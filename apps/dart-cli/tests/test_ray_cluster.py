@@ -5,14 +5,15 @@ tests/test_e2e_ray.py."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from dart.cli.cluster.ray_cluster import Ask, Node, check_fits, import_ray
 from dart.cli.cluster.ray_launch import asks
+from dart.cli.main import app
 from dart.cli.stack.config import load_run_config
 from dart.cli.stack.placement import demand
 from dart.protocol.errors import ConfigError
@@ -72,15 +73,10 @@ def test_without_ray_installed_the_error_says_how_to_install_it(monkeypatch: pyt
         import_ray("run.yaml")
 
 
-def dart(*args: str, runs: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dart.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**__import__("os").environ, "DART_RUN__RUNS_ROOT": str(runs)},
-    )
+def dart(*args: str, runs: Path) -> tuple[int, str]:
+    """The dart command in this process (the checks come before anything starts): exit code and stderr."""
+    result = CliRunner().invoke(app, list(args), env={"DART_RUN__RUNS_ROOT": str(runs)})
+    return result.exit_code, result.stderr
 
 
 @pytest.mark.parametrize(
@@ -102,15 +98,15 @@ def test_a_run_that_cannot_be_placed_is_refused_in_one_line_before_anything_star
     args: list[str], message: str, tmp_path: Path
 ) -> None:
     args = [a.replace("{port}", str(free_port())) for a in args]
-    done = dart("run", str(SMOKE_RAY), *args, runs=tmp_path)
+    code, stderr = dart("run", str(SMOKE_RAY), *args, runs=tmp_path)
 
-    assert done.returncode == 2, done.stderr[-2000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
+    assert code == 2, stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], stderr[-2000:]
     assert list(tmp_path.iterdir()) == []  # no run directory (and the local cluster is checked before it starts)
 
 
 def test_doctor_names_an_address_where_no_cluster_answers(tmp_path: Path) -> None:
-    done = dart("doctor", "--ray", f"127.0.0.1:{free_port()}", runs=tmp_path)
-    assert done.returncode == 2
-    assert done.stderr.startswith("error: ") and "no Ray cluster answers there" in done.stderr
+    code, stderr = dart("doctor", "--ray", f"127.0.0.1:{free_port()}", runs=tmp_path)
+    assert code == 2
+    assert stderr.startswith("error: ") and "no Ray cluster answers there" in stderr

@@ -4,26 +4,20 @@ The resume itself runs end to end in tests/test_e2e_recovery.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from dart.cli import __version__
+from dart.cli.main import app
 from dart.cli.stack.run_record import RUN_STATE_FILE, RunState, write_json
 
 
-def resume(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dart.cli", "run", "--resume", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=os.environ,
-    )
+def resume(run_dir: Path) -> tuple[int, str]:
+    """``dart run --resume run_dir`` in this process (it refuses before anything starts): exit code, stderr."""
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    return result.exit_code, result.stderr
 
 
 def a_run(tmp_path: Path, *, version: str | None = __version__, finished: bool = False) -> Path:
@@ -52,9 +46,9 @@ def test_what_cannot_be_resumed_is_refused_in_one_line(make: object, message: st
     run_dir = make(tmp_path)
     before = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else None
 
-    done = resume(run_dir)
+    code, stderr = resume(run_dir)
 
-    assert done.returncode == 2, done.stderr[-2000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
+    assert code == 2, stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], stderr[-2000:]
     assert (sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else None) == before  # nothing written
