@@ -12,6 +12,7 @@ and publishes on. The run must end with nothing lost or stored twice, and leave 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -56,6 +57,37 @@ def published(run_dir: Path) -> int:
     if not path.is_file():
         return 0
     return sum(1 for r in read_jsonl(path, types={"event"}) if r["name"] == "trainer.published")
+
+
+def restarted_trainer(run_dir: Path) -> bool:
+    """Whether the trainer has been started a second time (``placement.json``, which may be mid-write)."""
+    try:
+        placement = json.loads((run_dir / "placement.json").read_text())
+    except ValueError:
+        return False
+    return any(p["service"] == "train" and p["attempt"] == 2 for p in placement)
+
+
+def kill_tree(root: int) -> None:
+    """Freeze ``root`` and every descendant, then SIGKILL them all."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 def processes_naming(text: str) -> list[str]:
@@ -104,12 +136,14 @@ def ray_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[
         placement = json.loads((run_dir / "placement.json").read_text())
         trainer_1 = next(p for p in placement if p["process"] == "trainer" and p["node"] == 1)
         seen["killed"] = trainer_1["host"]
+        # The node goes at once with everything on it (raylet, agents, actors and the ranks they run).
+        kill_tree(nodes["node_pids"][trainer_1["host"]])
+        wait_for(run, lambda: restarted_trainer(run_dir), "the trainer placed anew")
         seen["published_before"] = published(run_dir)
-        os.killpg(nodes["node_pids"][trainer_1["host"]], signal.SIGKILL)
         wait_for(
             run,
             lambda: published(run_dir) >= seen["published_before"] + AFTER_RESTART,
-            f"{AFTER_RESTART} versions published after the node's loss",
+            f"{AFTER_RESTART} versions published by the trainer placed anew",
         )
         run.send_signal(signal.SIGINT)
 
