@@ -12,9 +12,7 @@ and publishes on. The run must end with nothing lost or stored twice, and leave 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from typing import Any
 import pytest
 
 from dart.protocol.telemetry import read_jsonl
+from dart.protocol.testing import kill_process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "smoke-ray.yaml"
@@ -66,28 +65,6 @@ def restarted_trainer(run_dir: Path) -> bool:
     except ValueError:
         return False
     return any(p["service"] == "train" and p["attempt"] == 2 for p in placement)
-
-
-def kill_tree(root: int) -> None:
-    """Freeze ``root`` and every descendant, then SIGKILL them all."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
 
 
 def processes_naming(text: str) -> list[str]:
@@ -137,7 +114,7 @@ def ray_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[
         trainer_1 = next(p for p in placement if p["process"] == "trainer" and p["node"] == 1)
         seen["killed"] = trainer_1["host"]
         # The node goes at once with everything on it (raylet, agents, actors and the ranks they run).
-        kill_tree(nodes["node_pids"][trainer_1["host"]])
+        kill_process_tree(nodes["node_pids"][trainer_1["host"]])
         wait_for(run, lambda: restarted_trainer(run_dir), "the trainer placed anew")
         seen["published_before"] = published(run_dir)
         wait_for(

@@ -7,7 +7,6 @@ must end normally with every produced trajectory stored once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sqlite3
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from dart.protocol.telemetry import read_jsonl
+from dart.protocol.testing import kill_process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,29 +71,6 @@ def published(run_dir: Path) -> list[int]:
     return [int(e["attributes"]["version"]) for e in events(run_dir, "train", "trainer.published")]
 
 
-def kill_everything(root: int) -> int:
-    """Freeze ``root`` and all its descendants, then SIGKILL them: nothing gets to clean up. How many."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-    return len(tree)
-
-
 def kill_and_await_restart(run: subprocess.Popen[str], service: str) -> None:
     old = wait_for(run, lambda: service_pid(run.pid, service), f"`dart serve {service}` process")
     os.kill(old, signal.SIGKILL)
@@ -123,7 +100,7 @@ def killed_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[di
             lambda: len(published(run_dir)) >= count + AFTER_DATA_RESTART,
             f"{AFTER_DATA_RESTART} versions published after the data manager's restart",
         )
-        seen["killed_processes"] = kill_everything(run.pid)
+        seen["killed_processes"] = kill_process_tree(run.pid)
         seen["published_before_resume"] = published(run_dir)
 
     def end_after_resume(run: subprocess.Popen[str], _: Path) -> None:

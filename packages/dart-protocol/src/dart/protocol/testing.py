@@ -210,3 +210,32 @@ async def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(0.05)
+
+
+def kill_process_tree(root: int) -> int:
+    """Freeze process ``root`` and every descendant, then SIGKILL them all, so none gets to clean up (a machine's
+    loss, as end-to-end tests stage it); how many processes were killed. Linux only (reads ``/proc``)."""
+    import contextlib
+    import os
+    import signal
+    from pathlib import Path
+
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    return len(tree)
