@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dart.protocol.errors import ArtifactNotFoundError, IntegrityError, StoreError
-from dart.protocol.store import LocalStore, get_by_uri, open_store, resolve_uri
+from dart.protocol.store import LocalStore, get_by_uri, local, open_store, resolve_uri
 
 pytestmark = pytest.mark.unit
 
@@ -148,6 +148,29 @@ def test_concurrent_overwrites_never_show_a_torn_or_mismatched_artifact(store: L
     for t in threads:
         t.join(timeout=60)
     assert errors == []
+
+
+def test_a_reader_kept_off_the_cpu_while_overwrites_went_on_still_reads_a_whole_artifact(
+    store: LocalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader read the sidecar, then (on a busy machine) ran again only after two overwrites and past
+    every wait the store allows a writer between its renames: it finds the sidecar moved on, and reads again."""
+    versions = [b"A" * 1000, b"B" * 3000, b"C" * 2000]
+    store.put("hot", versions[0])
+    stale = local._read_sidecar(store.path("hot"))
+    for data in versions[1:]:
+        store.put("hot", data)
+    calls = []
+
+    def first_read_is_stale(path: Path) -> tuple[dict[str, object], int | None]:
+        calls.append(path)
+        return stale if len(calls) == 1 else real_read(path)
+
+    real_read = local._read_sidecar
+    monkeypatch.setattr(local, "_RACE_WAIT_S", 0.0)
+    monkeypatch.setattr(local, "_read_sidecar", first_read_is_stale)
+    assert store.get("hot") == versions[2]
+    assert len(calls) >= 3  # the stale read, the look that saw the sidecar move on, the read that matched
 
 
 def test_the_old_artifact_stays_whole_when_a_writer_stops_between_its_two_renames(

@@ -15,13 +15,15 @@ Files put under the root by other tools are artifacts too, with no recorded dige
 
 Writes are atomic: bytes go to a hidden temporary file in the target directory, are fsynced, and
 ``os.replace`` moves them into place; the sidecar is replaced just before the file, so a new
-artifact is never visible without its digest. The sidecar records the size and mtime of the file
-it was written for (``os.replace`` keeps both), and an overwrite's sidecar also keeps the record of
-the file it replaces (``"previous"``): a reader that opens the old file between the two renames,
-or after a writer died between them, finds the record of the file it holds, whatever the timing.
-Writers of one key at the same moment are not serialized: when no record describes the file (two
-overwrites interleaved), a reader looks again while the sidecar is changing or fresh. A file
-changed in place fails verification with ``IntegrityError``.
+artifact is never visible without its digest. The sidecar records the inode, size and mtime of the
+file it was written for (``os.replace`` keeps all three), and an overwrite's sidecar also keeps the
+record of the file it replaces (``"previous"``): a reader that opens the old file between the two
+renames, or after a writer died between them, finds the record of the file it holds, whatever the
+timing. When no record describes the file it opened, a reader looks again for as long as the sidecar
+changes between its reads (overwrites are going on, however long the reader itself was kept off a
+CPU), and briefly while the sidecar is fresh (writers of one key at the same moment are not
+serialized, and one may be between its renames). A file changed in place fails verification with
+``IntegrityError``.
 """
 
 from __future__ import annotations
@@ -59,9 +61,11 @@ META_DIR = ".dart-meta"
 """Name of the hidden directory holding sidecar metadata files."""
 _TMP_PREFIX = ".dart-tmp-"
 _SIDECAR_VERSION = 1
-# A reader that finds a sidecar describing another version of the file (an overwrite is between
-# its two renames) waits at most this long for the file to catch up, and only while the sidecar
-# is this fresh: an old mismatch means the file was changed outside the store, not a write.
+# A reader that finds a sidecar describing another version of the file, and the same sidecar when it
+# reads it again (a writer may be between its two renames), waits at most this long for the file to
+# catch up, and only while the sidecar is this fresh: an old mismatch means the file was changed
+# outside the store, not a write. A sidecar that changed between the reader's two reads always means
+# overwrites in progress, and the reader looks again however long that takes.
 _RACE_WAIT_S = 0.25
 _FRESH_NS = 5_000_000_000
 
@@ -155,6 +159,7 @@ class LocalStore(ArtifactStore):
             record_doc = {
                 "version": _SIDECAR_VERSION,
                 "sha256": digest if record else None,
+                "ino": written.st_ino,
                 "size": written.st_size,
                 "mtime_ns": written.st_mtime_ns,
                 "content_type": ctype,
@@ -279,14 +284,15 @@ class LocalStore(ArtifactStore):
             record = _record_for(doc, st)
             if record is not None:
                 return f, st, record
-            if time.monotonic() >= deadline:
-                return f, st, doc
-            # No record describes the file. If the sidecar changed meanwhile, or was written
-            # moments ago, overwrites of this key are interleaving: look again. Otherwise the file
-            # was changed outside the store, and verification will judge it.
-            changed = _read_sidecar(path)[0] != doc
-            fresh = sidecar_mtime_ns is not None and time.time_ns() - sidecar_mtime_ns < _FRESH_NS
-            if not (changed or fresh):
+            # No record describes the file. If the sidecar changed meanwhile, overwrites of this key
+            # are going on: look again (a reader kept off the CPU for a while is no reason to give up).
+            # If it was written moments ago, a writer may be between its renames: look again, briefly.
+            # Otherwise the file was changed outside the store, and verification will judge it.
+            if _read_sidecar(path)[0] != doc:
+                deadline = time.monotonic() + _RACE_WAIT_S
+            elif time.monotonic() >= deadline or not (
+                sidecar_mtime_ns is not None and time.time_ns() - sidecar_mtime_ns < _FRESH_NS
+            ):
                 return f, st, doc
             f.close()
             time.sleep(next(delays))
@@ -374,9 +380,12 @@ def _record_for(doc: Mapping[str, Any], st: os.stat_result) -> dict[str, Any] | 
     if "size" not in doc or "mtime_ns" not in doc:
         return dict(doc)  # no sidecar (a file put there by another tool): nothing to match
     for record in (doc, doc.get("previous")):
-        if isinstance(record, dict) and (record.get("size"), record.get("mtime_ns")) == (
-            st.st_size,
-            st.st_mtime_ns,
+        if (
+            isinstance(record, dict)
+            and (record.get("size"), record.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+            # Two writes of one size within a tick of the file system's clock share an mtime: the
+            # inode tells them apart (sidecars written before it was recorded match without it).
+            and record.get("ino", st.st_ino) == st.st_ino
         ):
             return {k: v for k, v in record.items() if k != "previous"}
     return None
