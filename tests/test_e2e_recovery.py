@@ -150,7 +150,9 @@ def test_a_run_killed_as_a_whole_resumes_where_it_was(
     assert seen["killed_processes"] >= 5  # dart run, its four services (and the servers it started)
     before = seen["published_before_resume"]
     [resumed] = summary["resumed"]
-    assert resumed["version"] == max(before)
+    # The run resumed at the newest version it had announced. The kill can land between a version's
+    # announcement and its telemetry event (which SIGKILL loses), so that version may be one past the events.
+    assert max(before) <= resumed["version"] <= max(before) + 1, (resumed, before)
     assert resumed["rl_elapsed_s"] > 0
     versions = published(run_dir)
     assert versions[: len(before)] == before
