@@ -16,11 +16,6 @@
   ``dart_run`` gives its runs.
 - Checks run ahead: the commands of tests marked ``run_ahead(*argv)`` (strict typing over every package) start
   with the first end-to-end run, at the lowest CPU priority; the test checks the result (``ran_ahead``).
-- Two lanes (pytest-xdist, ``-n 2`` in the project's pytest settings): the heavy tests (:data:`HEAVY_MODULES`: the
-  end-to-end runs, vLLM servers, multi-process trainers, real widths, builds) run in their order on worker
-  ``gw0``; every other test runs beside them on ``gw1``, in the time the heavy ones leave a CPU idle. A test
-  marked ``alone`` (one that needs the machine's memory) waits until the other lane has finished. ``-n 0``
-  runs everything in one process, as before.
 - Guards: no connection beyond loopback; no callback may block an event loop for longer than
   ``BLOCKING_LIMIT_S`` (time spent waiting for a CPU on a busy machine excluded, CPU time counted at a
   reference machine's speed; see the guard).
@@ -30,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -105,157 +99,11 @@ catches a hung run, not a slow one."""
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """End-to-end tests get :data:`E2E_TIMEOUT_S` unless they set their own timeout. Tests that use the
     built images go last (in their order), so the build started at collection runs beside the others
-    instead of being waited for; the stack test goes after them, since it removes the images when it ends.
-    A test that makes end-to-end runs or uses the built images must be in the heavy lane (their session
-    fixtures live in its worker)."""
-    misplaced = []
+    instead of being waited for; the stack test goes after them, since it removes the images when it ends."""
     for item in items:
         if item.get_closest_marker("e2e") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
-        heavy_fixtures = {"dart_run", "smoke_run", "built_images"} & set(getattr(item, "fixturenames", ()))
-        if (heavy_fixtures or item.get_closest_marker("e2e") is not None) and lane_of(item.nodeid) != HEAVY_LANE:
-            misplaced.append(item.nodeid)
-    if misplaced:
-        raise pytest.UsageError(f"end-to-end tests outside conftest.HEAVY_MODULES (add their modules): {misplaced}")
     items.sort(key=lambda item: 2 if item.nodeid.startswith(STACK_TEST) else int(_uses_built_images(item)))
-
-
-HEAVY_LANE, LIGHT_LANE = "heavy", "light"
-HEAVY_MODULES = frozenset(
-    {
-        # Many CPU-seconds each on both cores, or gigabytes of memory: vLLM servers, torch ranks, real widths.
-        "packages/dart-rollout/tests/test_vllm_engine.py",
-        "packages/dart-train/tests/test_fsdp.py",
-        "packages/dart-train/tests/test_lora.py",
-        "packages/dart-train/tests/test_megatron.py",
-        "packages/dart-train/tests/test_megatron_dp.py",
-        "packages/dart-train/tests/test_multinode.py",
-        "packages/dart-train/tests/test_qwen3_vl.py",
-        "apps/dart-cli/tests/test_model_init.py",
-        "apps/dart-cli/tests/test_model_merge.py",
-        "apps/dart-cli/tests/test_ray_cluster.py",
-        "packages/dart-env/tests/test_osworld_docker.py",
-        "tests/test_real_shapes.py",
-        "tests/test_packaging.py",
-        "tests/test_weight_sync_benchmark.py",
-        "tests/test_soak_benchmark.py",
-        "tests/test_warmstart_scaling.py",
-        # End-to-end runs (the session's warm starts, smoke run and built images are in this lane's worker).
-        "tests/test_e2e_1080p.py",
-        "tests/test_e2e_cluster.py",
-        "tests/test_e2e_lora.py",
-        "tests/test_e2e_miniwob.py",
-        "tests/test_e2e_parallel_trainers.py",
-        "tests/test_e2e_ray.py",
-        "tests/test_e2e_recovery.py",
-        "tests/test_e2e_run.py",
-        "tests/test_e2e_view.py",
-        "tests/test_e2e_vllm.py",
-        "tests/test_gpu_check.py",
-        "tests/test_multihost.py",
-        "tests/test_stack.py",
-    }
-)
-"""The heavy lane's modules; every other test is in the light lane."""
-
-
-def lane_of(nodeid: str) -> str:
-    """The lane of a test, from its node id alone (the xdist controller sees no more)."""
-    return HEAVY_LANE if nodeid.split("::", 1)[0] in HEAVY_MODULES else LIGHT_LANE
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadscope`` (the project's setting) schedules by lane: the heavy lane is one work unit, kept in
-    its order, on worker ``gw0``; the light lane is the other, on ``gw1``. A worker whose lane has no tests
-    takes the other's unit, if it is still there; else it stops."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class LaneScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return lane_of(nodeid)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            wanted = HEAVY_LANE if node.gateway.id == "gw0" else LIGHT_LANE
-            if wanted not in self.workqueue:
-                wanted = next(iter(self.workqueue))
-            work_unit = self.workqueue.pop(wanted)
-            self.assigned_work.setdefault(node, {})[wanted] = work_unit
-            collection = self.registered_collections[node]
-            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
-
-    return LaneScheduling(config, log)
-
-
-def _xdist_worker(config: pytest.Config) -> str | None:
-    """This process's xdist worker id (``gw0``, ...), or None when it runs the tests itself."""
-    workerinput = getattr(config, "workerinput", None)
-    return None if workerinput is None else str(workerinput["workerid"])
-
-
-class _LaneLock:
-    """Keeps a test marked ``alone`` from running beside the light lane: the light lane's worker holds a shared
-    lock on a file of the test run from its first test to its end; an ``alone`` test takes it exclusively."""
-
-    def __init__(self) -> None:
-        self._held: Any = None
-
-    @staticmethod
-    def _path(config: pytest.Config) -> Path | None:
-        workerinput = getattr(config, "workerinput", None)
-        if workerinput is None:
-            return None
-        return Path(tempfile.gettempdir()) / f"dart-test-lanes-{workerinput['testrunuid']}.lock"
-
-    def share(self, config: pytest.Config) -> None:
-        path = self._path(config)
-        if path is None or self._held is not None:
-            return
-        self._held = path.open("ab")
-        fcntl.flock(self._held, fcntl.LOCK_SH)
-
-    @contextlib.contextmanager
-    def exclusive(self, config: pytest.Config) -> Iterator[None]:
-        path = self._path(config)
-        if path is None:
-            yield
-            return
-        with path.open("ab") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)  # until the light lane's worker has ended
-            yield
-
-    def release(self) -> None:
-        if self._held is not None:
-            self._held.close()
-            self._held = None
-
-
-_lane_lock = _LaneLock()
-_background = {"started": False}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under xdist: the heavy lane's worker starts the session's background work (see
-    :func:`pytest_collection_finish`) at its first test; the light lane's worker takes its shared lock."""
-    if _xdist_worker(item.config) is None:
-        return
-    if lane_of(item.nodeid) == LIGHT_LANE:
-        _lane_lock.share(item.config)
-    elif not _background["started"]:
-        _start_background(item.session)
-
-
-@pytest.fixture(autouse=True)
-def _alone(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test marked ``alone`` runs with no test of the other lane beside it."""
-    if request.node.get_closest_marker("alone") is None:
-        yield
-        return
-    with _lane_lock.exclusive(request.config):
-        yield
 
 
 def _uses_built_images(item: pytest.Item) -> bool:
@@ -289,22 +137,12 @@ os.environ["VLLM_CACHE_ROOT"] = str(_VLLM_CACHE)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start preparing the end-to-end runs' warm starts (see :class:`_WarmStartsAhead`), and building the compose
     stack's images as soon as its test is collected: the build (about 4 minutes) mostly waits on the disk and
-    the network, so it runs beside the tests that come first. Under xdist this waits for the heavy lane's first
-    test (:func:`pytest_runtest_setup`): only that worker runs the tests these serve."""
-    if _xdist_worker(session.config) is None:
-        _start_background(session)
-
-
-def _start_background(session: pytest.Session) -> None:
-    _background["started"] = True
-    items = [item for item in session.items if lane_of(item.nodeid) == HEAVY_LANE]
-    if _xdist_worker(session.config) is None:
-        items = session.items
-    warm_starts = _wanted_warm_starts(items)
-    _checks_ahead.want(items)
+    the network, so it runs beside the tests that come first."""
+    warm_starts = _wanted_warm_starts(session.items)
+    _checks_ahead.want(session.items)
     if warm_starts:
         _warm_starts.start(warm_starts)
-    wanted = any(item.nodeid.startswith(STACK_TEST) or _uses_built_images(item) for item in items)
+    wanted = any(item.nodeid.startswith(STACK_TEST) or _uses_built_images(item) for item in session.items)
     if not wanted or not _can_build_images():
         return
     log = Path(tempfile.mkdtemp(prefix="dart-build-images-")) / "build-images.log"
@@ -316,7 +154,6 @@ def _start_background(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A build the session no longer waits for (the stack test deselected or never reached) is stopped, and so
     is a warm start being prepared; the prepared warm starts are removed."""
-    _lane_lock.release()
     proc = _image_build.get("proc")
     if proc is not None and proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)

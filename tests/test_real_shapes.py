@@ -60,7 +60,7 @@ from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.publish import WeightPublisher
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400), pytest.mark.alone]  # about 20 GB at its peak
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("DART_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
