@@ -78,3 +78,19 @@ def test_dart_serve_and_the_package_command_take_the_same_overrides(tmp_path: Pa
     assert code == 2 and "data.batching.min_sample" in err
     # The package command alone refuses it the same way (before connecting to anything).
     assert data_command(["serve", "--config", str(config), "data.batching.min_samples=0"]) == 2
+
+
+def test_reading_a_run_config_and_serving_env_or_data_import_no_torch() -> None:
+    """`dart run` reads its config, and `dart serve env` / `dart serve data` start, without importing torch or
+    transformers (seconds of CPU in every such process): only the engines and the trainer need them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import dart.cli.main, dart.cli.stack.config, dart.cli.stack.services, dart.env.serve, dart.data.serve\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

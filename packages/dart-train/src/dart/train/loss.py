@@ -36,30 +36,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from pydantic import Field
 
-from dart.protocol.config import ConfigModel
-
-Objective = Literal["tis", "decoupled"]
-
-
-class LossConfig(ConfigModel):
-    """Knobs of the GRPO objective (``train.loss``; see the module docstring)."""
-
-    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0)
-    """Lower clip range of the ratio (ratio >= 1 - clip_low)."""
-    clip_high: float = Field(default=0.28, ge=0.0)
-    """Upper clip range of the ratio (ratio <= 1 + clip_high), DAPO's clip-higher."""
-    tis_cap: float | None = Field(default=2.0, gt=0.0)
-    """``tis``: truncation C of the rollout-to-trainer importance weight; None disables the correction."""
-    kl_coef: float = Field(default=0.0, ge=0.0)
-    """Weight of the k3 KL estimate to the reference policy; 0 disables it (no reference model is kept)."""
-    objective: Objective = "tis"
-    """Off-policy correction: ``tis`` truncates the behaviour importance weight at ``tis_cap``;
-    ``decoupled`` is AReaL's decoupled PPO, dropping tokens whose weight exceeds ``behav_cap``."""
-    behav_cap: float | None = Field(default=5.0, gt=1.0)
-    """``decoupled``: tokens whose behaviour importance weight exceeds this are dropped; None keeps every
-    token. Above 1 (AReaL's constraint: a cap below 1 would drop on-policy tokens)."""
+from dart.train.config import LossConfig
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ from dart.protocol.models import MODEL_FAMILIES
 from dart.protocol.serving import store_or_local
 from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import TelemetryConfig
-from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLoraConfig
 from dart.rollout.service.config import EngineConfig, RolloutConfig
 from dart.train.config import LoraSettings, TrainerConfig

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dart.cli.stack.config import RunConfig, ServiceName
 from dart.protocol.errors import ConfigError
-from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.train.config import NodeSettings
 

@@ -20,10 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import SamplingParams
@@ -35,9 +34,9 @@ from dart.protocol.weights import (
     shard_files,
     with_adapters,
 )
+from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.interface import (
     EngineClosedError,
-    EngineConfigBase,
     EngineState,
     GenerationRequest,
     GenerationResult,
@@ -84,30 +83,6 @@ _INERT_GENERATION_FIELDS = frozenset(
 )
 """``generation_config`` fields that do not change which token is drawn or its log-prob."""
 _TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-
-
-class HFEngineConfig(EngineConfigBase):
-    """Configuration of an :class:`HFEngine`."""
-
-    kind: Literal["hf"] = "hf"
-    device: str = "cpu"
-    """Torch device, ``cpu`` or ``cuda[:n]``. ``cuda`` without an index spreads the engines over the visible GPUs,
-    engine ``i`` on ``cuda:<i mod visible>`` (``dart run`` gives the rollout service one GPU per engine)."""
-    dtype: str = "float32"
-    """Weight dtype; float32 keeps log-probs reproducible to ~1e-5 on CPU."""
-    max_batch_size: int = Field(default=8, ge=1)
-    """Most requests served by one batch."""
-    batch_wait_s: float = Field(default=0.005, ge=0)
-    """How long the first request of a batch waits for others to join, seconds."""
-    num_threads: int | None = Field(default=None, ge=1)
-    """Torch intra-op CPU threads; None keeps torch's default (one per core)."""
-
-    def serving(
-        self, model_path: str, *, num_threads: int | None = None, log_dir: str | None = None, single: bool = False
-    ) -> HFEngineConfig:
-        """This config serving ``model_path`` as version 0, with ``num_threads`` unless it sets its own."""
-        update = {"model_path": model_path, "initial_version": 0, "num_threads": self.num_threads or num_threads}
-        return self.model_copy(update=update)
 
 
 @dataclass

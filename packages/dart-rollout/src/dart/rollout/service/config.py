@@ -23,7 +23,7 @@ from dart.protocol.models import DEFAULT_FAMILY, MODEL_FAMILIES, Coordinates, Mo
 from dart.protocol.store import ArtifactStore
 from dart.protocol.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S, ImageOffload
 from dart.protocol.topology import STREAMS
-from dart.rollout.engine.hf import HFEngineConfig
+from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.interface import PluginEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.model.formats import PROMPT_FORMATS, PromptFormat
