@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.warm_start(ROOT / "examples" / "smoke
 WAIT_S = 1500.0
 """Limit of one wait for a condition, the warm start included (catches a hung run, within the run's own
 limit; a loaded machine is slow, not stuck)."""
-AFTER_RESTART = 2
+AFTER_RESTART = 1
 """Versions published after the node is back before the test ends the RL phase (SIGINT, as Ctrl-C would): the
 run is asked to stop once the restarted cluster has carried it on, however fast the machine."""
 

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.warm_start(CONFIG), pytest.mark.timeo
 LOOPBACK_ONLY = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
 """Runs a command in a new network namespace whose only interface is loopback (CI runs as root)."""
 
-AFTER_RESTART = 2
+AFTER_RESTART = 1
 """Versions the restarted trainer publishes before the test ends the run."""
 WAIT_S = 900.0
 """Limit of one wait for a condition (catches a hung run; a loaded machine is slow, not stuck)."""

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.e2e, pytest.mark.warm_start(ROOT / "examples" / "smoke.yaml")]
 AFTER_DATA_RESTART = 2
 """Versions published after the data manager's restart before the test kills the whole run."""
-AFTER_RESUME = 2
+AFTER_RESUME = 1
 """Versions published after the resume before the test ends the run."""
 WAIT_S = 900.0
 """Limit of one wait for a condition (catches a hung run; a loaded machine is slow, not stuck)."""

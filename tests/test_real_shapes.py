@@ -9,7 +9,8 @@ aspect-preserving resize to 1932x1092 within min/max pixels: 78 x 138 patches, 2
 Then:
 
 - the prompt ids the engine recorded equal the prompt builder's, re-encoded from the stored screenshot;
-- the trainer's recomputation (torch, and FSDP2 on 2 gloo ranks) equals the engine's log-probs within 1e-4;
+- the trainer's recomputation (torch, in its update step's forward pass, and FSDP2 on 2 gloo ranks) equals the
+  engine's log-probs within 1e-4;
 - the trainer takes a step and publishes; the hf engine and a vLLM server (launched on the checkpoint) load
   the published weights, answer the same prompt with the prompt builder's ids, and their log-probs equal the
   updated trainer's within 1e-4.
@@ -190,8 +191,6 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
         samples = group_samples(ReadyGroup("g", [stored.trajectory], complete=True), BatchingConfig())
         config = TrainerConfig(model_path=str(checkpoint), num_threads=2, lr=1e-4)
         trainer = await asyncio.to_thread(TorchBackend.load, config, image_source=StoreImageSource())
-        worst_torch = _worst(samples, await asyncio.to_thread(trainer.compute_logprobs, samples))
-        assert worst_torch < TOLERANCE, worst_torch
         # The vLLM server starts while the FSDP ranks recompute (its start is mostly single-threaded loading).
         starting = asyncio.create_task(_start_vllm(checkpoint, tmp_path))
         try:
@@ -212,8 +211,14 @@ async def test_real_width_checkpoint_at_1080p_through_engines_trainer_and_publis
             # they replace every weight it loaded from the checkpoint, and a check before the update would
             # repeat the same forward of the 1080p prompt twice more.)
             before = await asyncio.to_thread(_mlp_weights_of_the_first_layer, trainer)
-            # A lone trajectory's group advantage is 0: give it one, so the step moves the weights.
-            await asyncio.to_thread(trainer.train_step, [s.model_copy(update={"advantage": 1.0}) for s in samples])
+            # A lone trajectory's group advantage is 0: give it one, so the step moves the weights. The step's
+            # forward pass is the torch trainer's recomputation (logp_old, before any update): its worst token
+            # against the engine's log-probs is the step's rollout_mismatch_max.
+            step_metrics = await asyncio.to_thread(
+                trainer.train_step, [s.model_copy(update={"advantage": 1.0}) for s in samples]
+            )
+            worst_torch = step_metrics.rollout_mismatch_max
+            assert 0.0 <= worst_torch < TOLERANCE, worst_torch
             # What follows needs the new weights only: free the gradients and AdamW's moments (6.5 GB at
             # this size), so the trainer, the hf engine and a vLLM server fit one 24 GiB machine together.
             await asyncio.to_thread(_free_optimizer_state, trainer)

@@ -110,6 +110,14 @@ def test_importance_weight_compares_the_sampled_distribution(tiny_checkpoint: Pa
     assert ignored > 1e-2
     metrics = backend.train_step([sample])
     assert metrics.rollout_mismatch < 1e-4 and metrics.tis_weight_mean == pytest.approx(1.0, abs=1e-3)
+    assert metrics.rollout_mismatch_max == pytest.approx(matched, abs=1e-6)
+    # One token the engine got wrong by 0.5 nats: the worst token shows it, the token mean dilutes it.
+    wrong = sample.model_copy(
+        update={"rollout_logprobs": [sample.rollout_logprobs[0] - 0.5, *sample.rollout_logprobs[1:]]}
+    )
+    skewed = _backend(tiny_checkpoint).train_step([wrong])
+    assert skewed.rollout_mismatch_max == pytest.approx(0.5, abs=1e-3)
+    assert skewed.rollout_mismatch < skewed.rollout_mismatch_max or len(sample.rollout_logprobs) == 1
 
 
 def test_padding_and_micro_batching_leave_loss_and_gradients_unchanged(

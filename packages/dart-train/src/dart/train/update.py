@@ -98,6 +98,8 @@ class TrainStepMetrics:
         samples: Samples trained on (the batch's, less the refused ones).
         rollout_mismatch: Token-mean ``|logp_old - logp_rollout|`` in nats over the batch: engine-vs-trainer
             numerics plus policy lag; near 0 for on-policy data served by the same weights.
+        rollout_mismatch_max: The batch's largest ``|logp_old - logp_rollout|`` of one token, nats: one token the
+            engine and the trainer disagree on shows here, where the mean would hide it.
         entropy: Token-mean exact entropy of the policy on the batch's response tokens, nats.
         advantage_mean: Mean sample advantage.
         duration_s: Wall time of the update, seconds.
@@ -127,6 +129,7 @@ class TrainStepMetrics:
     entropy: float
     advantage_mean: float
     duration_s: float
+    rollout_mismatch_max: float = 0.0
     kl: float | None = None
     optimizer_steps: int = 1
     selected_samples: int = 0
@@ -331,7 +334,9 @@ class RLUpdate:
         if self.one_pass:
             old = self._gathered(old)
         n_steps = len(norms)
-        mismatch = sum(float((old[i][0] - rollout[i]).abs().sum()) for i in range(len(samples))) / total_tokens
+        gaps = [(old[i][0] - rollout[i]).abs() for i in range(len(samples))]
+        mismatch = sum(float(g.sum()) for g in gaps) / total_tokens
+        mismatch_max = max((float(g.max()) for g in gaps if g.numel()), default=0.0)
         entropy = sum(float(old[i][1].sum()) for i in range(len(samples))) / total_tokens
         return TrainStepMetrics(
             step=backend.step,
@@ -344,6 +349,7 @@ class RLUpdate:
             tokens=total_tokens,
             samples=len(samples),
             rollout_mismatch=mismatch,
+            rollout_mismatch_max=mismatch_max,
             entropy=entropy,
             advantage_mean=sum(s.advantage for s in samples) / len(samples),
             duration_s=time.perf_counter() - started,
