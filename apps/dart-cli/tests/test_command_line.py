@@ -82,13 +82,14 @@ def test_dart_serve_and_the_package_command_take_the_same_overrides(tmp_path: Pa
 
 def test_reading_a_run_config_and_serving_env_or_data_import_no_torch() -> None:
     """`dart run` reads its config, and `dart serve env` / `dart serve data` start, without importing torch or
-    transformers (seconds of CPU in every such process): only the engines and the trainer need them."""
+    transformers (seconds of CPU in every such process): only the engines, the trainer and counting the machine's
+    GPUs need them."""
     import subprocess
     import sys
 
     code = (
         "import sys\n"
-        "import dart.cli.main, dart.cli.stack.config, dart.cli.stack.services, dart.env.serve, dart.data.serve\n"
+        "import dart.cli.main, dart.cli.stack.run, dart.cli.stack.services, dart.env.serve, dart.data.serve\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

@@ -159,7 +159,7 @@ async def start_engine(
     published weights through the rollout service's own fetch (sha256-verified), exactly as a rollout
     engine takes a new version. Nothing falls back to another kind or device.
     """
-    from dart.rollout.engine.hf import HFEngineConfig
+    from dart.rollout.engine.hf_config import HFEngineConfig
     from dart.rollout.engine.interface import ENGINES
 
     chosen = engine_config or config.rollout.engine or HFEngineConfig()

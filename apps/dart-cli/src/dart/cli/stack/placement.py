@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from dart.cli.stack.config import RunConfig, ServiceName
@@ -80,7 +79,9 @@ class Placement(BaseModel):
 
 
 def visible_gpus() -> int:
-    """GPUs torch sees on this machine (0 without CUDA)."""
+    """GPUs torch sees on this machine (0 without CUDA); torch is imported only here, when a plan needs the count."""
+    import torch
+
     return int(torch.cuda.device_count())
 
 

@@ -142,7 +142,7 @@ def _prompt_warnings(config: RunConfig) -> list[str]:
 
 
 def _precision_warnings(config: RunConfig) -> list[str]:
-    from dart.rollout.engine.hf import HFEngineConfig
+    from dart.rollout.engine.hf_config import HFEngineConfig
 
     out = []
     engine = config.rollout.engine

@@ -242,7 +242,7 @@ def _make_policy(
 
 def finalize(config: RunConfig, policy: Path, nats_url: str | None) -> RunConfig:
     """Fill in what the services need: bus URL, policy path, database, engine config."""
-    from dart.rollout.engine.hf import HFEngineConfig
+    from dart.rollout.engine.hf_config import HFEngineConfig
     from dart.rollout.service.config import resolve_runner
     from dart.train.config import RUN_CHECKPOINT_EVERY
 
