@@ -12,7 +12,7 @@
   the moment ``tests/test_stack.py`` or a test using the fixture (the docker VM provider's) is collected;
   such tests run last.
 - Warm starts prepared ahead: the warm starts that tests marked ``warm_start(config, env=...)`` want are
-  computed from collection until the first end-to-end run, at the lowest CPU priority, into the cache
+  computed from collection on, at the lowest CPU priority, into the cache
   ``dart_run`` gives its runs.
 - Checks run ahead: the commands of tests marked ``run_ahead(*argv)`` (strict typing over every package) start
   with the first end-to-end run, at the lowest CPU priority; the test checks the result (``ran_ahead``).
@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +168,12 @@ class _WarmStartsAhead:
     config at a time, in the order the tests want them) into the cache directory ``dart_run`` gives its runs.
 
     A warm start is most of a smoke run's CPU time (about 50 s each at 2 cores, 110 s for Qwen3-VL), and the
-    unit and integration tests before the end-to-end ones leave part of the machine idle: the preparation
-    runs at the lowest CPU priority (SCHED_IDLE: only on a CPU nothing else wants) in that time, and ends when
-    the first end-to-end run starts (:meth:`hurry`): a run whose warm start is not ready computes its own, as
-    does one whose preparation failed (the log is named in the terminal summary)."""
+    unit and integration tests before the end-to-end ones, and the runs themselves, leave part of the machine
+    idle: the preparation runs at the lowest CPU priority (SCHED_IDLE: only on a CPU nothing else wants) in that
+    time. A run that starts takes its warm start over (:meth:`claim`): ready, it is copied; being prepared, the
+    preparation stops and the run computes it; not started, it is never prepared. A run whose warm start is
+    not ready computes its own, as does one whose preparation failed (the log is named in the terminal
+    summary)."""
 
     def __init__(self) -> None:
         self.cache_dir: Path | None = None
@@ -180,6 +182,11 @@ class _WarmStartsAhead:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._current: str | None = None
+        """The warm-start key being prepared."""
+        self._claimed: set[str] = set()
+        """Keys a run computes or took: never prepared (again) from here on."""
 
     def start(self, wanted: list[tuple[Path, dict[str, str]]]) -> None:
         self.cache_dir = Path(tempfile.mkdtemp(prefix="dart-warm-starts-"))
@@ -190,11 +197,15 @@ class _WarmStartsAhead:
     def _prepare(self, wanted: list[tuple[Path, dict[str, str]]]) -> None:
         assert self.cache_dir is not None and self.log is not None
         for config, env in wanted:
-            if self._stopping.is_set():
-                return
-            with self.log.open("ab") as out:
+            key = _warm_start_key(config, env)
+            with self.log.open("ab") as out, self._lock:  # started under the lock: a claim sees it and stops it
+                if self._stopping.is_set():
+                    return
+                if key is None or key in self._claimed:
+                    continue
                 out.write(f"--- dart warm-start {config} {env}\n".encode())
                 out.flush()
+                self._current = key
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "dart.cli", "warm-start", str(config)],
                     stdout=out,
@@ -209,18 +220,33 @@ class _WarmStartsAhead:
                     preexec_fn=_idle_priority,
                     start_new_session=True,
                 )
-                if self._proc.wait() != 0 and not self._stopping.is_set():
-                    self.failed.append(f"{config.name} (exit {self._proc.returncode})")
+            code = self._proc.wait()
+            with self._lock:
+                stopped = self._stopping.is_set() or key in self._claimed
+                self._current = None
+            if code != 0 and not stopped:
+                self.failed.append(f"{config.name} (exit {code})")
 
-    def hurry(self) -> None:
-        """An end-to-end run is starting: the preparation ends here. What is ready stays in the cache; a warm start
-        still being computed is stopped (its lock goes with it) and the run that wants it computes it itself, at
-        normal priority. A preparation lifted to normal priority instead ran many times slower than the run's own
-        beside a CPU-bound program (two torch threads on the one free core)."""
-        self._stopping.set()
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    def claim(self, config: Path | None, env: Mapping[str, str]) -> None:
+        """An end-to-end run of ``config`` (with ``env``) is starting: its warm start is the run's from here on. If
+        it is the one being prepared, that preparation is stopped (its lock goes with it) and the run computes it
+        itself, at normal priority: a run must never wait on an idle-priority process, which a CPU-bound program
+        beside it would starve (a preparation lifted to normal priority instead ran many times slower than the
+        run's own). The other warm starts go on being prepared in the idle time the runs leave. A run whose key
+        is unknown (no config: a resume) stops the preparation altogether only if it cannot tell."""
+        key = _warm_start_key(config, env) if config is not None else None
+        with self._lock:
+            if key is not None:
+                self._claimed.add(key)
+                if self._current != key:
+                    return
+            elif config is None:
+                return  # a resumed run warm-starts nothing
+            else:
+                self._stopping.set()
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -322,6 +348,20 @@ def _idle_priority() -> None:
         os.nice(19)
 
 
+def _warm_start_key(config: Path, env: Mapping[str, str]) -> str | None:
+    """The warm-start cache key of ``dart run CONFIG`` with ``env`` (see dart.cli.stack.warmstart_cache), or None
+    when it cannot be told (the run finds out)."""
+    try:
+        from dart.cli.stack.config import RunConfig, load_tasks
+        from dart.cli.stack.warmstart_cache import warm_start_key
+        from dart.protocol.config import load_config
+
+        loaded = load_config(RunConfig, config, environ={**os.environ, **env})
+        return warm_start_key(loaded, load_tasks(loaded))
+    except Exception:  # an invalid config fails in its own run, with the run's message
+        return None
+
+
 def _wanted_warm_starts(items: list[pytest.Item]) -> list[tuple[Path, dict[str, str]]]:
     """The ``warm_start(config, env=...)`` marks of ``items`` (and the smoke run's, for those that use it), each
     once, in the tests' order."""
@@ -418,7 +458,7 @@ def dart_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[di
         injection); an exception it raises fails the test once the run ended. ``args`` follow the config (if
         any) on the command line; ``prefix`` runs the command inside another (e.g. a network namespace).
         ``killed``: ``during`` kills the run, which then has no summary: ``({}, runs_root)`` is returned."""
-        _warm_starts.hurry()
+        _warm_starts.claim(config, env or {})
         _checks_ahead.start()
         runs = tmp_path_factory.mktemp("runs")
         proc = subprocess.Popen(
