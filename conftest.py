@@ -196,13 +196,15 @@ class _WarmStartsAhead:
 
     def _prepare(self, wanted: list[tuple[Path, dict[str, str]]]) -> None:
         assert self.cache_dir is not None and self.log is not None
+        prepared: set[str] = set()  # configs that share a warm start (smoke's is smoke-lora's, -ray's, ...) run once
         for config, env in wanted:
             key = _warm_start_key(config, env)
             with self.log.open("ab") as out, self._lock:  # started under the lock: a claim sees it and stops it
                 if self._stopping.is_set():
                     return
-                if key is None or key in self._claimed:
+                if key is None or key in self._claimed or key in prepared:
                     continue
+                prepared.add(key)
                 out.write(f"--- dart warm-start {config} {env}\n".encode())
                 out.flush()
                 self._current = key
