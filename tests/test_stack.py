@@ -11,10 +11,10 @@ and checks:
   version it fetched from the store;
 - the env image carries no torch;
 - a service that dies is restarted: the data manager's process is SIGKILLed, its container restarts
-  (``restart: on-failure``) and the trainer publishes another version;
+  (``restart: on-failure``) and the trainer publishes two more versions;
 - the deployment restarts where it was: every service stopped (exit 0), ``down`` (volumes kept) and ``up``;
   the trainer resumes from the checkpoint it wrote at its stop (the `checkpoints` volume) at the newest
-  version, the engines serve that version and the next is published;
+  version and publishes the next, and a trajectory made with that next version is stored;
 - NATS refuses a client without credentials and one with another role's password;
 - the S3 store admits each service (and the viewer) with its own identity only where its role's grants
   allow: every read, write and delete outside them is refused (AccessDenied), and no service was refused
@@ -343,22 +343,31 @@ def _the_viewer_on_the_running_stack(stack: Stack, browser: Any, no_js_errors: A
     assert proc.returncode == 0, err[-3000:]
 
 
+def _stop_cleanly(stack: Stack, *, drain: bool = False) -> int:
+    """Stop the producer first, then the rest; each service exits 0. With ``drain``, the data manager takes every
+    trajectory on the bus before it stops; returns how many there are (0 without)."""
+    stack.compose("stop", "--timeout", "300", "rollout", timeout=400)
+    assert stack.exit_code("rollout") == 0, stack.logs("rollout")
+    produced = asyncio.run(_drained(stack, time.monotonic() + 300.0)) if drain else 0
+    stack.compose("stop", "--timeout", "300", "data", "train", "env", timeout=400)
+    codes = {service: stack.exit_code(service) for service in SERVICES}
+    assert codes == dict.fromkeys(SERVICES, 0), (codes, stack.logs(*SERVICES))
+    return produced
+
+
 def _down_and_up(stack: Stack, until: float) -> int:
     """A deployment restarted as a whole continues where it was: every service stops cleanly (the trainer
     writes a checkpoint to the `checkpoints` volume), ``down`` without ``-v`` removes the containers and the
     network, ``up`` brings them back; the trainer resumes from that checkpoint at the newest published
-    version (not from the published weights, not from the base), the engines serve that version, and the job
-    publishes the next. Returns the newest version."""
-    stack.compose("stop", "--timeout", "300", "rollout", timeout=400)
-    stack.compose("stop", "--timeout", "300", "data", "train", "env", timeout=400)
-    codes = {service: stack.exit_code(service) for service in SERVICES}
-    assert codes == dict.fromkeys(SERVICES, 0), (codes, stack.logs(*SERVICES))
+    version (not from the published weights, not from the base), publishes the next, and a trajectory made
+    with that next version is stored (the engines took it). Returns the newest version."""
+    _stop_cleanly(stack)
     (stack.workdir / "compose-before-down.log").write_text(stack.logs())
     version = asyncio.run(_wait_for_version(stack, 1, until))  # the newest announced before the stop
     stack.compose("down", "--timeout", "60", timeout=400)
     stack.compose("up", "--detach", *INFRA, "model", *SERVICES, timeout=1200)
     try:
-        newest = asyncio.run(_wait_for_version(stack, version + 1, until, used=version))
+        newest = asyncio.run(_wait_for_version(stack, version + 1, until, used=version + 1))
     except AssertionError as exc:
         raise AssertionError(f"after down and up: {exc}\n{stack.logs(*SERVICES)}") from None
     train_log = stack.compose("logs", "--no-color", "train").stdout
@@ -428,7 +437,7 @@ def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack, browser:
         assert time.monotonic() < until, "the killed data manager was not restarted"
         time.sleep(1.0)
     try:
-        version = asyncio.run(_wait_for_version(stack, version + 1, until))
+        version = asyncio.run(_wait_for_version(stack, version + 2, until))
     except AssertionError as exc:
         raise AssertionError(f"after the restart: {exc}\n{stack.logs(*SERVICES)}") from None
 
@@ -456,13 +465,7 @@ def test_the_compose_stack_runs_the_job_with_nothing_lost(stack: Stack, browser:
 
     _the_viewer_on_the_running_stack(stack, browser, no_js_errors)
 
-    # Stop the producer first, let the data manager take what is in flight, then the rest.
-    stack.compose("stop", "--timeout", "300", "rollout", timeout=400)
-    assert stack.exit_code("rollout") == 0, stack.logs("rollout")
-    produced = asyncio.run(_drained(stack, time.monotonic() + 300.0))
-    stack.compose("stop", "--timeout", "300", "data", "train", "env", timeout=400)
-    codes = {service: stack.exit_code(service) for service in SERVICES}
-    assert codes == dict.fromkeys(SERVICES, 0), (codes, stack.logs(*SERVICES))
+    produced = _stop_cleanly(stack, drain=True)
     rows, works = stack.sql("SELECT COUNT(*), COUNT(DISTINCT work_id) FROM trajectories")
     assert produced > 0 and rows == produced == works, (produced, rows, works)
     # No service was refused by the store while the job ran: each stayed within its role's prefixes.
