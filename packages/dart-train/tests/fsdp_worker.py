@@ -2,7 +2,8 @@
 
 Usage: ``torchrun --nproc-per-node N fsdp_worker.py CONFIG_JSON SAMPLES_JSON OUT_DIR``. Rank 0 writes
 ``OUT_DIR/result.pt``: per-step metrics, the first step's full gradients, the final published weights (the full
-state dict, or the adapters under LoRA) and those of a run resumed from the step-2 checkpoint.
+state dict, or the adapters under LoRA), those of a run resumed from the step-2 checkpoint, and those of a
+backend that trained a step and then took the final published weights (``load_published``), with its moment count.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def main() -> None:
     state = load_checkpoint(resumed, out / "step-2")
     resumed_metrics = RLUpdate(resumed, config).run(samples, inputs).as_dict()
     resumed_final = resumed.published_weights()[0]
+    # A restart without a checkpoint takes the published weights: rank 0 read them, the others get their shards.
+    taken = FsdpBackend.load(config, image_source=StoreImageSource())
+    RLUpdate(taken, config).run(samples, inputs)  # moments to discard
+    taken.load_published(final if dist.get_rank() == 0 else {})
+    taken_moments = len(taken.optimizer.state)
+    taken_final = taken.published_weights()[0]
     if dist.get_rank() == 0:
         torch.save(
             {
@@ -58,6 +65,8 @@ def main() -> None:
                 "resumed_step": state.step,
                 "resumed_metrics": resumed_metrics,
                 "resumed_final": resumed_final,
+                "taken_moments": taken_moments,
+                "taken_final": taken_final,
             },
             out / "result.pt",
         )

@@ -162,6 +162,17 @@ def main() -> None:
     if rank == 0:
         result["resume_losses_equal"] = redo_losses == more_losses
         result["resume_bitwise"] = all(torch.equal(again[k], after[k]) for k in after)
+
+    # 4b. A published version taken (a restart without a newer checkpoint): rank 0 holds the initial weights,
+    # each TP rank converts its shard; the trained weights and the moments are gone.
+    backend.load_published(state if rank == 0 else {})
+    taken = backend.full_state_dict()
+    moments = len(backend.optimizer.state)
+    if rank == 0:
+        result["published_taken_bitwise"] = set(taken) == set(state) and all(
+            torch.equal(taken[k], state[k]) for k in state
+        )
+        result["published_taken_moments"] = moments
     backend.close()
 
     # 5. TP=1 x DP=2 (both ranks the same samples, gradients averaged): same trajectory as TP=2.

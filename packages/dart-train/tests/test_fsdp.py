@@ -1,4 +1,5 @@
-"""FSDP2 backend: 2 gloo ranks (real torchrun processes) match one process; checkpoints resume exactly; a
+"""FSDP2 backend: 2 gloo ranks (real torchrun processes) match one process; checkpoints resume exactly and a
+published version is taken exactly (rank 0 reads it, every rank gets its shards); a
 fault on one rank skips the batch on both; one rank out of memory in the update stops both, which run the
 batch again at half the micro-batch size."""
 
@@ -100,6 +101,13 @@ def test_fsdp_two_ranks_match_one_process_and_resume_exactly(
     assert isinstance(resumed, dict)
     for name, w in final.items():
         assert torch.equal(resumed[name], w), name
+    # A trainer that trained elsewhere, then took the published version (rank 0 read it), holds exactly its
+    # weights on every shard, with no optimizer moments left.
+    taken = sharded["taken_final"]
+    assert isinstance(taken, dict) and taken.keys() == final.keys()
+    for name, w in final.items():
+        assert torch.equal(taken[name], w), name
+    assert sharded["taken_moments"] == 0
 
 
 def test_faults_on_one_rank_skip_or_drop_on_both_and_training_goes_on(

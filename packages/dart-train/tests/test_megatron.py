@@ -202,6 +202,8 @@ def test_tensor_parallel_backend_matches_transformers(tiny_checkpoint: Path, tmp
     # Checkpoints: resuming after step 1 repeats steps 2-3 bitwise; another TP size is refused.
     assert r["step_after_load"] == 1 and r["resume_losses_equal"] and r["resume_bitwise"]
     assert r["tp_mismatch_refused"]
+    # A published version taken after training: every TP shard holds its weights again, with no moments left.
+    assert r["published_taken_bitwise"] and r["published_taken_moments"] == 0
     # A vocabulary of 923 at TP=2 is padded to 924 inside megatron; outside, it is 923 columns, as transformers'.
     seq = r["odd_vocab_shapes"][1][0]
     assert r["odd_vocab_shapes"] == [[seq, 923], [seq, 923]]

@@ -1,4 +1,5 @@
-"""A trainer across machines: two ``dart-train serve`` launchers joined by torchrun's rendezvous on loopback.
+"""A trainer across machines: two ``dart-train serve`` launchers joined by torchrun's rendezvous on loopback;
+and a multi-rank trainer served again after a stop that kept no checkpoint.
 
 Each "machine" runs the package's own command with the same config file except its node rank (given as
 ``DART_TRAIN__BACKEND__NODE_RANK``, as a deployment would). Both launchers' ranks form one process group,
@@ -52,6 +53,31 @@ IDLE_S = {"megatron": 30.0}
 """Seconds without a batch between the two batches, across two launchers, by backend (twice the timeout)."""
 
 
+async def _publish_batch_and_wait(
+    bus: Bus, samples: list[TrainingSample], index: int, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Publish batch ``b<index>`` and wait until version ``index + 1`` is announced (a launcher dying fails it)."""
+    state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET))
+    batch = TrainingBatch(
+        batch_id=f"b{index}",
+        samples=samples,
+        group_ids=["g"],
+        min_policy_version=0,
+        max_policy_version=0,
+        created_at=1.0,
+    )
+    await bus.js_publish(bus.subjects.stream_subject("batch"), batch, f"b{index}")
+    deadline = time.monotonic() + 400.0
+    while True:
+        latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
+        if latest is not None and latest.version >= index + 1:
+            return
+        dead = [p.returncode for p in procs if p.poll() is not None]
+        assert not dead, f"a launcher exited with {dead} before version {index + 1}"
+        assert time.monotonic() < deadline, f"version {index + 1} was not published"
+        await asyncio.sleep(0.5)
+
+
 async def _feed_and_wait(
     url: str,
     run: str,
@@ -61,34 +87,15 @@ async def _feed_and_wait(
     on_idle: Callable[[], None] | None,
 ) -> None:
     """Publish a batch, wait until version 1 is announced, leave the trainer ``idle_s`` without a batch (calling
-    ``on_idle`` as the spell begins), publish the second and wait until version 2 is announced (a launcher dying
-    fails it)."""
+    ``on_idle`` as the spell begins), publish the second and wait until version 2 is announced."""
     async with await Bus.connect(BusConfig(url=url, run=run)) as bus:
         await ensure_topology(bus)
-        state = await bus.kv(bus.subjects.kv_bucket(STATE_BUCKET))
-        deadline = time.monotonic() + 800.0
         for i in range(2):
             if i == 1 and idle_s:
                 if on_idle is not None:
                     on_idle()
                 await _alive_for(procs, idle_s)
-            batch = TrainingBatch(
-                batch_id=f"b{i}",
-                samples=samples,
-                group_ids=["g"],
-                min_policy_version=0,
-                max_policy_version=0,
-                created_at=1.0,
-            )
-            await bus.js_publish(bus.subjects.stream_subject("batch"), batch, f"b{i}")
-            while True:
-                latest = await state.get(LATEST_MODEL_KEY, ModelVersion)
-                if latest is not None and latest.version >= i + 1:
-                    break
-                dead = [p.returncode for p in procs if p.poll() is not None]
-                assert not dead, f"a launcher exited with {dead} before version {i + 1}"
-                assert time.monotonic() < deadline, f"version {i + 1} was not published"
-                await asyncio.sleep(0.5)
+            await _publish_batch_and_wait(bus, samples, i, procs)
 
 
 async def _alive_for(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
@@ -119,28 +126,9 @@ def _train(
     nodes = {"nnodes": nnodes}
     if nnodes > 1:
         nodes["rdzv_endpoint"] = f"127.0.0.1:{free_port()}"  # type: ignore[assignment]
-    config = {
-        "run": {"name": run, "run_dir": str(tmp / "run"), "torch_threads": 1},
-        "bus": {"url": nats_url},
-        "store": {"uri": store.root.as_uri()},
-        "train": {
-            "weights_prefix": f"weights-{run}",
-            "model_path": str(checkpoint),
-            "lr": 1e-3,
-            "num_threads": 1,
-            "publish_every": 1,
-            "micro_batch_size": 4,
-            "backend": {**backend, **nodes},
-        },
-    }
     tmp.mkdir(parents=True)
-    (tmp / "run.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "dart.train.serve", "serve", "--config", str(tmp / "run.yaml")]
-    procs = []
-    for node in range(nnodes):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DART_TRAIN__BACKEND__NODE_RANK": str(node)}
-        with (tmp / f"node-{node}.log").open("wb") as log:
-            procs.append(subprocess.Popen(command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))
+    _write_config(tmp, run, nats_url, checkpoint, store, {**backend, **nodes})
+    procs = [_launch(tmp, node) for node in range(nnodes)]
     try:
         try:
             asyncio.run(_feed_and_wait(nats_url, run, samples, procs, idle_s, on_idle))
@@ -156,8 +144,42 @@ def _train(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    shards = sorted((store.root / f"weights-{run}" / "v2").glob("*.safetensors"))
-    assert shards, "no published weights for version 2"
+    return _published(store, run, 2)
+
+
+def _write_config(
+    tmp: Path, run: str, nats_url: str, checkpoint: Path, store: LocalStore, backend: dict[str, Any]
+) -> None:
+    """``tmp/run.yaml``: a trainer of ``run`` publishing every step under a weights prefix of its own."""
+    config = {
+        "run": {"name": run, "run_dir": str(tmp / "run"), "torch_threads": 1},
+        "bus": {"url": nats_url},
+        "store": {"uri": store.root.as_uri()},
+        "train": {
+            "weights_prefix": f"weights-{run}",
+            "model_path": str(checkpoint),
+            "lr": 1e-3,
+            "num_threads": 1,
+            "publish_every": 1,
+            "micro_batch_size": 4,
+            "backend": backend,
+        },
+    }
+    (tmp / "run.yaml").write_text(yaml.safe_dump(config))
+
+
+def _launch(tmp: Path, node: int, log_name: str | None = None) -> subprocess.Popen[bytes]:
+    """``dart-train serve`` on ``tmp/run.yaml`` as node ``node``, its output in ``tmp/<log_name>``."""
+    command = [sys.executable, "-m", "dart.train.serve", "serve", "--config", str(tmp / "run.yaml")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DART_TRAIN__BACKEND__NODE_RANK": str(node)}
+    with (tmp / (log_name or f"node-{node}.log")).open("wb") as log:
+        return subprocess.Popen(command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _published(store: LocalStore, run: str, version: int) -> dict[str, torch.Tensor]:
+    """The weights ``run``'s trainer published as ``version`` (every shard)."""
+    shards = sorted((store.root / f"weights-{run}" / f"v{version}").glob("*.safetensors"))
+    assert shards, f"no published weights for version {version}"
     weights: dict[str, torch.Tensor] = {}
     for shard in shards:
         weights.update(load_file(str(shard)))
@@ -194,6 +216,69 @@ def test_two_launchers_train_as_one(
     assert moved > 1e-4, "the trainer did not move the weights: the comparison would prove nothing"
     worst = max((one[k] - two[k]).abs().max().item() for k in one)
     assert worst < 1e-6, f"two launchers trained differently from one (max abs difference {worst})"
+
+
+def test_a_restarted_fsdp_trainer_without_a_checkpoint_continues_from_the_published_version(
+    nats_url: str,
+    tiny_checkpoint: Path,
+    rollout_samples: list[TrainingSample],
+    shot_store: LocalStore,
+    tmp_path: Path,
+) -> None:
+    """Two FSDP ranks stopped after version 1 with no checkpoint kept, then served again: rank 0 reads version 1
+    from the store and has every rank take its shards (fresh moments), so version 2 is version 1 trained on one
+    more batch, as one process computes it, and not the initial weights trained on it."""
+    from dart.train.backend import TorchBackend
+    from dart.train.batching import StoreImageSource
+    from dart.train.config import TrainerConfig
+
+    run = f"mn-{uuid.uuid4().hex[:8]}"
+    _write_config(tmp_path, run, nats_url, tiny_checkpoint, shot_store, BACKENDS["fsdp"])
+    for index in range(2):
+        log_name = f"launch-{index}.log"
+        proc = _launch(tmp_path, 0, log_name)
+        try:
+            try:
+                asyncio.run(_publish_to(nats_url, run, rollout_samples, index, proc))
+            except AssertionError as e:
+                raise AssertionError(f"{e}; log: {(tmp_path / log_name).read_text()[-3000:]}") from None
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=300) == 0, (tmp_path / log_name).read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert (
+        "no checkpoint, version 1 was published: continuing from its weights" in (tmp_path / "launch-1.log").read_text()
+    )
+    first, second = _published(shot_store, run, 1), _published(shot_store, run, 2)
+
+    config = TrainerConfig(model_path=str(tiny_checkpoint), lr=1e-3, num_threads=1, micro_batch_size=4)
+    continued = TorchBackend.load(config, image_source=StoreImageSource())
+    continued.load_published(first)
+    continued.train_step(rollout_samples)
+    expected = continued.full_state_dict()
+    anew = TorchBackend.load(config, image_source=StoreImageSource())
+    anew.train_step(rollout_samples)
+    from_initial = anew.full_state_dict()
+
+    def mean_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+        return sum(float((a[k] - b[k]).abs().sum()) for k in b) / sum(t.numel() for t in b.values())
+
+    assert second.keys() == expected.keys()
+    assert mean_gap(second, first) > 1e-5, "version 2 did not move from version 1: the check would prove nothing"
+    near, far = mean_gap(second, expected), mean_gap(from_initial, expected)
+    assert near < 0.01 * far, (
+        f"version 2 is {near} from version 1 trained on, {far} from the initial weights trained on"
+    )
+
+
+async def _publish_to(
+    url: str, run: str, samples: list[TrainingSample], index: int, proc: subprocess.Popen[bytes]
+) -> None:
+    async with await Bus.connect(BusConfig(url=url, run=run)) as bus:
+        await ensure_topology(bus)
+        await _publish_batch_and_wait(bus, samples, index, [proc])
 
 
 def test_torchrun_command_per_node() -> None:

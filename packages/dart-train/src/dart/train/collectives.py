@@ -115,6 +115,23 @@ def gather_objects(obj: Any, *, size: int, group: Any = None) -> list[Any]:
     return out
 
 
+def broadcast_tensors(tensors: dict[str, torch.Tensor], *, size: int) -> dict[str, torch.Tensor]:
+    """Global rank 0's ``tensors`` on every rank, on the CPU (the other ranks pass ``{}``): names, shapes and
+    dtypes first, then one tensor at a time (so no rank holds more than the dict and one tensor in flight)."""
+    if not needed(size):
+        return {k: v.cpu() for k, v in tensors.items()}
+    main = dist.get_rank() == 0
+    meta: list[Any] = [[(k, tuple(v.shape), v.dtype) for k, v in tensors.items()] if main else None]
+    dist.broadcast_object_list(meta, src=0)
+    device = group_device()
+    out: dict[str, torch.Tensor] = {}
+    for name, shape, dtype in meta[0]:
+        tensor = tensors[name].contiguous().to(device) if main else torch.empty(shape, dtype=dtype, device=device)
+        dist.broadcast(tensor, src=0)
+        out[name] = tensor.cpu()
+    return out
+
+
 def barrier(*, size: int, group: Any = None) -> None:
     """Wait until every rank of ``group`` gets here."""
     if needed(size):

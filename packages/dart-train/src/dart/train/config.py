@@ -328,7 +328,8 @@ class TrainerConfig(ConfigModel):
     checkpoint holds (a restart without a checkpoint, or after an older one): ``latest_version`` loads that
     version's published weights from the store (fresh optimizer state; logged and recorded as
     ``trainer.resumed``) and numbers on from it; ``refuse`` does not start. Either way its older weights are
-    never published under a newer number. ``latest_version`` needs the torch backend (one process)."""
+    never published under a newer number. Every built-in backend can (FSDP and megatron: rank 0 reads the
+    version, each rank takes its shard)."""
     device: str = "cpu"
     """Torch device, ``cpu`` or ``cuda[:n]``."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -13,6 +13,8 @@ the collectives of the work itself). Rank 0 removes a command two numbers later:
   update; see :mod:`dart.train.shares`);
 - ``("publish",)``: gather what a version publishes (rank 0 publishes it): the full state dict, or the adapters;
 - ``("save", path, version)`` / ``("load", path)``: distributed checkpoint;
+- ``("load_published",)``: take the weights rank 0 read from a published version (a restart without a newer
+  checkpoint; each rank receives its shards from rank 0), with fresh optimizer state;
 - ``("stop",)``: leave the loop.
 
 Nothing happens with one rank: :class:`Commander` is a no-op then.
@@ -157,6 +159,8 @@ def follow(backend: Any, config: TrainerConfig, reader: Reader, *, wait_s: float
             save_checkpoint(backend, command[1], version=command[2])
         elif kind == "load":
             load_checkpoint(backend, command[1])
+        elif kind == "load_published":
+            backend.load_published({})  # rank 0 holds the weights and sends each rank its shards
         elif kind == "stop":
             return
         else:

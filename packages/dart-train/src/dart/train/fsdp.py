@@ -32,6 +32,7 @@ from dart.train.batching import ImageSource
 from dart.train.config import FsdpBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, TrainerError
 from dart.train.lora import adapter_state, add_adapters, spec_of
+from dart.train.tied import missing_are_tied
 
 
 class FsdpBackend(TorchBackend):
@@ -141,6 +142,55 @@ class FsdpBackend(TorchBackend):
         if not self.is_main:
             return {}, None
         return adapter_state(self.model, gathered), spec_of(self.config.lora, self.base_model)
+
+    def load_published(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take a published version's weights with fresh optimizer state; collective: rank 0 passes what
+        :meth:`published_weights` gave (the full state dict, or under LoRA the adapters as peft names them),
+        every other rank ``{}``, and each rank receives its shards from rank 0.
+
+        Raises:
+            CheckpointError: The weights do not fit the model (raised on rank 0 before any collective; torchrun
+                then ends the other ranks).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        full: dict[str, Any] = dict(self._published_under_model_names(weights)) if self.is_main else {}
+        # Not strict: a tied alias (lm_head of tied embeddings) or, under LoRA, the frozen base is absent.
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        set_model_state_dict(self.model, full, options=options)
+        self.optimizer.state.clear()
+
+    def _published_under_model_names(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``weights`` (a published version's) under the model's state-dict names, in its dtypes, checked to
+        fit it: every weight but tied aliases, or under LoRA every adapter, each of the model's shape.
+
+        Raises:
+            CheckpointError: They do not fit.
+        """
+        local = self.model.state_dict()  # sharded tensors: names, global shapes and dtypes, no collective
+        if self.config.lora is not None:
+            from peft import get_peft_model_state_dict
+
+            trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+            name_of = {id(p): n for n, p in trainable.items()}
+            peft_to_model = {
+                k: name_of[id(v)] for k, v in get_peft_model_state_dict(self.model, state_dict=trainable).items()
+            }
+            missing = sorted(set(peft_to_model) - set(weights))
+            named = {peft_to_model.get(k, k): v for k, v in weights.items()}
+            unexpected = sorted(k for k in weights if k not in peft_to_model)
+        else:
+            missing = missing_are_tied(self.model, set(local) - set(weights))
+            named = dict(weights)
+            unexpected = sorted(set(weights) - set(local))
+        misshapen = sorted(k for k, v in named.items() if k in local and tuple(v.shape) != tuple(local[k].shape))
+        if missing or unexpected or misshapen:
+            raise CheckpointError(
+                "published weights",
+                f"do not fit the model at {self.config.model_path}: missing {missing[:5]}, unexpected "
+                f"{unexpected[:5]}, another shape {misshapen[:5]}",
+            )
+        return {k: v.to(local[k].dtype) for k, v in named.items()}
 
     def _state_options(self) -> Any:
         """Checkpoints of a LoRA run hold the adapters: the frozen base comes from ``model_path``."""

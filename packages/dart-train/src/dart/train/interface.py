@@ -102,16 +102,17 @@ class TrainerBackend(abc.ABC):
     # --- optional, with defaults ------------------------------------------------------------------
     def load_published(self, weights: dict[str, torch.Tensor]) -> None:
         """Take a published version's weights (the full state dict, or a LoRA run's adapters) with fresh
-        optimizer state: what a trainer that lost its checkpoint continues from (``train.resume``).
+        optimizer state: what a trainer that lost its checkpoint continues from (``train.resume``). Collective
+        where the backend has several ranks: rank 0 passes the weights, the others ``{}``.
 
         Raises:
-            ConfigError: This backend cannot (the default; the one-process torch backend can).
+            ConfigError: This backend cannot (the default; the torch, fsdp and megatron backends can).
         """
         raise ConfigError(
             "TrainerConfig",
             "train.resume",
-            f"latest_version loads published weights on the torch backend only, not {type(self).__name__}: "
-            "keep checkpoints (train.checkpoint_every) so a restarted trainer resumes from one",
+            f"latest_version loads published weights, which {type(self).__name__} cannot: set train.resume: "
+            "refuse and keep checkpoints (train.checkpoint_every) so a restarted trainer resumes from one",
         )
 
     @property

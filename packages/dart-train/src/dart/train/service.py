@@ -103,6 +103,7 @@ async def _catch_up(
             "the published weights, or point train.checkpoint_dir at the run's checkpoints",
         )
     weights = await asyncio.to_thread(publisher.read, latest)
+    Commander(backend.world_size).send("load_published")
     await asyncio.to_thread(backend.load_published, weights)
     log.warning(
         "%s, version %d was published: continuing from its weights, with fresh optimizer state", held, latest.version

@@ -41,12 +41,14 @@ from dart.train.config import MegatronBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, ParallelismError, TrainerError
 from dart.train.interface import TrainerBackend
 from dart.train.loss import behaviour_logprobs
-from dart.train.megatron.convert import LMSpec, hf_to_megatron, megatron_to_hf
+from dart.train.megatron.convert import LMSpec, hf_to_megatron, is_language_model_key, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
 from dart.train.precision import MasterWeights, needs_master_weights
 
 _META = "megatron_meta.json"
 _FORMAT = "dart-megatron-1"
+VISUAL_PREFIX = "model.visual."
+"""Where the vision tower's tensors sit in the Hugging Face state dict (it is not converted: the same module)."""
 
 
 class MegatronBackend(TrainerBackend):
@@ -287,7 +289,7 @@ class MegatronBackend(TrainerBackend):
         if not self.is_main:
             return {}
         out = megatron_to_hf(shards, self.model.spec)
-        out.update({f"model.visual.{k}": v.detach().cpu().contiguous() for k, v in visual.items()})
+        out.update({VISUAL_PREFIX + k: v.detach().cpu().contiguous() for k, v in visual.items()})
         return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -373,6 +375,35 @@ class MegatronBackend(TrainerBackend):
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         collectives.barrier(size=self.world_size)
+
+    def load_published(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take a published version's weights (the Hugging Face state dict :meth:`full_state_dict` gives) with
+        fresh optimizer state; collective: rank 0 passes them, the other ranks ``{}``, and every rank converts
+        its own tensor-parallel shard.
+
+        Raises:
+            CheckpointError: The weights do not fit the model (vision names checked on rank 0 before any
+                collective; a missing language-model tensor on every rank alike).
+        """
+        visual_names = {VISUAL_PREFIX + k for k in self.model.visual.state_dict()}
+        if self.is_main:
+            missing = sorted(visual_names - set(weights))
+            unexpected = sorted(k for k in weights if k not in visual_names and not is_language_model_key(k))
+            if missing or unexpected:
+                raise CheckpointError(
+                    "published weights", f"do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                )
+        full = collectives.broadcast_tensors(weights if self.is_main else {}, size=self.world_size)
+        try:
+            shard = hf_to_megatron(full, self.model.spec, self.tensor_parallel_rank, self.tensor_parallel_size)
+        except KeyError as exc:
+            raise CheckpointError("published weights", f"do not fit the model: missing {exc}") from exc
+        _load_params(self.model.gpt, shard)
+        visual = {k.removeprefix(VISUAL_PREFIX): v for k, v in full.items() if k in visual_names}
+        self.model.visual.load_state_dict(visual, strict=True)
+        if self.masters is not None:  # the weights as loaded (in the model's dtype) start the masters
+            self.masters.load([p.detach() for p in self.masters.params])
+        self.optimizer.state.clear()
 
     def close(self) -> None:
         """Tear down megatron's process groups (the default group stays: torchrun's owner destroys it)."""
