@@ -68,6 +68,39 @@ def test_held_out_validation_evaluated_the_first_and_the_final_version(
     assert [e["attributes"]["version"] for e in events] == [h["version"] for h in heldout]
 
 
+def test_the_training_suite_was_evaluated_greedily_at_the_first_and_the_final_version(
+    smoke_run: tuple[dict[str, Any], Path],
+) -> None:
+    """validation.train_split: the smoke suite's 8 tasks, greedy, at version 0 and at the final version, on the
+    run's engines and the validation pool, with the difference between the two and its interval."""
+    summary, run_dir = smoke_run
+    train = summary["train_greedy"]
+    final = summary["versions_published"]
+    assert [t["version"] for t in train] == [0, final]
+    for entry in train:
+        assert (entry["n"], entry["errors"]) == (8, 0)
+        assert entry["served_by"] == "run engines"
+        assert entry["ci95"][0] <= entry["success"] <= entry["ci95"][1]
+    gain = summary["train_greedy_gain"]
+    assert (gain["from_version"], gain["to_version"]) == (0, final)
+    assert gain["difference"] == pytest.approx(train[1]["success"] - train[0]["success"])
+    assert gain["ci95"][0] <= gain["difference"] <= gain["ci95"][1]
+    lines = [json.loads(line) for line in (run_dir / "train_greedy.jsonl").read_text().splitlines()]
+    assert [(x["version"], x["n"], x["temperature"]) for x in lines] == [(0, 8, 0.0), (final, 8, 0.0)]
+    # Each ran with the held-out suite in one evaluation (version 0 is never loaded back into an engine).
+    assert [(x["label"], x["evaluated_with"]) for x in lines] == [
+        ("train-v0", ["heldout"]),
+        (f"train-v{final}", ["heldout"]),
+    ]
+    assert sorted(x["task_id"] for x in lines[0]["tasks"]) == sorted(x["task_id"] for x in lines[1]["tasks"])
+    events = [
+        r["attributes"]["version"]
+        for r in read_jsonl(run_dir / "telemetry" / "validation.jsonl", types={"event"})
+        if r["name"] == "validation.train"
+    ]
+    assert events == [0, final]
+
+
 def test_services_ran_as_separate_processes(smoke_run: tuple[dict[str, Any], Path]) -> None:
     _, run_dir = smoke_run
     starts = read_jsonl(run_dir / "telemetry", types={"event"})

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from dart.cli.stack.config import RunConfig, load_tasks
-from dart.cli.stack.validation import heldout_summary, heldout_tasks
+from dart.cli.stack.validation import heldout_summary, heldout_tasks, learning_line, train_summary
 from dart.protocol.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -54,6 +54,25 @@ def test_heldout_summary_keys() -> None:
     gain = out["heldout_gain"]
     assert (gain["from_version"], gain["to_version"], gain["difference"]) == (0, 9, 0.5)
     assert 0 < gain["ci95"][0] < 0.5 < gain["ci95"][1] < 1
+
+
+def test_train_split_summary_and_the_learning_line() -> None:
+    assert train_summary(None) == {} and train_summary([]) == {}
+    results = [
+        {"version": 0, "success": 0.5, "ci95": [0.38, 0.62], "n": 64, "successes": 32, "errors": 0, "tasks": []},
+        {"version": 80, "success": 0.75, "ci95": [0.63, 0.84], "n": 64, "successes": 48, "errors": 0, "tasks": []},
+    ]
+    out = train_summary(results)
+    assert [t["version"] for t in out["train_greedy"]] == [0, 80] and "tasks" not in out["train_greedy"][0]
+    gain = out["train_greedy_gain"]
+    assert (gain["from_version"], gain["to_version"], gain["difference"]) == (0, 80, 0.25)
+    assert 0 < gain["ci95"][0] < 0.25 < gain["ci95"][1] < 0.5
+    heldout = heldout_summary([{**results[0], "success": 0.0, "ci95": [0.0, 0.11], "n": 32, "successes": 0}])
+    line = learning_line({**out, **heldout})
+    assert line == (
+        "learning (greedy): train split v0 50% [38%, 62%] -> v80 75% [63%, 84%] (n=64); held-out v0 0% [0%, 11%] (n=32)"
+    )
+    assert learning_line({}) is None
 
 
 def test_screenshot_retention_must_outlast_the_env_refresh() -> None:

@@ -121,6 +121,11 @@ async def test_evaluate_reports_exactly_the_outcomes_a_scripted_policy_produces(
     line = report.to_dict()
     assert line["statuses"] == {"ok": 8} and line["pass_at_k"] == {"1": 0.375, "2": 0.5}
     assert [t["success"] for t in line["tasks"]] == [1.0, 0.0, 0.5, 0.0]
+    # One suite's part of an evaluation that ran two together: its tasks' figures alone.
+    part = report.part({b.task_id, c.task_id}, "t-part")
+    assert (part.label, [t.task_id for t in part.tasks]) == ("t-part", [b.task_id, c.task_id])
+    assert (part.n, part.successes, part.ci95) == (4, 1, wilson_interval(1, 4))
+    assert (part.seconds, part.statuses) == (report.seconds, report.statuses)
 
 
 async def test_evaluate_counts_env_failures_as_errors_not_as_failures(bus: Bus) -> None:

@@ -193,6 +193,7 @@ class EvalEnv:
         bus: A connected bus.
         pool: Pool name of the evaluation instances.
         suite: The suite evaluated (a run config's ``suite`` form): the pool runs its tasks only (``env.suites``).
+        also: Further suites the pool runs (the training suite, when validation checks it too).
         instances: How many env instances to host.
         store: Where screenshots above ``env.inline_max_bytes`` go (by reference, as in training); None
             sends every screenshot inline.
@@ -207,10 +208,11 @@ class EvalEnv:
         suite: str,
         instances: int,
         store: StoreConfig | None = None,
+        also: tuple[str, ...] = (),
     ) -> None:
         self.pool = pool
         self._env_config = config.env.model_copy(
-            update={"pool": pool, "instance_prefix": pool, "instances": instances, "suites": (suite,)}
+            update={"pool": pool, "instance_prefix": pool, "instances": instances, "suites": (suite, *also)}
         )
         self._bus = bus
         self._store_config = store

@@ -123,11 +123,12 @@ def plot_success_by_version(data: RunData) -> Plot | str:
     return _render(fig, "Success rate by policy version")
 
 
-def heldout_points(data: RunData) -> list[tuple[int, float, float, float, int]]:
+def heldout_points(data: RunData, event: str = "validation.heldout") -> list[tuple[int, float, float, float, int]]:
     """``(version, success, ci95 low, ci95 high, n)`` of each held-out evaluation (``validation.heldout``
-    telemetry events), by version; evaluations with no counted episode are left out."""
+    telemetry events; ``validation.train`` for the training suite's), by version; evaluations with no counted
+    episode are left out."""
     points = []
-    for e in data.event_list("validation.heldout"):
+    for e in data.event_list(event):
         a = e.attributes
         if a.get("success") is None:
             continue
@@ -138,25 +139,33 @@ def heldout_points(data: RunData) -> list[tuple[int, float, float, float, int]]:
 
 
 def plot_heldout(data: RunData) -> Plot | str:
-    """Greedy held-out success per evaluated version, with 95% Wilson intervals."""
+    """Greedy held-out success per evaluated version, with 95% Wilson intervals; beside it the training
+    suite's at the first and the final version, when the run evaluated it (``validation.train_split``)."""
     points = heldout_points(data)
     if not points:
         return "No held-out validation in this run (enable `validation` in the run config)."
-    versions = [p[0] for p in points]
-    success = [p[1] for p in points]
-    lower = [p[1] - p[2] for p in points]
-    upper = [p[3] - p[1] for p in points]
     fig = Figure(figsize=(8, 3.2))
     ax = fig.add_subplot()
-    ax.errorbar(versions, success, yerr=[lower, upper], fmt="o-", color="tab:purple", capsize=3, label="95% CI")
-    for v, s, n in zip(versions, success, (p[4] for p in points), strict=True):
-        ax.annotate(f"n={n}", (v, s), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    series = [
+        ("held-out", points, "tab:purple"),
+        ("train split", heldout_points(data, "validation.train"), "tab:green"),
+    ]
+    for label, shown, color in series:
+        if not shown:
+            continue
+        versions = [p[0] for p in shown]
+        success = [p[1] for p in shown]
+        lower = [p[1] - p[2] for p in shown]
+        upper = [p[3] - p[1] for p in shown]
+        ax.errorbar(versions, success, yerr=[lower, upper], fmt="o-", color=color, capsize=3, label=f"{label}, 95% CI")
+        for v, s, n in zip(versions, success, (p[4] for p in shown), strict=True):
+            ax.annotate(f"n={n}", (v, s), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     ax.set_xlabel("policy version")
-    ax.set_ylabel("held-out success")
+    ax.set_ylabel("greedy success")
     ax.set_ylim(-0.05, 1.1)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
-    return _render(fig, "Held-out success by policy version (greedy)")
+    return _render(fig, "Greedy success by policy version: held-out, and the train split when evaluated")
 
 
 def kind_timeline(

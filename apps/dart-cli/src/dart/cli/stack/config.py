@@ -159,6 +159,10 @@ class ValidationSection(ConfigModel):
     """Env pool name of the validation instances (distinct from ``env.pool``)."""
     final_timeout_s: float = Field(default=900.0, gt=0)
     """Longest wait for the evaluation of the final version after RL, seconds."""
+    train_split: bool = False
+    """Also evaluate the training suite (the tasks the pool can run), the same way, at version 0 (with
+    ``at_start``) and at the final version: what RL changed on the tasks it trained on, beside the held-out
+    figures (the summary's ``train_greedy`` and ``train_greedy_gain``; ``<run_dir>/train_greedy.jsonl``)."""
 
 
 class RunConfig(ConfigModel):

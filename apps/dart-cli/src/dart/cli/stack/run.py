@@ -48,7 +48,7 @@ from dart.cli.stack.secrets import as_role, service_environment, write_bus_crede
 from dart.cli.stack.store_credentials import StoreKeyFiles, as_store_role, store_environment
 from dart.cli.stack.summary import build_summary, phase_times
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
-from dart.cli.stack.validation import HeldOutValidator, heldout_summary
+from dart.cli.stack.validation import HeldOutValidator, heldout_summary, learning_line, train_summary
 from dart.cli.stack.warmstart_guard import WarmStartGuard, warm_start_row
 from dart.protocol.bus import Bus, BusConfig, KeyValueStore
 from dart.protocol.config import dump_config
@@ -414,6 +414,7 @@ async def monitor(
             "resumed": [r.model_dump() for r in window.resumed],
             "engine_updates": progress.updates,
             "heldout": heldout,
+            "train_greedy": validator.train_results if validator is not None else None,
         }
     finally:
         if validator is not None:
@@ -713,6 +714,9 @@ def _run(
     summary = _summary(run_dir, figures, info, storage, started)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.log(phase_times(summary))
+    learned = learning_line(summary)
+    if learned is not None:
+        console.log(learned)
     return summary
 
 
@@ -811,6 +815,7 @@ def _summary(
             "service_restarts": figures["restarts"],
             "resumed": figures["resumed"],
             **heldout_summary(figures.get("heldout")),
+            **train_summary(figures.get("train_greedy")),
             "error": figures["failed"],
             "total_seconds": round(time.monotonic() - started, 1),
         },

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dart.protocol.bus import Bus
@@ -169,6 +169,11 @@ class EvalReport:
             "seconds": round(self.seconds, 2),
             "tasks": [t.to_dict() for t in self.tasks],
         }
+
+    def part(self, task_ids: set[str], label: str) -> EvalReport:
+        """The report of ``task_ids`` alone, under ``label``: one suite of an evaluation that ran several
+        together. ``seconds`` and ``statuses`` stay the whole evaluation's (they are not kept per task)."""
+        return replace(self, label=label, tasks=tuple(t for t in self.tasks if t.task_id in task_ids))
 
     def to_result(self, engine_id: str, engine: str) -> EvalResult:
         """The wire form, naming the engine that served it."""
