@@ -131,13 +131,14 @@ def test_the_run_ends_by_printing_where_its_time_went() -> None:
         "warm_start_steps": 476,
         "warm_start_planned_steps": 700,
         "warm_start_cut": True,
+        "warm_start_steps_by_threads": {"1": 400, "2": 76},
         "rl_seconds": 1_800.2,
         "versions_published": 61,
         "rl_ended_by": "max_duration",
         "total_seconds": 3_200.0,
     }
     assert phase_times(summary) == (
-        "phases: model init 2.5 s, warm start 1300.0 s (476 of 700 steps CUT), "
+        "phases: model init 2.5 s, warm start 1300.0 s (476 of 700 steps CUT; steps by threads 1: 400, 2: 76), "
         "RL 1800.2 s (61 versions, ended by max_duration), total 3200.0 s"
     )
     reused = {"warm_start_cached": True, "rl_seconds": 60.0, "versions_published": 80, "rl_ended_by": "versions"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -111,6 +111,10 @@ class WarmStartSection(ConfigModel):
     """SFT optimizer steps."""
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=3e-3, gt=0)
+    threads: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
+    """Torch threads of the SFT steps: ``auto`` measures 1, half and all of the cores on the steps themselves
+    every 100 steps and runs on the fastest (a busy machine runs faster on fewer; see
+    ``dart.cli.stack.warmstart_threads``); a number fixes it."""
     max_slowdown: float = Field(default=10.0, ge=1)
     """The guard against a stuck machine: the warm start is cut once its SFT steps have taken this many times
     their expected time (the median of the first 10 steps' times x ``steps``). A machine that stays as slow as

@@ -176,6 +176,7 @@ def _make_policy(
     import torch
 
     from dart.cli.stack.warmstart import record_demos, run_sft, save_policy
+    from dart.cli.stack.warmstart_threads import ThreadChooser, candidate_counts
 
     run_dir = config.run.run_dir
     assert run_dir is not None
@@ -221,14 +222,24 @@ def _make_policy(
             console.log(f"warm start step {step}: loss {loss:.3f}")
 
     guard = WarmStartGuard(ws.steps, ws.max_slowdown, ws.guard_floor_s, ws.max_seconds)
+    counts = candidate_counts(os.cpu_count() or 1) if ws.threads == "auto" else [ws.threads]
+    threads = ThreadChooser(counts)
     steps, first, last = run_sft(
-        backend, demos, steps=ws.steps, batch_size=ws.batch_size, guard=guard, seed=config.run.seed, on_step=on_step
+        backend,
+        demos,
+        steps=ws.steps,
+        batch_size=ws.batch_size,
+        guard=guard,
+        seed=config.run.seed,
+        on_step=on_step,
+        threads=threads,
     )
     save_policy(backend, base, out)
     info.update(
         warm_start_demos=len(demos),
         warm_start_steps=steps,
         **guard.report(),
+        **threads.report(),
         warm_start_first_loss=round(first, 4),
         warm_start_last_loss=round(last, 4),
         warm_start_s=round(time.monotonic() - t0, 1),

@@ -271,7 +271,8 @@ def build_summary(
 
 def phase_times(summary: dict[str, Any]) -> str:
     """Where the run's time went, one line from its summary: model init, warm start (steps taken of those
-    planned, CUT when it was cut), RL (versions, what ended it) and the total, seconds."""
+    planned, CUT when it was cut, the steps run on each thread count), RL (versions, what ended it) and the
+    total, seconds."""
     parts = []
     if summary.get("model_init_s") is not None:
         parts.append(f"model init {summary['model_init_s']} s")
@@ -280,7 +281,9 @@ def phase_times(summary: dict[str, Any]) -> str:
     elif summary.get("warm_start_s") is not None:
         steps, planned = summary.get("warm_start_steps"), summary.get("warm_start_planned_steps")
         cut = " CUT" if summary.get("warm_start_cut") else ""
-        parts.append(f"warm start {summary['warm_start_s']} s ({steps} of {planned} steps{cut})")
+        by_threads = summary.get("warm_start_steps_by_threads") or {}
+        on = "; steps by threads " + ", ".join(f"{n}: {c}" for n, c in by_threads.items()) if by_threads else ""
+        parts.append(f"warm start {summary['warm_start_s']} s ({steps} of {planned} steps{cut}{on})")
     versions, ended = summary.get("versions_published"), summary.get("rl_ended_by")
     parts.append(f"RL {summary.get('rl_seconds')} s ({versions} versions, ended by {ended})")
     parts.append(f"total {summary.get('total_seconds')} s")

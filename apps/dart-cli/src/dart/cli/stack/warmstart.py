@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dart.cli.stack.warmstart_guard import WarmStartGuard
+from dart.cli.stack.warmstart_threads import ThreadChooser
 from dart.env.service.config import EnvServiceConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
@@ -115,24 +116,31 @@ def run_sft(
     guard: WarmStartGuard,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
+    threads: ThreadChooser | None = None,
 ) -> tuple[int, float, float]:
     """SFT steps on random mini-batches of demos until ``steps`` are taken or ``guard`` stops them (its
-    ``cut_by`` then says why); returns (steps taken, first loss, last loss)."""
+    ``cut_by`` then says why), each on the thread count ``threads`` sets; returns (steps taken, first loss,
+    last loss)."""
     from dart.train.sft import sft_step
 
     rng = random.Random(seed)
     first = last = float("nan")
     done = 0
     for done in range(1, steps + 1):
+        if threads is not None:
+            threads.before_step()
         began = time.monotonic()
         batch = rng.sample(list(demos), min(batch_size, len(demos)))
         metrics = sft_step(backend, batch)
+        seconds = time.monotonic() - began
+        if threads is not None:
+            threads.after_step(seconds)
         last = metrics.loss
         if done == 1:
             first = metrics.loss
         if on_step is not None:
             on_step(done, metrics.loss)
-        if guard.step_done(time.monotonic() - began):
+        if guard.step_done(seconds):
             break
     return done, first, last
 

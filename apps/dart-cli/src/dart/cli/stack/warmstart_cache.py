@@ -35,7 +35,7 @@ from typing import Any
 from dart.cli.stack.config import RunConfig
 from dart.protocol.messages import TaskSpec
 
-_NOT_KEYED = frozenset({"max_seconds", "max_slowdown", "guard_floor_s", "cache_dir"})
+_NOT_KEYED = frozenset({"max_seconds", "max_slowdown", "guard_floor_s", "cache_dir", "threads"})
 """Warm-start settings that cannot change a complete warm start."""
 
 _TRAIN_FIELDS_OUTSIDE_KEY = frozenset(
