@@ -16,7 +16,6 @@ The last line of the output is one JSON object: per setting the median and mean 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import statistics
@@ -30,8 +29,7 @@ from typing import Any
 import torch
 
 from dart.cli.stack.config import load_run_config, load_tasks
-from dart.cli.stack.warmstart import record_demos
-from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, TinyModelSpec, write_tiny_checkpoint
+from dart.cli.stack.warmstart import load_for_sft, write_tiny_policy
 from dart.train.backend import TorchBackend
 from dart.train.sft import sft_step
 
@@ -66,22 +64,8 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="dart-ws-threads-") as scratch:
         base = Path(scratch) / "base"
-        texts = list(DEFAULT_INSTRUCTIONS) + [t.instruction for t in tasks if t.instruction]
-        write_tiny_checkpoint(
-            base, seed=config.model.tiny_seed, vocab_texts=texts, spec=TinyModelSpec(family=config.model.family)
-        )
-        train = config.train.model_copy(update={"model_path": str(base), "lr": ws.lr, "lora": None})
-        backend = TorchBackend.load(train)
-        demos, episodes = asyncio.run(
-            record_demos(
-                tasks,
-                backend.processor,
-                env_config=config.env,
-                episodes_per_task=ws.episodes_per_task,
-                prompt=config.rollout.runner.prompt.resolved(base),
-                seed=config.run.seed,
-            )
-        )
+        write_tiny_policy(config, tasks, base)
+        backend, demos, episodes = load_for_sft(config, tasks, base)
         print(f"{len(demos)} demonstration steps from {episodes} episodes; batch {ws.batch_size}", flush=True)
         for busy in (False, True):
             hog = subprocess.Popen(HOG) if busy else None

@@ -45,7 +45,7 @@ def test_each_period_probes_every_count_then_runs_on_the_fastest() -> None:
     }
 
 
-def test_one_count_never_probes() -> None:
+def test_one_count_runs_every_step() -> None:
     chooser = ThreadChooser([1], period=4, probe_steps=2)
     for _ in range(6):
         assert chooser.before_step() == 1

@@ -175,7 +175,7 @@ def _make_policy(
     """Write the tiny checkpoint if needed, then warm-start it, storing it in ``cache`` under ``key``."""
     import torch
 
-    from dart.cli.stack.warmstart import record_demos, run_sft, save_policy
+    from dart.cli.stack.warmstart import load_for_sft, run_sft, save_policy, write_tiny_policy
     from dart.cli.stack.warmstart_threads import ThreadChooser, candidate_counts
 
     run_dir = config.run.run_dir
@@ -186,35 +186,17 @@ def _make_policy(
     out = run_dir / "model" / "sft"
     enabled = warm_start_on(config)
     if config.model.path is None:
-        from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, TinyModelSpec, write_tiny_checkpoint
-
         base = run_dir / "model" / "base"
         t0 = time.monotonic()
-        texts = list(DEFAULT_INSTRUCTIONS) + [t.instruction for t in tasks if t.instruction]
-        spec = TinyModelSpec(family=config.model.family)
-        write_tiny_checkpoint(base, seed=config.model.tiny_seed, vocab_texts=texts, spec=spec)
+        write_tiny_policy(config, tasks, base)
         info["model_init_s"] = round(time.monotonic() - t0, 1)
         console.log(f"wrote tiny {config.model.family} checkpoint to {base}")
     else:
         base = config.model.path.resolve()
     if not enabled:
         return base, info
-    from dart.train.backend import TorchBackend
-
     t0 = time.monotonic()
-    # Every weight of the tiny policy learns the GUI from demonstrations; train.lora applies to RL after it.
-    train_cfg = config.train.model_copy(update={"model_path": str(base), "lr": ws.lr, "lora": None})
-    backend = TorchBackend.load(train_cfg)
-    demos, episodes = asyncio.run(
-        record_demos(
-            tasks,
-            backend.processor,
-            env_config=config.env,
-            episodes_per_task=ws.episodes_per_task,
-            prompt=config.rollout.runner.prompt.resolved(base),
-            seed=config.run.seed,
-        )
-    )
+    backend, demos, episodes = load_for_sft(config, tasks, base)
     console.log(f"warm start: {len(demos)} oracle steps from {episodes} episodes")
 
     def on_step(step: int, loss: float) -> None:

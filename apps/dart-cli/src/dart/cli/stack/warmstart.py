@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dart.cli.stack.warmstart_guard import WarmStartGuard
 from dart.cli.stack.warmstart_threads import ThreadChooser
@@ -23,6 +23,9 @@ from dart.env.service.config import EnvServiceConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
 from dart.rollout.service.config import PromptConfig
+
+if TYPE_CHECKING:
+    from dart.cli.stack.config import RunConfig
 
 
 async def record_demos(
@@ -105,6 +108,39 @@ async def record_demos(
             "use tasks that have an oracle, or set warm_start.enabled: false",
         )
     return demos, episodes
+
+
+def write_tiny_policy(config: RunConfig, tasks: Sequence[TaskSpec], base: Path) -> None:
+    """Write the tiny random checkpoint ``dart run`` starts from when ``model.path`` is unset into ``base``; its
+    tokenizer is trained on the default instructions and ``tasks``' own."""
+    from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, TinyModelSpec, write_tiny_checkpoint
+
+    texts = list(DEFAULT_INSTRUCTIONS) + [t.instruction for t in tasks if t.instruction]
+    spec = TinyModelSpec(family=config.model.family)
+    write_tiny_checkpoint(base, seed=config.model.tiny_seed, vocab_texts=texts, spec=spec)
+
+
+def load_for_sft(config: RunConfig, tasks: Sequence[TaskSpec], base: Path) -> tuple[Any, list[Any], int]:
+    """The single-process torch backend the warm start trains (every weight of ``base``, at ``warm_start.lr``)
+    and the oracle's demonstrations of ``tasks`` (:func:`record_demos`); returns (backend, demos, episodes)."""
+    import asyncio
+
+    from dart.train.backend import TorchBackend
+
+    ws = config.warm_start
+    # Every weight of the tiny policy learns the GUI from demonstrations; train.lora applies to RL after it.
+    backend = TorchBackend.load(config.train.model_copy(update={"model_path": str(base), "lr": ws.lr, "lora": None}))
+    demos, episodes = asyncio.run(
+        record_demos(
+            tasks,
+            backend.processor,
+            env_config=config.env,
+            episodes_per_task=ws.episodes_per_task,
+            prompt=config.rollout.runner.prompt.resolved(base),
+            seed=config.run.seed,
+        )
+    )
+    return backend, demos, episodes
 
 
 def run_sft(

@@ -31,7 +31,7 @@ class ThreadChooser:
     """Sets the torch thread count before each SFT step and learns from its time; see the module docstring.
 
     Args:
-        candidates: Thread counts to choose among (one: no probing).
+        candidates: Thread counts to choose among (one: it runs every step).
         period: Steps between two measurements.
         probe_steps: Steps timed on each candidate at the start of a period.
     """
@@ -55,9 +55,9 @@ class ThreadChooser:
     def before_step(self) -> int:
         """Set and return the thread count of the next step."""
         at = self._step % self.period
-        probing = len(self.candidates) > 1 and at < len(self.candidates) * self.probe_steps
         if at == 0:
             self._timed = {}
+        probing = at < len(self.candidates) * self.probe_steps
         self._current = self.candidates[at // self.probe_steps] if probing else self.chosen
         if torch.get_num_threads() != self._current:
             torch.set_num_threads(self._current)
@@ -68,10 +68,6 @@ class ThreadChooser:
         at = self._step % self.period
         self._used[self._current] += 1
         self._step += 1
-        if len(self.candidates) == 1 and at == 0:
-            self.choices.append(self.chosen)
-        if len(self.candidates) == 1:
-            return
         probes = len(self.candidates) * self.probe_steps
         if at < probes:
             self._timed.setdefault(self._current, []).append(seconds)
