@@ -370,15 +370,17 @@ async def monitor(
     )
     try:
         state = await ensure_topology(bus)
-        # vLLM servers take minutes to start: the RL window opens when the rollout service is ready.
-        failed = await _wait_rollout_ready(config, supervisor, started_ns)
-        if config.validation.enabled and failed is None:
-            validator = await _start_validator(config, state, credentials, validation_buses)
-        window = await _open_window(run_dir, state)
-        earlier_restarts = list(window.service_restarts)
-        start_ns = window.rl_start_unix_ns
-        progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
+        # From the services' start: a Ctrl-C while the rollout service gets ready (a resumed trainer may
+        # publish meanwhile) ends the run as one during RL does, the services stopping in order.
         with _ends_on_stop_signals() as asked:
+            # vLLM servers take minutes to start: the RL window opens when the rollout service is ready.
+            failed = await _wait_rollout_ready(config, supervisor, started_ns)
+            if config.validation.enabled and failed is None and not asked.is_set():
+                validator = await _start_validator(config, state, credentials, validation_buses)
+            window = await _open_window(run_dir, state)
+            earlier_restarts = list(window.service_restarts)
+            start_ns = window.rl_start_unix_ns
+            progress = RunProgress(run_dir / "telemetry", window_start_ns=start_ns)
             failed, ended_by = await _watch_rl_phase(
                 config, supervisor, bus, state, progress, failed, asked, warm_start, window
             )
