@@ -12,6 +12,11 @@ Phases (``--phases``, in this order; each in its own process with its own timeou
   GPU's dense bf16 figure, H100 SXM and H200 989 TFLOP/s). FSDP runs as one torchrun rank (as ``dart
   serve train`` launches ranks), megatron-core at TP 1 under torchrun; megatron is recorded as skipped
   with the reason when megatron-core does not import.
+- ``train-screens``: the torch backend on samples that carry ``--screens`` screenshots of ``--screen-size``
+  each (default two of 1280x720, random pixels at the processor's own sizing: 1,196 image tokens each), the
+  vision tower's FLOPs added to the count; tokens/s and MFU as above.
+- ``--levers pack,ckpt,fused,foreach`` switches the trainer's throughput levers on in every train phase
+  (``train.packing``, ``train.activation_checkpointing``, ``train.optimizer_impl``); the JSON records them.
 - ``generate``: the hf engine, ``--gen-requests`` one-screenshot prompts (1280x720 at the processor's own
   resolution rules), ``--gen-concurrency`` in flight, ``--max-new-tokens`` each: tokens/s.
 - ``dart-run``: ``python -m dart.cli run`` of ``examples/smoke.yaml`` with the rollout engine and the
@@ -51,12 +56,13 @@ from typing import Any
 import gpu_check_phases as phases
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("checkpoint", "train-torch", "train-fsdp", "train-megatron", "generate", "dart-run")
+PHASES = ("checkpoint", "train-torch", "train-fsdp", "train-megatron", "train-screens", "generate", "dart-run")
 TIMEOUTS_S = {
     "checkpoint": 150,
     "train-torch": 120,
     "train-fsdp": 120,
     "train-megatron": 120,
+    "train-screens": 150,
     "generate": 90,
     "dart-run": 300,
 }
@@ -160,6 +166,7 @@ def _worker_cmd(args: argparse.Namespace, phase: str, out: Path) -> list[str]:
         "--steps", str(args.steps), "--micro-batch-size", str(args.micro_batch_size),
         "--gen-requests", str(args.gen_requests), "--gen-concurrency", str(args.gen_concurrency),
         "--max-new-tokens", str(args.max_new_tokens), "--worker", phase, "--worker-out", str(out),
+        "--screens", str(args.screens), "--screen-size", args.screen_size, "--levers", ",".join(args.levers),
     ]  # fmt: skip
     if args.layers:
         forward += ["--layers", str(args.layers)]
@@ -238,13 +245,14 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "gpu_name": name,
         "peak_bf16_tflops": (phases.peak_flops(name) or 0) / 1e12 or None,
-        "flop_formula": phases.FLOP_FORMULA,
+        "flop_formula": f"{phases.FLOP_FORMULA}; {phases.VISION_FLOP_FORMULA}",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "arch": "tiny" if args.tiny else args.arch,
         "layers": args.layers,
         "vision_blocks": args.vision_blocks,
+        "levers": list(args.levers),
         "phases": {},
     }
     sampling = NvmlSampling(work / "gpu.jsonl")
@@ -308,6 +316,20 @@ def _phase_list(text: str) -> list[str]:
     return [p for p in PHASES if p in chosen]
 
 
+TRAIN_LEVERS = ("pack", "ckpt", "fused", "foreach")
+"""Throughput levers the train phases can switch on (``trainer_throughput.LEVERS``)."""
+
+
+def _lever_list(text: str) -> list[str]:
+    chosen = [p for p in text.split(",") if p]
+    unknown = [p for p in chosen if p not in TRAIN_LEVERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"--levers: unknown {', '.join(unknown)}; choose from {', '.join(TRAIN_LEVERS)}"
+        )
+    return chosen
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda or cpu")
@@ -329,6 +351,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="timed updates per backend, after one warm-up")
     parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--screens", type=int, default=2, help="screenshots per sample in train-screens")
+    parser.add_argument("--screen-size", default="1280x720", help="WxH of train-screens' screenshots")
+    parser.add_argument(
+        "--levers", type=_lever_list, default=[], help="comma-separated trainer levers: " + ",".join(TRAIN_LEVERS)
+    )
     parser.add_argument("--gen-requests", type=int, default=16)
     parser.add_argument("--gen-concurrency", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer_throughput import synthetic_samples
+from trainer_throughput import LEVERS, image_samples, synthetic_samples
 
 from dart.protocol.messages import Sampling
 
@@ -27,12 +27,18 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("A100", 312e12),
 )
 
+VISION_FLOP_FORMULA = (
+    "plus, with screenshots, 8 * (N_blocks + N_merger / m^2) per image patch: the vision tower's training and no-grad "
+    "passes, N_blocks its blocks' parameters, N_merger the patch merger's (run once per m x m patches), attention "
+    "within windows not counted"
+)
+
 FLOP_FORMULA = (
     "per update: sum over samples of S * (8 * N + 16 * L * d * S): the training pass 6 * N * S + 12 * L * d * S^2 "
     "(PaLM appendix B, attention counted non-causal) plus the no-grad logp_old pass 2 * N * S + 4 * L * d * S^2; "
     "S = a sample's tokens (prompt + response, one unpadded row), N = language-model parameters a text token "
-    "passes through (decoder layers, final norm, lm_head; no input embedding, no vision tower: the samples are "
-    "text only), L = decoder layers, d = attention width (heads x head_dim)"
+    "passes through (decoder layers, final norm, lm_head; no input embedding), L = decoder layers, d = attention "
+    "width (heads x head_dim); image tokens count as tokens of S"
 )
 
 
@@ -84,14 +90,26 @@ def update_flops(model: Any, lengths: list[int]) -> float:
     return float(sum(s * (8 * n + 16 * layers * width * s) for s in lengths))
 
 
+def vision_flops(model: Any, grids: list[tuple[int, int, int]]) -> float:
+    """FLOPs of the vision tower in one RL update on images of patch ``grids`` (see :data:`VISION_FLOP_FORMULA`)."""
+    visual = model.model.visual
+    blocks = sum(p.numel() for p in visual.blocks.parameters())
+    merger = sum(p.numel() for p in visual.merger.parameters())
+    merge = int(model.config.vision_config.spatial_merge_size) ** 2
+    return float(sum(8 * t * h * w * (blocks + merger / merge) for t, h, w in grids))
+
+
 def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    """Time RL updates of one trainer backend on synthetic text samples; tokens/s and MFU."""
+    """Time RL updates of one trainer backend on synthetic samples (text only, or ``kind`` ``screens``: the torch
+    backend on samples with ``--screens`` screenshots each); tokens/s and MFU."""
     import torch
 
     from dart.train.config import TrainerConfig
     from dart.train.interface import load_backend
     from dart.train.update import RLUpdate, SampleReader
 
+    screens = kind == "screens"
+    kind = "torch" if screens else kind
     backend_cfg: dict[str, Any] = {"kind": kind}
     if kind == "megatron":
         backend_cfg["tensor_parallel_size"] = 1
@@ -108,6 +126,7 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
             "dtype": dtype,
             "lr": 1e-6,
             "micro_batch_size": args.micro_batch_size,
+            **{key: value for lever in args.levers for key, value in LEVERS[lever].items()},
         }
     )
     started = time.perf_counter()
@@ -115,7 +134,12 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     model_cfg = json.loads((Path(args.model) / "config.json").read_text())
     bos = int(model_cfg["text_config"]["bos_token_id"])  # the special tokens start here: stay below them
-    samples = synthetic_samples(args.samples, args.prompt_len, args.response_len, bos, seed=0)
+    if screens:
+        width, _, height = args.screen_size.partition("x")
+        size, store = (int(width), int(height)), Path(args.worker_out).with_suffix(".store")
+        samples = image_samples(args.samples, size, args.response_len, args.model, store, seed=0, images=args.screens)
+    else:
+        samples = synthetic_samples(args.samples, args.prompt_len, args.response_len, bos, seed=0)
     reader = SampleReader(config)
     inputs = [reader(s) for s in samples]
     cuda = args.device.startswith("cuda")
@@ -136,9 +160,14 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     with torch.device("meta"):  # only the shapes, for the FLOP count
         shapes = Qwen2_5_VLForConditionalGeneration._from_config(AutoConfig.from_pretrained(args.model))
     flops = update_flops(shapes, lengths)
+    grids = [tuple(int(v) for v in g) for x in inputs if x.image_grid_thw is not None for g in x.image_grid_thw]
+    flops += vision_flops(shapes, grids)  # type: ignore[arg-type]
     peak = peak_flops(gpu_name(args.device))
     return {
         "backend": kind,
+        "levers": list(args.levers),
+        "images_per_sample": args.screens if screens else 0,
+        "image_tokens_per_sample": round(sum(int(x.mm_token_type_ids.sum()) for x in inputs) / len(inputs), 1),
         "world_size": int(getattr(backend, "world_size", 1)),
         "dtype": dtype,
         "mixed_precision": backend_cfg.get("mixed_precision", "none"),

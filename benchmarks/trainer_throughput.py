@@ -3,7 +3,10 @@
 Every configuration trains on the same synthetic batch (text-only samples of fixed prompt and response
 length, seeded) from the same checkpoint: ``torch`` in this process, ``torch+lora`` the same with LoRA
 adapters of rank ``--lora-rank`` on the language model's attention (``train.lora``), ``fsdp`` with 1 and 2 ranks under
-torchrun (this script re-runs itself as the worker), ``megatron`` when ``dart.train.megatron`` imports.
+torchrun (this script re-runs itself as the worker), ``megatron`` when ``dart.train.megatron`` imports. Suffixes
+switch the throughput levers on, one or several: ``+pack`` (``train.packing``), ``+ckpt``
+(``train.activation_checkpointing``), ``+fused`` / ``+foreach`` / ``+forloop`` (``train.optimizer_impl``), e.g.
+``torch+pack+ckpt`` or ``fsdp+fused:2``; ``optimizer_step_s`` is the median time of one optimizer step.
 Memory per configuration: ``trainable_parameters`` and ``optimizer_state_mib`` (AdamW's moments, plus the
 float32 masters under bfloat16), read from the tensors after the updates; ``peak_rss_mib``, the peak resident
 memory of the (rank 0) process, each configuration running in a process of its own; ``peak_gpu_mib`` on CUDA.
@@ -40,6 +43,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+LEVERS: dict[str, dict[str, Any]] = {
+    "lora": {},  # the adapters: set from --lora-rank
+    "pack": {"packing": True},
+    "ckpt": {"activation_checkpointing": True},
+    "fused": {"optimizer_impl": "fused"},
+    "foreach": {"optimizer_impl": "foreach"},
+    "forloop": {"optimizer_impl": "for_loop"},
+}
+"""What a configuration's ``+lever`` suffixes switch on (``torch+pack+ckpt``, ``fsdp+fused:2``)."""
+
 
 def _sample(i: int, prompt_ids: list[int], response_ids: list[int], images: list[Any] | None = None) -> Any:
     """Sample ``i`` of a benchmark batch: one step, advantages alternating +1/-1, behaviour log-probs -1."""
@@ -75,9 +88,12 @@ def synthetic_samples(n: int, prompt_len: int, response_len: int, vocab: int, se
     ]
 
 
-def image_samples(n: int, size: tuple[int, int], response_len: int, model: str, root: Path, seed: int) -> list[Any]:
-    """``n`` one-step samples whose prompt carries one ``size`` screenshot of random pixels, stored as PNG under
-    ``root`` (a local store); the prompt is encoded by the rollout's prompt builder, the response random tokens."""
+def image_samples(
+    n: int, size: tuple[int, int], response_len: int, model: str, root: Path, seed: int, images: int = 1
+) -> list[Any]:
+    """``n`` one-step samples whose prompt carries ``images`` screenshots of ``size`` (random pixels; the current
+    screen and ``images - 1`` of history), stored as PNG under ``root`` (a local store); the prompt is encoded by the
+    rollout's prompt builder at the processor's own sizing, the response random tokens."""
     import random
 
     import numpy as np
@@ -85,20 +101,24 @@ def image_samples(n: int, size: tuple[int, int], response_len: int, model: str, 
     from transformers import AutoProcessor
 
     from dart.protocol.store import LocalStore
-    from dart.rollout.model.prompt import build_prompt, encode_prompt
+    from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
     from dart.train.testing import store_png
 
     rng, pixels = random.Random(seed), np.random.default_rng(seed)
     store = LocalStore(root, fsync=False)
     processor = AutoProcessor.from_pretrained(model, local_files_only=True)
     vocab = _text_vocab(model)
+
+    def screen() -> Any:
+        return Image.fromarray(pixels.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
     samples = []
     for i in range(n):
-        image = Image.fromarray(pixels.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
-        prompt = build_prompt("Click the button.", image, [], max_images=1, image_size=None)
+        history = [HistoryStep("Action: click(start_box='(10,20)')", screen()) for _ in range(images - 1)]
+        prompt = build_prompt("Click the button.", screen(), history, max_images=images, image_size=None)
         response = [rng.randrange(100, vocab) for _ in range(response_len)]
-        shot = store_png(store, f"shots/{i}.png", image)
-        samples.append(_sample(i, encode_prompt(processor, prompt).input_ids, response, [shot]))
+        shots = [store_png(store, f"shots/{i}/{j}.png", image) for j, image in enumerate(prompt.images)]
+        samples.append(_sample(i, encode_prompt(processor, prompt).input_ids, response, shots))
     return samples
 
 
@@ -137,8 +157,11 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
     from dart.train.shares import build_share
     from dart.train.update import RLUpdate, SampleReader
 
-    lora = kind == "torch+lora"
-    kind = kind.removesuffix("+lora")
+    kind, *levers = kind.split("+")
+    unknown = set(levers) - set(LEVERS)
+    if unknown:
+        raise SystemExit(f"unknown lever(s) {sorted(unknown)}: choose from {sorted(LEVERS)}")
+    lora = "lora" in levers
     backend_cfg: dict[str, Any] = {"kind": kind}
     if kind == "fsdp":
         backend_cfg["nproc"] = nproc
@@ -154,6 +177,7 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
             "micro_batch_size": args.micro_batch_size,
             "num_threads": args.threads,
             "lora": {"rank": args.lora_rank, "alpha": 2 * args.lora_rank} if lora else None,
+            **{key: value for lever in levers for key, value in LEVERS[lever].items()},
         }
     )
     backend = load_backend(config)
@@ -178,7 +202,16 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
         )
         samples, owners, inputs = share.samples, share.owners, share.inputs
     input_mib = round(sum(_input_bytes(x) for x in inputs.values()) / 2**20, 1)
-    times = []
+    times, optimizer_times = [], []
+    step = backend.optimizer_step
+
+    def timed_step() -> float:
+        started = time.perf_counter()
+        norm: float = step()
+        optimizer_times.append(time.perf_counter() - started)
+        return norm
+
+    backend.optimizer_step = timed_step
     for i in range(args.steps + 1):
         if torch.cuda.is_available() and args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -207,7 +240,8 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB on Linux
     }
     return {
-        "backend": kind + ("+lora" if lora else ""),
+        "backend": "+".join([kind, *levers]),
+        "optimizer_step_s": round(statistics.median(optimizer_times[1:] or optimizer_times), 4),
         "trainable_parameters": sum(p.numel() for p in backend.model.parameters() if p.requires_grad),
         "optimizer_state_mib": round(optimizer_bytes / 2**20, 2),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB on Linux
@@ -228,14 +262,14 @@ def _measure(args: argparse.Namespace, kind: str, nproc: int) -> dict[str, Any]:
 def _run_config(args: argparse.Namespace, spec: str) -> dict[str, Any] | None:
     kind, _, n = spec.partition(":")
     nproc = int(n or 1)
-    if kind == "megatron":
+    if kind.split("+")[0] == "megatron":
         try:
             import dart.train.megatron  # noqa: F401
         except ImportError:
             print(f"skip {spec}: dart.train.megatron is not importable", file=sys.stderr)
             return None
     # Each configuration in a process of its own, so that its peak memory is its own.
-    launcher = [] if kind in ("torch", "torch+lora") else [
+    launcher = [] if kind.split("+")[0] == "torch" else [
         "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -302,13 +336,13 @@ def main() -> None:
             Path(args.samples_file).write_text(json.dumps([s.model_dump(mode="json") for s in made]))
         results = []
         for spec in args.configs:
-            result = _run_config(args, spec)
-            if result is not None:
-                print(f"{spec}: {result['step_s']} s/update, {result['tokens_per_s']} tokens/s", file=sys.stderr)
-                for rank in result["ranks"]:
+            measured = _run_config(args, spec)
+            if measured is not None:
+                print(f"{spec}: {measured['step_s']} s/update, {measured['tokens_per_s']} tokens/s", file=sys.stderr)
+                for rank in measured["ranks"]:
                     built = f"{rank['input_mib']} MiB of inputs ({rank['inputs_built']} samples)"
                     print(f"  rank {rank['rank']}: {built}, peak RSS {rank['peak_rss_mib']} MiB", file=sys.stderr)
-                results.append(result)
+                results.append(measured)
     print(json.dumps({"results": results}))
 
 

@@ -30,15 +30,17 @@ def _check(*args: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str]
 
 def test_tiny_check_on_cpu_reports_every_phase(tmp_path: Path) -> None:
     proc, report = _check(
-        "--tiny", "--phases", "checkpoint,train-torch,train-fsdp,generate", "--steps", "2", "--samples", "2",
-        "--prompt-len", "48", "--response-len", "16", "--gen-requests", "2", "--gen-concurrency", "2",
-        "--max-new-tokens", "8", tmp_path=tmp_path,
+        "--tiny", "--phases", "checkpoint,train-torch,train-fsdp,train-screens,generate", "--steps", "2",
+        "--samples", "2", "--prompt-len", "48", "--response-len", "16", "--gen-requests", "2", "--gen-concurrency",
+        "2", "--max-new-tokens", "8", "--levers", "pack,ckpt,fused", "--screen-size", "320x180", tmp_path=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["ok"] is True and report["device"] == "cpu" and report["gpu_name"] is None
     assert "6 * N * S" in str(report["flop_formula"])
     phases = report["phases"]
-    assert isinstance(phases, dict) and list(phases) == ["checkpoint", "train-torch", "train-fsdp", "generate"]
+    assert isinstance(phases, dict)
+    assert list(phases) == ["checkpoint", "train-torch", "train-fsdp", "train-screens", "generate"]
+    assert report["levers"] == ["pack", "ckpt", "fused"]
     assert phases["checkpoint"]["status"] == "ok" and phases["checkpoint"]["num_parameters"] > 0
     for name, world in (("train-torch", 1), ("train-fsdp", 1)):
         train = phases[name]
@@ -46,6 +48,12 @@ def test_tiny_check_on_cpu_reports_every_phase(tmp_path: Path) -> None:
         assert train["tokens_per_update"] == 2 * (48 + 16)
         assert train["tokens_per_s"] > 0 and train["tflops_per_s"] > 0 and train["flops_per_update"] > 0
         assert train["mfu"] is None  # no peak figure for a CPU
+        assert train["levers"] == ["pack", "ckpt", "fused"] and train["images_per_sample"] == 0
+    # Two screenshots per sample: their image tokens are in the row, the vision tower's FLOPs in the count.
+    screens = phases["train-screens"]
+    assert screens["status"] == "ok" and screens["images_per_sample"] == 2 and screens["steps_timed"] == 2
+    assert screens["image_tokens_per_sample"] >= 2 * 4 and screens["tokens_per_update"] > 2 * (16 + 8)
+    assert screens["tokens_per_s"] > 0 and screens["flops_per_update"] > 0
     generate = phases["generate"]
     assert generate["status"] == "ok" and 0 < generate["tokens"] <= 2 * 8 and generate["tokens_per_s"] > 0
     for phase in phases.values():

@@ -11,11 +11,14 @@ import math
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dart.train.batching import InputBuilder, ModelInputs
 from dart.train.config import MegatronBackendSettings, TrainerConfig
@@ -60,6 +63,18 @@ def train(backend: MegatronBackend, inputs: list[ModelInputs], steps: int) -> tu
         losses.append(total)
         norms.append(backend.optimizer_step())
     return losses, norms
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the aten operators run while it is active, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -110,9 +125,11 @@ def main() -> None:
     counted = backend.model.gpt.output_layer.register_forward_hook(
         lambda _module, args, _out: head_rows.append(args[0].shape[0])
     )
+    unpacked = []
     for x in inputs:
         logp, entropy = backend.forward_logprobs(x, temperature=TEMPERATURE)
         loss_of(logp, entropy).backward()
+        unpacked.append((logp.detach(), entropy.detach()))
         if hf is not None:
             ref_logp, ref_entropy = hf_logprobs(hf, x, TEMPERATURE)
             loss_of(ref_logp, ref_entropy).backward()
@@ -130,6 +147,43 @@ def main() -> None:
         result["grads_same_keys"] = set(grads) == set(ref_grads)
         result["grads_max_rel"] = max_rel(grads, ref_grads)
         hf.zero_grad(set_to_none=True)
+    backend.optimizer.zero_grad(set_to_none=True)
+
+    # 2b. The same rows packed into one forward pass (a block-causal mask): each row's log-probs, entropies and the
+    # gradients as unpacked, the output layer run once on every row's response-predicting positions.
+    backend.config = backend.config.model_copy(update={"packing": True})
+    packed_head_rows: list[int] = []
+    counted = backend.model.gpt.output_layer.register_forward_hook(
+        lambda _module, args, _out: packed_head_rows.append(args[0].shape[0])
+    )
+    packed = backend.forward_logprobs_many(inputs, [{"temperature": TEMPERATURE}] * len(inputs))
+    counted.remove()
+    sum(loss_of(logp, entropy) for logp, entropy in packed).backward()  # type: ignore[misc]
+    packed_grads = backend.full_grad_dict()
+    result["packed_head_rows"] = packed_head_rows
+    result["packed_logprob_entropy_max_abs"] = max(
+        float((a.detach() - b).abs().max())
+        for (logp, entropy), (ref_logp, ref_entropy) in zip(packed, unpacked, strict=True)
+        for a, b in ((logp, ref_logp), (entropy, ref_entropy))
+    )
+    if hf is not None:
+        result["packed_grads_max_rel"] = max_rel(packed_grads, grads)
+    backend.optimizer.zero_grad(set_to_none=True)
+    backend.config = backend.config.model_copy(update={"packing": False})
+
+    # 2c. Activation checkpointing: each decoder layer and vision block runs again in the backward pass (its SiLU
+    # with it), and the gradients are the same.
+    backend.model.checkpoint_activations()
+    silu_in_backward = 0
+    for x in inputs:
+        logp, entropy = backend.forward_logprobs(x, temperature=TEMPERATURE)
+        with OpCount() as ops:
+            loss_of(logp, entropy).backward()
+        silu_in_backward += ops.calls["silu"]
+    checkpointed_grads = backend.full_grad_dict()
+    result["checkpointed_silu_in_backward"] = silu_in_backward
+    if hf is not None:
+        result["checkpointed_grads_max_rel"] = max_rel(checkpointed_grads, grads)
     backend.optimizer.zero_grad(set_to_none=True)
 
     # 3. Three AdamW steps with clipping, vs transformers + torch AdamW + clip_grad_norm_ in one process.

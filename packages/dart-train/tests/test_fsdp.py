@@ -1,4 +1,5 @@
-"""FSDP2 backend: 2 gloo ranks (real torchrun processes) match one process; checkpoints resume exactly and a
+"""FSDP2 backend: 2 gloo ranks (real torchrun processes, activation checkpointing, fused AdamW and prefetched
+all-gathers on) match one process (none of them); checkpoints resume exactly and a
 published version is taken exactly (rank 0 reads it, every rank gets its shards); a
 fault on one rank skips the batch on both; one rank out of memory in the update stops both, which run the
 batch again at half the micro-batch size."""
@@ -59,7 +60,9 @@ def test_fsdp_two_ranks_match_one_process_and_resume_exactly(
         "num_threads": 1,
         "lora": lora,
     }
-    sharded = _run_fsdp(config, rollout_samples, tmp_path / "fsdp", nproc=2)
+    # The sharded run with the throughput levers on (the all-gathers prefetched by default): the same update.
+    levers = {"activation_checkpointing": True, "optimizer_impl": "fused"}
+    sharded = _run_fsdp({**config, **levers}, rollout_samples, tmp_path / "fsdp", nproc=2)
 
     single = TorchBackend.load(TrainerConfig.model_validate(config), image_source=StoreImageSource())
     grads: dict[str, torch.Tensor] = {}

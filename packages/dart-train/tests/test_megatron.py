@@ -186,6 +186,12 @@ def test_tensor_parallel_backend_matches_transformers(tiny_checkpoint: Path, tmp
     assert all(response < seq for response, seq in r["response_and_sequence_lens"])
     # Backward: every parameter's gradient (vision tower included) in HF layout, relative to its norm.
     assert r["grads_same_keys"] and r["grads_max_rel"] < 1e-5
+    # Packed into one forward pass: the same log-probs, entropies and gradients, the output layer run once.
+    assert r["packed_logprob_entropy_max_abs"] < 1e-5 and r["packed_grads_max_rel"] < 1e-5
+    assert r["packed_head_rows"] == [sum(response for response, _ in r["response_and_sequence_lens"])]
+    # Checkpointed: both decoder layers ran again in the backward pass of each row, the gradients unchanged.
+    assert r["checkpointed_silu_in_backward"] >= 2 * len(r["response_and_sequence_lens"])
+    assert r["checkpointed_grads_max_rel"] < 1e-5
     # Training: the loss decreases, TP-aware norms equal the single-process ones, weights follow transformers.
     losses = r["tp2_losses"]
     assert r["step"] == 3 and losses[0] > losses[1] > losses[2]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ from dart.train.errors import CheckpointError
 from dart.train.interface import TrainerBackend
 from dart.train.lora import adapter_state, add_adapters, spec_of
 from dart.train.loss import behaviour_logprobs
+from dart.train.optimizer import adamw
+from dart.train.packing import pack, split_logits
 from dart.train.precision import MasterWeights, needs_master_weights
 from dart.train.tied import missing_are_tied, without_tied_aliases
 from dart.train.update import RLUpdate, SampleReader, TrainStepMetrics
@@ -46,6 +48,13 @@ __all__ = ["TorchBackend", "TrainStepMetrics"]
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+
+
+def checkpoint_activations(model: Any, config: TrainerConfig) -> None:
+    """With ``train.activation_checkpointing``, recompute each decoder layer's and vision block's activations in the
+    backward pass (non-reentrant checkpointing, which FSDP and LoRA's frozen inputs work with)."""
+    if config.activation_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -95,12 +104,7 @@ class TorchBackend(TrainerBackend):
         self.inputs = self.reader.builder
         # The tensors AdamW updates: the float32 masters, or the model's own float32 parameters.
         self.trainable: list[torch.nn.Parameter] = self.masters.masters if self.masters else trainable
-        self.optimizer = torch.optim.AdamW(
-            self.trainable,
-            lr=config.lr,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-        )
+        self.optimizer = adamw(self.trainable, config)
 
     @classmethod
     def load(cls, config: TrainerConfig, *, image_source: ImageSource | None = None) -> TorchBackend:
@@ -125,8 +129,10 @@ class TorchBackend(TrainerBackend):
         if config.lora is not None:
             model = add_adapters(model, config.lora)
         model.to(config.device)
-        # Train mode only matters for dropout; Qwen2.5-VL has none, so log-probs match eval mode exactly.
+        # Train mode only matters for dropout (Qwen2.5-VL has none, so log-probs match eval mode exactly) and for
+        # activation checkpointing, which acts in train mode only.
         model.train()
+        checkpoint_activations(model, config)
         return cls(config, model, processor, image_source)
 
     # --- inputs and log-probs ---------------------------------------------------------------
@@ -172,6 +178,39 @@ class TorchBackend(TrainerBackend):
         return behaviour_logprobs(
             pred, targets, temperature=temperature, excluded_token_ids=excluded_token_ids, top_p=top_p
         )
+
+    def forward_logprobs_many(
+        self, rows: Sequence[ModelInputs], samplings: Sequence[Mapping[str, Any]], *, model: Any = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`forward_logprobs` of several rows (``samplings[i]`` holds row i's sampling keywords): with
+        ``train.packing`` one forward pass over the rows packed (:mod:`dart.train.packing`), else one per row."""
+        if not self.config.packing or len(rows) < 2:
+            return [self.forward_logprobs(x, model=model, **s) for x, s in zip(rows, samplings, strict=True)]
+        packed = pack(rows, self._rope_owner())
+        kwargs = packed.kwargs(self.device, self.dtype)
+        keep = packed.kept_positions().to(self.device)
+        logits = (model or self.model)(**kwargs, use_cache=False, logits_to_keep=keep).logits[0]
+        out = []
+        for row, pred, sampling in zip(rows, split_logits(logits, rows), samplings, strict=True):
+            targets = row.input_ids[0, row.prompt_len :].to(self.device)
+            out.append(behaviour_logprobs(pred, targets, **sampling))
+        return out
+
+    def _rope_owner(self) -> Any:
+        """The transformers module that computes the multimodal rope positions (``get_rope_index``)."""
+        policy = self.model.get_base_model() if self.config.lora is not None else self.model
+        return policy.model
+
+    def reference_logprobs_many(
+        self, rows: Sequence[ModelInputs], samplings: Sequence[Mapping[str, Any]]
+    ) -> list[torch.Tensor]:
+        """:meth:`reference_logprobs` of several rows, packed as :meth:`forward_logprobs_many` packs."""
+        if self.config.lora is not None:
+            with self.model.disable_adapter():
+                return [logp for logp, _ in self.forward_logprobs_many(rows, samplings)]
+        if self.ref_model is None:
+            return super().reference_logprobs_many(rows, samplings)
+        return [logp for logp, _ in self.forward_logprobs_many(rows, samplings, model=self.ref_model)]
 
     def reference_logprobs(self, inputs: ModelInputs, **sampling: Any) -> torch.Tensor:
         """Log-probs of the frozen initial policy (kept when ``loss.kl_coef > 0``) under the same sampling: the

@@ -9,7 +9,8 @@ rollout (image size, screenshots per prompt) is needed.
 Without it the forward pass uses text positions for image tokens and log-probs drift by ~1e-2.
 
 Each sample is one unpadded row: Qwen2.5-VL's rope positions depend on where images sit in the row,
-and padding-free rows reproduce the engine's log-probs to float32 precision.
+and padding-free rows reproduce the engine's log-probs to float32 precision. :mod:`dart.train.packing` lays
+several such rows end to end, each keeping its own positions.
 """
 
 from __future__ import annotations

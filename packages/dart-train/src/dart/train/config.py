@@ -125,7 +125,13 @@ class FsdpBackendSettings(NodeSettings):
     nproc: int = Field(default=1, ge=1)
     """Ranks (processes) per machine; on GPU one per device."""
     mixed_precision: Literal["none", "bf16"] = "none"
-    """``bf16`` computes in bfloat16 with float32 master weights and gradient reduction (GPU only)."""
+    """``bf16`` computes in bfloat16 with float32 master weights and gradient reduction (GPU only): the
+    parameters are all-gathered in bfloat16 (half the traffic), the sharded float32 parameters are the masters
+    AdamW updates."""
+    prefetch: int = Field(default=1, ge=0)
+    """Units whose all-gather a unit's forward (and backward) starts ahead of their turn, so communication
+    overlaps compute: 1 starts the next decoder layer's (vision block's) while this one computes; 0 leaves
+    FSDP's implicit order (each unit gathers when it is reached)."""
 
     @property
     def world_size(self) -> int:
@@ -292,7 +298,24 @@ class TrainerConfig(ConfigModel):
     backend: BackendSettings = Field(default_factory=TorchBackendSettings)
     """Which trainer backend runs the model: ``torch``, ``fsdp`` or ``megatron`` (a bare name is accepted)."""
     micro_batch_size: int = Field(default=4, ge=1)
-    """Samples per forward/backward pass (per rank); gradients accumulate over a mini-batch's micro-batches."""
+    """Samples per backward pass (per rank); gradients accumulate over a mini-batch's micro-batches. Each
+    sample is its own forward pass, or with ``packing`` the micro-batch is one."""
+    packing: bool = False
+    """Run a micro-batch's samples as one packed row (:mod:`dart.train.packing`): no padding, the attention
+    kept per sample, one forward pass where there were ``micro_batch_size``. Log-probs equal the unpacked
+    ones up to the attention kernel's rounding. Every built-in backend packs."""
+    logprob_micro_batch_size: int | None = Field(default=None, ge=1)
+    """Samples per packed pass of the passes without gradient (``logp_old``, the KL reference): they keep
+    no activations for a backward, so more fit than in a training micro-batch. None: ``micro_batch_size``.
+    Used with ``packing`` only (unpacked, each sample is its own pass); halved on out of memory."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's and vision block's inputs in the forward pass and recompute the rest
+    in the backward: activation memory of one layer instead of all, for about one more forward pass of
+    compute, so larger micro-batches and longer samples fit. Gradients are unchanged (tested)."""
+    optimizer_impl: Literal["auto", "for_loop", "foreach", "fused"] = "auto"
+    """How AdamW runs its step: ``foreach`` (one kernel per operation over all tensors), ``fused`` (one kernel
+    for the whole update, CPU or CUDA), ``for_loop`` (a kernel per tensor), or ``auto``, torch's choice
+    (foreach on CUDA). The float32 masters are what it updates; the result is the same up to rounding."""
     ppo_epochs: int = Field(default=1, ge=1)
     """Passes over each batch. From the second optimizer step of a batch on, the policy differs from the
     one ``logp_old`` was computed with, so the ratio leaves 1 and clipping acts."""

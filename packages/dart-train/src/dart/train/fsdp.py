@@ -27,12 +27,25 @@ import torch
 
 from dart.protocol.weights import AdapterSpec
 from dart.train import collectives
-from dart.train.backend import TorchBackend, _dtype
+from dart.train.backend import TorchBackend, _dtype, checkpoint_activations
 from dart.train.batching import ImageSource
 from dart.train.config import FsdpBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError, TrainerError
 from dart.train.lora import adapter_state, add_adapters, spec_of
 from dart.train.tied import missing_are_tied
+
+
+def prefetch(units: list[Any], depth: int) -> None:
+    """Have each FSDP unit start the all-gathers of the next ``depth`` units in its forward (and of the ``depth``
+    before it in its backward), so they overlap its compute; 0 leaves FSDP's implicit order."""
+    if depth < 1:
+        return
+    for i, unit in enumerate(units):
+        ahead, behind = units[i + 1 : i + 1 + depth], units[max(0, i - depth) : i][::-1]
+        if ahead:
+            unit.set_modules_to_forward_prefetch(ahead)
+        if behind:
+            unit.set_modules_to_backward_prefetch(behind)
 
 
 class FsdpBackend(TorchBackend):
@@ -89,6 +102,7 @@ class FsdpBackend(TorchBackend):
             model = add_adapters(model, config.lora)
         model.to(device)
         model.train()
+        checkpoint_activations(model, config)
         kwargs: dict[str, Any] = {}
         if settings.mixed_precision == "bf16":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -98,6 +112,8 @@ class FsdpBackend(TorchBackend):
         for layer in policy.model.language_model.layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
+        for units in (list(policy.model.visual.blocks), list(policy.model.language_model.layers)):
+            prefetch(units, settings.prefetch)
         backend = cls(config.model_copy(update={"device": str(device)}), model, processor, image_source)
         backend.rank, backend.world_size, backend.is_main = rank, world, rank == 0
         return backend

@@ -14,7 +14,7 @@ whose settings come as ``train.backend: {kind: <name>, nproc, nnodes, options: {
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,19 @@ class TrainerBackend(abc.ABC):
         """What a new version publishes (collective): the full state dict and None, or an adapter's tensors
         and its :class:`~dart.protocol.weights.AdapterSpec` (backends that train adapters)."""
         return self.full_state_dict(), None
+
+    def forward_logprobs_many(
+        self, rows: Sequence[ModelInputs], samplings: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`forward_logprobs` of several rows, ``samplings[i]`` holding row i's sampling keywords. Backends
+        that pack (``train.packing``) run them as one forward pass; this default runs one pass per row."""
+        return [self.forward_logprobs(x, **s) for x, s in zip(rows, samplings, strict=True)]
+
+    def reference_logprobs_many(
+        self, rows: Sequence[ModelInputs], samplings: Sequence[Mapping[str, Any]]
+    ) -> list[torch.Tensor]:
+        """:meth:`reference_logprobs` of several rows (one pass per row unless the backend packs)."""
+        return [self.reference_logprobs(x, **s) for x, s in zip(rows, samplings, strict=True)]
 
     def reference_logprobs(self, inputs: ModelInputs, **sampling: Any) -> torch.Tensor:
         """Log-probs of the frozen initial policy (same sampling keywords as :meth:`forward_logprobs`), for

@@ -56,7 +56,8 @@ class SftMetrics:
 
 
 def sft_step(backend: TorchBackend, samples: Sequence[SftSample]) -> SftMetrics:
-    """One optimizer step on the token-mean NLL of ``samples``, in micro-batches of ``config.micro_batch_size``.
+    """One optimizer step on the token-mean NLL of ``samples``, in micro-batches of ``config.micro_batch_size`` (each
+    one packed forward pass under ``config.packing``).
 
     Raises:
         ValueError: No samples.
@@ -72,7 +73,8 @@ def sft_step(backend: TorchBackend, samples: Sequence[SftSample]) -> SftMetrics:
     mbs = backend.config.micro_batch_size
     for lo in range(0, len(inputs), mbs):
         # Summed NLL / batch tokens: micro-batches add up to the batch's token mean.
-        nll = sum(-backend.forward_logprobs(x)[0].sum() for x in inputs[lo : lo + mbs]) / total
+        rows = inputs[lo : lo + mbs]  # one packed forward pass under train.packing, else one per row
+        nll = sum(-logp.sum() for logp, _ in backend.forward_logprobs_many(rows, [{}] * len(rows))) / total
         nll.backward()  # type: ignore[union-attr]  # a sum of tensors is a tensor
         loss_sum += float(nll.detach())  # type: ignore[union-attr]
     grad_norm = backend.clip_and_step()

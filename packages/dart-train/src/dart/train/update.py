@@ -23,8 +23,9 @@ One batch goes through:
    clipping acts.
 
 Every rank makes the same number of forward/backward calls (FSDP all-gathers parameters inside them):
-a rank short of samples runs a dummy row with weight 0. Each sample is one unpadded row, and the loss
-is a weighted sum, so neither padding nor micro-batching changes the result.
+a rank short of samples runs a dummy row with weight 0. Each sample is one unpadded row (with ``train.packing`` a
+micro-batch's rows are one packed pass, :mod:`dart.train.packing`, each row still attending to itself), and the
+loss is a weighted sum, so neither padding, packing nor micro-batching changes the result.
 
 A failure on one rank is every rank's (:mod:`dart.train.lockstep`): after each row's forward pass and each
 micro-batch's backward the ranks agree on a status, so all of them stop at the same point. The failed
@@ -281,9 +282,6 @@ class RLUpdate:
         s = sample.sampling
         return {"temperature": s.temperature, "excluded_token_ids": s.excluded_token_ids, "top_p": s.top_p}
 
-    def _logp(self, inputs: ModelInputs, sample: TrainingSample) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.backend.forward_logprobs(inputs, **self._sampling(sample))  # type: ignore[no-any-return]
-
     # Gathers and sums run over the data-parallel group: with tensor parallelism the ranks of one TP group
     # hold the same per-sample figures, and the world is larger than the number of distinct shares.
     def run(
@@ -411,16 +409,35 @@ class RLUpdate:
         return list(samples), _Held(inputs_of, owner, spare), dict(refused)
 
     def _old_logprobs(self, samples: Sequence[TrainingSample], held: _Held, kl: bool) -> dict[int, _Old]:
-        """This rank's samples' ``logp_old``, entropies and (with ``kl``) reference log-probs, by sample index."""
-        backend = self.backend
-        local: dict[int, _Old] = {}
-        with torch.no_grad():
-            for i in _shard(range(len(samples)), held.owner, backend.dp_rank, backend.dp_size):
-                j = held.spare if i is None else i
-                _, row = self._together(lambda j=j: self._row(held.inputs[j], samples[j], kl), "logp_old")
-                if i is not None:
-                    local[i] = row
-        return local
+        """This rank's samples' ``logp_old``, entropies and (with ``kl``) reference log-probs, by sample index.
+
+        Packed, ``logprob_micro_batch_size`` samples go in one pass; where every failing rank runs out of memory the
+        pass runs again at half that size (down to 1). Unpacked, each sample is its own pass.
+
+        Raises:
+            RankFailureError: A pass failed on some rank for another reason, or out of memory at size 1.
+        """
+        backend, cfg = self.backend, self.config
+        mine = _shard(range(len(samples)), held.owner, backend.dp_rank, backend.dp_size)
+        size = (cfg.logprob_micro_batch_size or cfg.micro_batch_size) if cfg.packing else 1
+        while True:
+            try:
+                local: dict[int, _Old] = {}
+                with torch.no_grad():
+                    for lo in range(0, len(mine), size):
+                        rows = mine[lo : lo + size]
+                        outs = self._forward(rows, held, samples, kl, "logp_old", size)
+                        local.update((i, row) for i, (_, row) in zip(rows, outs, strict=True) if i is not None)
+                return local
+            except RankFailureError as exc:
+                if exc.reason != "out_of_memory" or size == 1:
+                    raise
+                smaller = max(1, size // 2)
+                log.warning("rank %d: out of memory in the logp_old pass at %d samples; running it at %d",
+                            backend.rank, size, smaller)  # fmt: skip
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                size = smaller
 
     def _gathered(self, local: dict[int, _Old]) -> dict[int, _Old]:
         """Every rank's ``local`` rows, gathered over the data-parallel group (every rank gets all of them)."""
@@ -429,13 +446,32 @@ class RLUpdate:
             old.update(part)
         return old
 
-    def _row(self, inputs: ModelInputs, sample: TrainingSample, kl: bool) -> tuple[torch.Tensor, _Old]:
-        """One row's log-probs (with gradient where autograd is on) and what ``logp_old`` keeps of it, on the CPU:
+    def _forward(
+        self, rows: Sequence[int | None], held: _Held, samples: Sequence[TrainingSample], kl: bool, what: str, mbs: int
+    ) -> list[tuple[torch.Tensor, _Old]]:
+        """Forward passes of ``rows`` (None: the spare row, run for its collectives), each agreed by every rank:
+        packed (``train.packing``) one pass for all of them, else one per row."""
+        real = [held.spare if i is None else i for i in rows]
+        if self.config.packing:
+            return self._together(lambda: self._rows(real, held, samples, kl), what, mbs)  # type: ignore[no-any-return]
+        return [self._together(lambda i=i: self._rows([i], held, samples, kl)[0], what, mbs) for i in real]
+
+    def _rows(
+        self, rows: Sequence[int], held: _Held, samples: Sequence[TrainingSample], kl: bool
+    ) -> list[tuple[torch.Tensor, _Old]]:
+        """Each row's log-probs (with gradient where autograd is on) and what ``logp_old`` keeps of it, on the CPU:
         the log-probs detached, the entropies and (with ``kl``) the reference log-probs."""
-        logp, ent = self._logp(inputs, sample)
-        with torch.no_grad():
-            ref = self.backend.reference_logprobs(inputs, **self._sampling(sample)).float().cpu() if kl else None
-        return logp, (logp.detach().float().cpu(), ent.detach().float().cpu(), ref)
+        inputs = [held.inputs[i] for i in rows]
+        samplings = [self._sampling(samples[i]) for i in rows]
+        outs = self.backend.forward_logprobs_many(inputs, samplings)
+        refs: list[torch.Tensor | None] = [None] * len(rows)
+        if kl:
+            with torch.no_grad():
+                refs = [r.float().cpu() for r in self.backend.reference_logprobs_many(inputs, samplings)]
+        return [
+            (logp, (logp.detach().float().cpu(), ent.detach().float().cpu(), ref))
+            for (logp, ent), ref in zip(outs, refs, strict=True)
+        ]
 
     def _fitting(
         self,
@@ -523,21 +559,14 @@ class RLUpdate:
         for lo in range(0, len(mine), mbs):
             rows = mine[lo : lo + mbs]
             real = [held.spare if i is None else i for i in rows]
+            # In one pass this forward is also logp_old's (and the KL reference's); otherwise those were computed.
+            outs = self._forward(rows, held, samples, kl and self.one_pass, "micro-batch", mbs)
             if self.one_pass:
-                outs = [
-                    self._together(lambda i=i: self._row(held.inputs[i], samples[i], kl), "micro-batch", mbs)
-                    for i in real
-                ]
                 olds = [row for _, row in outs]
                 old.update((i, row) for i, row in zip(rows, olds, strict=True) if i is not None)
-                logp, mask = pad_rows([out for out, _ in outs])
             else:
-                outs = [
-                    self._together(lambda i=i: self._logp(held.inputs[i], samples[i])[0], "micro-batch", mbs)
-                    for i in real
-                ]
                 olds = [old[i] for i in real]
-                logp, mask = pad_rows(outs)
+            logp, mask = pad_rows([out for out, _ in outs])
             device = logp.device
             logp_old = pad_rows([o[0] for o in olds])[0].to(device)
             roll = pad_rows([rollout[i] for i in real])[0].to(device)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ from dart.train.interface import TrainerBackend
 from dart.train.loss import behaviour_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, is_language_model_key, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
+from dart.train.optimizer import adamw
+from dart.train.packing import pack, split_logits
 from dart.train.precision import MasterWeights, needs_master_weights
 
 _META = "megatron_meta.json"
@@ -93,9 +95,7 @@ class MegatronBackend(TrainerBackend):
         self.masters = MasterWeights(trainable) if needs_master_weights(getattr(torch, config.dtype)) else None
         # The tensors AdamW updates, whose gradients are averaged, measured and clipped.
         self.params: list[torch.nn.Parameter] = self.masters.masters if self.masters else trainable
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-        )
+        self.optimizer = adamw(self.params, config)
 
     @classmethod
     def load(cls, config: TrainerConfig, *, image_source: Any = None) -> MegatronBackend:
@@ -186,8 +186,11 @@ class MegatronBackend(TrainerBackend):
         )
         _load_params(gpt, shard)
         model = QwenVLMegatron(hf, gpt, ps.get_tensor_model_parallel_group()).to(device)
-        # No dropout anywhere; train mode changes nothing numerically but says what this module is for.
+        # No dropout anywhere; train mode changes nothing numerically but says what this module is for (and
+        # the vision tower's activation checkpointing acts in train mode only).
         model.train()
+        if config.activation_checkpointing:
+            model.checkpoint_activations()
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]  # an unannotated transformers API
         return cls(config, model, processor, device)
 
@@ -228,6 +231,21 @@ class MegatronBackend(TrainerBackend):
         return behaviour_logprobs(
             logits, targets, temperature=temperature, excluded_token_ids=excluded_token_ids, top_p=top_p
         )
+
+    def forward_logprobs_many(
+        self, rows: Sequence[ModelInputs], samplings: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`forward_logprobs` of several rows: with ``train.packing`` one forward pass over them packed
+        (:mod:`dart.train.packing`, a block-causal mask in the attention), else one per row. Collective over the
+        TP group."""
+        if not self.config.packing or len(rows) < 2:
+            return super().forward_logprobs_many(rows, samplings)
+        logits = self.model.forward_packed(pack(rows, self.model.rope_owner))
+        out = []
+        for row, pred, sampling in zip(rows, split_logits(logits, rows), samplings, strict=True):
+            targets = row.input_ids[0, row.prompt_len :].to(self.device)
+            out.append(behaviour_logprobs(pred, targets, **sampling))
+        return out
 
     # --- optimization ----------------------------------------------------------------------------
     def grad_norm(self) -> float:

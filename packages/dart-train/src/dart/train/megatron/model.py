@@ -21,17 +21,20 @@ draw scratch tensors from it), the mrope ``inv_freq`` built on the current devic
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from dart.train import collectives
 from dart.train.batching import ModelInputs
 from dart.train.megatron.attention import SdpaAttention
 from dart.train.megatron.convert import LMSpec
+from dart.train.packing import PackedInputs, block_causal_mask, rope_positions
 
 
 def import_megatron() -> Any:
@@ -72,6 +75,11 @@ def install_cpu_memory_buffer() -> None:
     """Replace megatron's global memory buffer (CUDA-allocating) by one that allocates on CPU."""
     mcore = import_megatron()
     mcore.parallel_state._GLOBAL_MEMORY_BUFFER = _CpuMemoryBuffer()
+
+
+def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    """``forward(*args, **kwargs)`` with its activations recomputed in the backward pass instead of kept."""
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def build_gpt(hf_config: Any, tp_size: int, dtype: torch.dtype, device: torch.device) -> Any:
@@ -214,22 +222,41 @@ class QwenVLMegatron(torch.nn.Module):
         del inner.language_model
         self._rope_owner = [inner]
 
+    def checkpoint_activations(self) -> None:
+        """Recompute each decoder layer's and vision block's activations in the backward pass (non-reentrant
+        ``torch.utils.checkpoint``: megatron's own recompute reads CUDA RNG states, which a CPU run lacks; no layer
+        here draws random numbers, so there is nothing to replay)."""
+        for layer in self.gpt.decoder.layers:
+            layer.forward = functools.partial(_checkpointed, layer.forward)
+        self.visual.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+    @property
+    def rope_owner(self) -> Any:
+        """The transformers model whose ``get_rope_index`` computes the rope positions (its language model dropped)."""
+        return self._rope_owner[0]
+
     def positions(self, inputs: ModelInputs, device: torch.device) -> torch.Tensor:
         """``(3, 1, S)`` rope positions, as transformers computes them (text-only rows: 0..S-1 on all three)."""
-        ids = inputs.input_ids.to(device)
-        if inputs.image_grid_thw is None:
-            return torch.arange(ids.shape[1], device=device).view(1, 1, -1).expand(3, 1, -1)
-        pos, _ = self._rope_owner[0].get_rope_index(
-            ids,
-            mm_token_type_ids=inputs.mm_token_type_ids.to(device),
-            image_grid_thw=inputs.image_grid_thw.to(device),
-            attention_mask=torch.ones_like(ids),
-        )
-        assert isinstance(pos, torch.Tensor)
-        return pos
+        return rope_positions(self.rope_owner, inputs, device)
 
     def forward(self, inputs: ModelInputs, start: int, length: int) -> torch.Tensor:
         """Full-vocabulary logits ``(length, V)`` of positions ``start .. start + length - 1`` (padding dropped)."""
+        device = next(self.gpt.parameters()).device
+        return self._logits(inputs, self.positions(inputs, device), None, slice(start, start + length))
+
+    def forward_packed(self, packed: PackedInputs) -> torch.Tensor:
+        """Full-vocabulary logits of a packed row's kept positions (:meth:`PackedInputs.kept_positions`, in row
+        order), each row attending to itself only (:func:`~dart.train.packing.block_causal_mask`)."""
+        device = next(self.gpt.parameters()).device
+        mask = block_causal_mask(packed.lengths, device)
+        keep = packed.kept_positions().to(device)
+        return self._logits(packed, packed.position_ids[1:].to(device), mask, keep)
+
+    def _logits(
+        self, inputs: ModelInputs | PackedInputs, positions: torch.Tensor, mask: torch.Tensor | None, keep: Any
+    ) -> torch.Tensor:
+        """Logits of the positions ``keep`` (a slice or an index tensor) of one row, causal (``mask`` None) or
+        under ``mask`` (``True`` masks a score out)."""
         device = next(self.gpt.parameters()).device
         ids = inputs.input_ids.to(device)
         seq = ids.shape[1]
@@ -238,19 +265,19 @@ class QwenVLMegatron(torch.nn.Module):
             grid = inputs.image_grid_thw.to(device) if inputs.image_grid_thw is not None else None
             pixels = inputs.pixel_values.to(device=device, dtype=self.visual.dtype)
             image = self.visual(pixels, grid_thw=grid, return_dict=True).pooler_output.to(emb.dtype)
-            mask = (ids[0] == int(self.hf_config.image_token_id)).view(seq, 1, 1).expand_as(emb)
-            emb = emb.masked_scatter(mask, image)
+            image_mask = (ids[0] == int(self.hf_config.image_token_id)).view(seq, 1, 1).expand_as(emb)
+            emb = emb.masked_scatter(image_mask, image)
         # The decoder's hidden states are cut to the kept positions before megatron's output layer runs.
-        keep = self.gpt.decoder.register_forward_hook(lambda _module, _args, hidden: hidden[start : start + length])
+        cut = self.gpt.decoder.register_forward_hook(lambda _module, _args, hidden: hidden[keep])
         try:
             logits = self.gpt(
                 input_ids=ids,
-                position_ids=self.positions(inputs, device),
-                attention_mask=None,  # causal: SdpaAttention's default for the GPT spec's causal layers
+                position_ids=positions,
+                attention_mask=mask,  # None: causal, SdpaAttention's default for the GPT spec's causal layers
                 decoder_input=emb,
-            )  # [1, length, V_pad / tp]
+            )  # [1, kept, V_pad / tp]
         finally:
-            keep.remove()
+            cut.remove()
         full = gather_vocab(logits[0], self.tp_group)
         # Padded vocabulary rows are zero weights, not tokens: drop their logits before any softmax.
         return full[:, : self.spec.vocab_size]
