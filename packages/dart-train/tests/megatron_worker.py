@@ -11,20 +11,18 @@ import math
 import shutil
 import sys
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from PIL import Image
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dart.train.batching import InputBuilder, ModelInputs
 from dart.train.config import MegatronBackendSettings, TrainerConfig
 from dart.train.errors import CheckpointError
 from dart.train.loss import token_logprobs
 from dart.train.megatron import MegatronBackend
+from dart.train.testing import OpCount
 
 LR, CLIP, STEPS, TEMPERATURE = 1e-3, 1.0, 3, 0.7
 
@@ -63,18 +61,6 @@ def train(backend: MegatronBackend, inputs: list[ModelInputs], steps: int) -> tu
         losses.append(total)
         norms.append(backend.optimizer_step())
     return losses, norms
-
-
-class OpCount(TorchDispatchMode):
-    """Counts the aten operators run while it is active, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.calls[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

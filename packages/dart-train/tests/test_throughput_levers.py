@@ -6,14 +6,12 @@ unchanged (full weights and LoRA); the for-loop, foreach and fused AdamW kernels
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from PIL import Image
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dart.protocol.messages import TrainingSample
 from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
@@ -22,6 +20,7 @@ from dart.train.backend import TorchBackend
 from dart.train.batching import ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.sft import SftSample, sft_step
+from dart.train.testing import OpCount
 
 pytestmark = pytest.mark.unit
 
@@ -166,18 +165,6 @@ def test_activation_checkpointing_recomputes_each_layer_and_changes_no_update(
     assert b.loss == pytest.approx(a.loss, rel=1e-6) and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
     for (name, p), q in zip(plain.model.named_parameters(), saving.model.parameters(), strict=True):
         assert torch.allclose(p, q, rtol=0, atol=1e-6), name
-
-
-class OpCount(TorchDispatchMode):
-    """Counts the aten operators run while it is active, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.calls[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_the_adamw_kernels_agree(tiny_checkpoint: Path, rollout_samples: list[TrainingSample]) -> None:

@@ -39,7 +39,7 @@ from dart.train.interface import TrainerBackend
 from dart.train.lora import adapter_state, add_adapters, spec_of
 from dart.train.loss import behaviour_logprobs
 from dart.train.optimizer import adamw
-from dart.train.packing import pack, split_logits
+from dart.train.packing import pack, row_logprobs
 from dart.train.precision import MasterWeights, needs_master_weights
 from dart.train.tied import missing_are_tied, without_tied_aliases
 from dart.train.update import RLUpdate, SampleReader, TrainStepMetrics
@@ -190,11 +190,7 @@ class TorchBackend(TrainerBackend):
         kwargs = packed.kwargs(self.device, self.dtype)
         keep = packed.kept_positions().to(self.device)
         logits = (model or self.model)(**kwargs, use_cache=False, logits_to_keep=keep).logits[0]
-        out = []
-        for row, pred, sampling in zip(rows, split_logits(logits, rows), samplings, strict=True):
-            targets = row.input_ids[0, row.prompt_len :].to(self.device)
-            out.append(behaviour_logprobs(pred, targets, **sampling))
-        return out
+        return row_logprobs(logits, rows, samplings)
 
     def _rope_owner(self) -> Any:
         """The transformers module that computes the multimodal rope positions (``get_rope_index``)."""

@@ -17,13 +17,14 @@ as unpacked, a prompt's logits are never made.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dart.train.batching import ModelInputs
+from dart.train.loss import behaviour_logprobs
 
 
 def rope_positions(rope_owner: Any, inputs: ModelInputs, device: torch.device | str) -> torch.Tensor:
@@ -134,6 +135,13 @@ def block_causal_mask(lengths: Sequence[int], device: torch.device | str) -> tor
     return ~(causal & same)[None, None]
 
 
-def split_logits(logits: torch.Tensor, rows: Sequence[ModelInputs]) -> list[torch.Tensor]:
-    """The kept positions' logits (:meth:`PackedInputs.kept_positions` order) cut into each row's ``(R_i, V)``."""
-    return list(torch.split(logits, [r.response_len for r in rows]))
+def row_logprobs(
+    logits: torch.Tensor, rows: Sequence[ModelInputs], samplings: Sequence[Mapping[str, Any]]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each row's ``(logp, entropy)`` (:func:`~dart.train.loss.behaviour_logprobs` under ``samplings[i]``) from the
+    kept positions' logits of a packed pass (:meth:`PackedInputs.kept_positions` order)."""
+    out = []
+    for row, pred, sampling in zip(rows, torch.split(logits, [r.response_len for r in rows]), samplings, strict=True):
+        targets = row.input_ids[0, row.prompt_len :].to(logits.device)
+        out.append(behaviour_logprobs(pred, targets, **sampling))
+    return out

@@ -1,12 +1,15 @@
-"""Helpers for tests that feed engine output to a trainer: a screenshot stored as the rollout stores it, and a
-training sample made of one generation result, as the data manager would batch it."""
+"""Helpers for tests that feed engine output to a trainer: a screenshot stored as the rollout stores it, a
+training sample made of one generation result, as the data manager would batch it, and a count of the operators
+a computation ran."""
 
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dart.protocol.messages import ImageRef, TrainingSample
 
@@ -40,3 +43,16 @@ def sample_of(result: GenerationResult, images: list[ImageRef], trajectory_id: s
         sampling=result.sampling,
         images=images,
     )
+
+
+class OpCount(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's dispatch mode is unannotated
+    """Counts the aten operators run while it is active, by name (``with OpCount() as ops: ...; ops.calls["silu"]``):
+    what a test checks that a computation ran, or ran again."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's dispatch mode is unannotated
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))

@@ -44,7 +44,7 @@ from dart.train.loss import behaviour_logprobs
 from dart.train.megatron.convert import LMSpec, hf_to_megatron, is_language_model_key, megatron_to_hf
 from dart.train.megatron.model import QwenVLMegatron, build_gpt, import_megatron, install_cpu_memory_buffer
 from dart.train.optimizer import adamw
-from dart.train.packing import pack, split_logits
+from dart.train.packing import pack, row_logprobs
 from dart.train.precision import MasterWeights, needs_master_weights
 
 _META = "megatron_meta.json"
@@ -240,12 +240,7 @@ class MegatronBackend(TrainerBackend):
         TP group."""
         if not self.config.packing or len(rows) < 2:
             return super().forward_logprobs_many(rows, samplings)
-        logits = self.model.forward_packed(pack(rows, self.model.rope_owner))
-        out = []
-        for row, pred, sampling in zip(rows, split_logits(logits, rows), samplings, strict=True):
-            targets = row.input_ids[0, row.prompt_len :].to(self.device)
-            out.append(behaviour_logprobs(pred, targets, **sampling))
-        return out
+        return row_logprobs(self.model.forward_packed(pack(rows, self.model.rope_owner)), rows, samplings)
 
     # --- optimization ----------------------------------------------------------------------------
     def grad_norm(self) -> float:
