@@ -44,7 +44,8 @@ from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import HistoryStep, build_prompt
-from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
+from dart.rollout.model.tiny import write_tiny_checkpoint
+from dart.rollout.model.tiny_spec import TinyModelSpec
 from dart.rollout.service.config import PromptConfig
 from dart.train.batching import InputBuilder, ModelInputs
 

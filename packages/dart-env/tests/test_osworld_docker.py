@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from dart.env.osworld.client import VMServerClient
-from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
+from dart.env.osworld.config import OSWorldConfig
+from dart.env.osworld.env import OSWorldEnv
 from dart.env.osworld.errors import OSWorldVMError, ProviderError
 from dart.env.osworld.providers import CONTAINER_LABEL, DockerProvider, DockerProviderConfig, docker_client
 from dart.protocol.messages import TaskSpec

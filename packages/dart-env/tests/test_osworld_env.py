@@ -22,7 +22,8 @@ from PIL import Image
 from dart.env.errors import EnvError, EpisodeStateError, TaskParamsError
 from dart.env.interface import ENV_BACKENDS
 from dart.env.osworld import audit_dir, load_task_dir, to_task_spec
-from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
+from dart.env.osworld.config import OSWorldConfig
+from dart.env.osworld.env import OSWorldEnv
 from dart.env.osworld.getters import BUILTIN_GETTERS, GetterContext
 from dart.env.osworld.paths import OSWORLD_HOME
 from dart.env.osworld.providers import LocalDesktopProvider

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
+from dart.env.osworld.config import OSWorldConfig
+from dart.env.osworld.env import OSWorldEnv
 from dart.env.osworld.errors import ProviderError
 from dart.env.osworld.providers import (
     SERVER_PORT,

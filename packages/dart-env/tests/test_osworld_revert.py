@@ -20,7 +20,8 @@ import pytest
 
 from dart.env.desktop import DesktopConfig, XDesktop
 from dart.env.osworld import load_osworld_suite
-from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
+from dart.env.osworld.config import OSWorldConfig
+from dart.env.osworld.env import OSWorldEnv
 from dart.env.osworld.errors import ProviderError
 from dart.env.osworld.providers import RemoteProviderConfig
 from dart.env.osworld.support import VMImage, platform_features

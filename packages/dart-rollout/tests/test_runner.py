@@ -19,7 +19,8 @@ from dart.protocol.messages import Click, InlineImage, Trajectory, TrajectorySta
 from dart.protocol.messages.codec import decode, encode
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.engine.interface import EngineError, GenerationRequest
+from dart.rollout.engine.interface import GenerationRequest
+from dart.rollout.errors import EngineError
 from dart.rollout.model.screen import ResizeRule
 from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter

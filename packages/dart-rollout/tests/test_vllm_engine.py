@@ -27,14 +27,15 @@ from safetensors.torch import save_file
 from dart.protocol.bus import Bus
 from dart.protocol.messages import Sampling, TrajectoryStatus, WorkItem
 from dart.protocol.store import LocalStore
-from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
+from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
-from dart.rollout.errors import EngineRequestError, EngineStartError
+from dart.rollout.errors import EngineRequestError, EngineStartError, WeightUpdateError
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
-from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
+from dart.rollout.model.tiny import write_tiny_checkpoint
+from dart.rollout.model.tiny_spec import TinyModelSpec
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.fetch import fetch_weights
 from dart.rollout.service.router import EngineRouter

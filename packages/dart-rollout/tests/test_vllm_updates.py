@@ -24,10 +24,11 @@ from safetensors.torch import save_file
 from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
-from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult, WeightUpdateError
+from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
+from dart.rollout.errors import WeightUpdateError
 from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.service.config import SyncConfig

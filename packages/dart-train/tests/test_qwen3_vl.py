@@ -24,7 +24,8 @@ from dart.rollout.model.formats import UI_TARS_15
 from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.rollout.model.random_init import write_checkpoint
 from dart.rollout.model.screen import ResizeRule
-from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
+from dart.rollout.model.tiny import write_tiny_checkpoint
+from dart.rollout.model.tiny_spec import TinyModelSpec
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig

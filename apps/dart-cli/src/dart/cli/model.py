@@ -50,7 +50,8 @@ def init(
     from dart.rollout.errors import ModelInitError
     from dart.rollout.model.architectures import get_architecture
     from dart.rollout.model.random_init import write_checkpoint
-    from dart.rollout.model.tiny import TinyModelSpec, write_tiny_checkpoint
+    from dart.rollout.model.tiny import write_tiny_checkpoint
+    from dart.rollout.model.tiny_spec import TinyModelSpec
 
     texts = _tokenizer_texts(suite, sim_suites)
     t0 = time.perf_counter()

@@ -7,7 +7,6 @@ messages (see :class:`dart.rollout.service.runner.TrajectoryRunner`).
 from __future__ import annotations
 
 from dart.protocol.errors import DartError
-from dart.rollout.engine.interface import EngineError
 
 
 class RolloutError(DartError):
@@ -121,6 +120,37 @@ class ImageStoreError(RolloutError):
         super().__init__(
             f"cannot store a prompt image: {detail}. Check the rollout service's store, or raise "
             "rollout.prompt_images.inline_max_bytes to send the images inline."
+        )
+
+
+class EngineError(RolloutError):
+    """Base class of inference engine errors."""
+
+
+class EngineClosedError(EngineError):
+    """The engine was closed; send the request to another engine."""
+
+
+class WeightUpdateError(EngineError):
+    """New weights could not be loaded; the engine keeps serving its previous version.
+
+    Attributes:
+        version: The version that failed to load.
+        missing: Parameter names the model has but the new weights lack.
+        unexpected: Names in the new weights the model does not have.
+    """
+
+    def __init__(
+        self, version: int, reason: str, missing: list[str] | None = None, unexpected: list[str] | None = None
+    ):
+        self.version = version
+        self.missing = missing or []
+        self.unexpected = unexpected or []
+        super().__init__(
+            f"cannot load weights for version {version}: {reason}"
+            + (f"; missing {self.missing[:5]}" if self.missing else "")
+            + (f"; unexpected {self.unexpected[:5]}" if self.unexpected else "")
+            + ". The engine keeps serving its previous version; publish weights saved from this architecture."
         )
 
 

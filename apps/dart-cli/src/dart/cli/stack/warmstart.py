@@ -113,7 +113,8 @@ async def record_demos(
 def write_tiny_policy(config: RunConfig, tasks: Sequence[TaskSpec], base: Path) -> None:
     """Write the tiny random checkpoint ``dart run`` starts from when ``model.path`` is unset into ``base``; its
     tokenizer is trained on the default instructions and ``tasks``' own."""
-    from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, TinyModelSpec, write_tiny_checkpoint
+    from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, write_tiny_checkpoint
+    from dart.rollout.model.tiny_spec import TinyModelSpec
 
     texts = list(DEFAULT_INSTRUCTIONS) + [t.instruction for t in tasks if t.instruction]
     spec = TinyModelSpec(family=config.model.family)

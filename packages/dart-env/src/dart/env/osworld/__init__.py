@@ -15,7 +15,8 @@
 
 from dart.env.osworld.audit import AuditReport, audit, audit_dir, load_osworld_suite
 from dart.env.osworld.client import VMServerClient
-from dart.env.osworld.env import OSWorldConfig, OSWorldEnv
+from dart.env.osworld.config import OSWorldConfig
+from dart.env.osworld.env import OSWorldEnv
 from dart.env.osworld.errors import (
     EvaluatorError,
     OSWorldTaskError,

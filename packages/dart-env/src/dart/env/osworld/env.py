@@ -12,87 +12,34 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ValidationError
 
-from dart.env.desktop import DesktopConfig
 from dart.env.errors import TaskParamsError
 from dart.env.interface import BackendState, EnvBackend
 from dart.env.osworld.actions import pyautogui_command, to_dart_json, to_pyautogui
 from dart.env.osworld.client import VMServerClient
+from dart.env.osworld.config import OSWorldConfig
 from dart.env.osworld.errors import OSWorldVMError, ProviderError, SetupStepError, UnsupportedStepError
 from dart.env.osworld.evaluate import evaluate_task
 from dart.env.osworld.getters import GetterContext
-from dart.env.osworld.paths import OSWORLD_HOME, PathMap, inside
+from dart.env.osworld.paths import PathMap, inside
 from dart.env.osworld.providers import (
     DockerProvider,
-    DockerProviderConfig,
     LocalDesktopProvider,
     RemoteProvider,
-    RemoteProviderConfig,
     VMProvider,
 )
 from dart.env.osworld.setup import SetupRunner
 from dart.env.osworld.suites import local_solutions
+from dart.env.osworld.support import provider_features
 from dart.env.osworld.tasks import BACKEND, OSWorldTask
-from dart.protocol.config import ConfigModel
 from dart.protocol.messages import TERMINAL_ACTION_KINDS, Action, InlineImage, Observation, TaskSpec, Wait
 from dart.protocol.messages.observation import MetadataValue
 from dart.protocol.png import png_size
 
 T = TypeVar("T")
-
-
-class OSWorldConfig(ConfigModel):
-    """Configuration of ``osworld`` env instances.
-
-    Example (YAML)::
-
-        env:
-          backend: osworld
-          osworld:
-            provider: local
-            desktop: {width: 1280, height: 720}
-    """
-
-    provider: Literal["local", "docker", "remote"] = "local"
-    """Where the VM server comes from (see :mod:`dart.env.osworld.providers`)."""
-    desktop: DesktopConfig = Field(default_factory=DesktopConfig)
-    """The local desktop's settings (``provider: local``)."""
-    docker: DockerProviderConfig = Field(default_factory=DockerProviderConfig)
-    """The docker VM's settings (``provider: docker``)."""
-    remote: RemoteProviderConfig | None = None
-    """The remote VMs' settings (``provider: remote``): a URL or an acquire command, and how they revert."""
-    vm_apps: list[str] | None = None
-    """Applications the VM image has (``provider: docker`` or ``remote``), which decides the tasks the pool
-    runs (:func:`dart.env.osworld.support.vm_platform`); None: OSWorld's own VM image (every application
-    OSWorld's tasks use). The local provider probes its host instead."""
-    home_map: str | None = OSWORLD_HOME
-    """The VM home directory that task paths name; under the local provider it is rewritten to the
-    desktop's own HOME in setup-step and getter parameters (and the instruction). None: no rewriting.
-    Real VMs (docker, remote) never rewrite."""
-    network: bool = False
-    """Whether ``download`` steps and ``cloud_file`` getters may reach the internet."""
-    dart_actions: bool = True
-    """Send actions to ``/dart/action`` where the server has DART extensions; False sends pyautogui
-    code through ``/execute`` as on a real OSWorld VM (which needs pyautogui on the VM)."""
-    settle_s: float = Field(default=0.3, ge=0.0, le=10.0)
-    """Pause after each input action before the screenshot, seconds."""
-    request_timeout_s: float = Field(default=30.0, gt=0.0, le=600.0)
-    """Limit of every VM server request, seconds (a dead VM raises within it)."""
-    root_sudo: bool | None = None
-    """Local provider: drop ``sudo`` prefixes from commands; None: when this process runs as root."""
-    client_password: str = "password"
-    """What OSWorld's ``{CLIENT_PASSWORD}`` placeholder becomes (the public OSWorld VM default)."""
-
-    @model_validator(mode="after")
-    def _remote_is_configured(self) -> OSWorldConfig:
-        if self.provider == "remote" and self.remote is None:
-            raise ValueError(
-                "provider remote needs osworld.remote (url and revert_url/revert_command, or acquire_command)"
-            )
-        return self
 
 
 class OSWorldEnv(EnvBackend):
@@ -163,8 +110,6 @@ class OSWorldEnv(EnvBackend):
 
     def features(self) -> frozenset[str]:
         """What this backend's provider can run (:func:`dart.env.osworld.support.provider_features`)."""
-        from dart.env.osworld.support import provider_features
-
         return provider_features(self.config)
 
     def make_provider(self) -> VMProvider:

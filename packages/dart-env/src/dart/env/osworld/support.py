@@ -22,14 +22,12 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from dart.env.osworld.config import OSWorldConfig
 from dart.env.osworld.getters import BUILTIN_GETTERS
 from dart.env.osworld.metrics import BUILTIN_METRICS
 from dart.env.osworld.tasks import OSWorldTask
-
-if TYPE_CHECKING:
-    from dart.env.osworld.env import OSWorldConfig
 
 PROVIDED_APPS = frozenset({"terminal", "text_editor"})
 """Applications the local desktop backend itself brings (no probing)."""

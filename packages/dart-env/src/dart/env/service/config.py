@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from dart.env.miniwob import MiniWoBConfig
-from dart.env.osworld.env import OSWorldConfig
+from dart.env.osworld.config import OSWorldConfig
 from dart.env.service.health import RecycleConfig
 from dart.env.sim import SimConfig
 from dart.protocol.config import ConfigModel

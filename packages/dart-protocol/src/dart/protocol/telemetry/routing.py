@@ -214,74 +214,57 @@ class RoutingTracerProvider(trace.TracerProvider):
 
 
 class _RoutedSync:
-    """Shared logic of routed synchronous instruments: find the real instrument per route."""
+    """What a routed synchronous instrument shares: per measurement, the real instrument of the current route
+    (made by ``create`` on that route's meter the first time) takes the call; with no route current, nothing."""
 
-    def __init__(self, router: Router, scope: _ScopeKey, kind: str, name: str, unit: str, description: str) -> None:
+    def __init__(
+        self, router: Router, scope: _ScopeKey, kind: str, name: str, create: Callable[[metrics.Meter], Any]
+    ) -> None:
         self._router = router
         self._scope = scope
         self._kind = kind
         self._name = name
-        self._unit = unit
-        self._description = description
+        self._create = create
 
-    def _real(self, create: Callable[[metrics.Meter], _T]) -> _T | None:
+    def call(self, method: str, amount: int | float, attributes: Attributes, context: Context | None) -> None:
+        """``real.<method>(amount, attributes, context)`` on the current route's instrument."""
         route = self._router.current()
-        if route is None:
-            return None
-        return route.instrument(self._scope, self._kind, self._name, create)
+        if route is not None:
+            real = route.instrument(self._scope, self._kind, self._name, self._create)
+            getattr(real, method)(amount, attributes, context)
 
 
+# The API's Instrument.__init__ is abstract with an empty body: the routed instruments call nothing of it.
 class _RoutingCounter(metrics.Counter):
     def __init__(self, routed: _RoutedSync) -> None:
-        # The API's Instrument.__init__ is abstract with an empty body: nothing to call.
         self._r = routed
 
     def add(self, amount: int | float, attributes: Attributes = None, context: Context | None = None) -> None:
-        r = self._r
-        real = r._real(lambda m: m.create_counter(r._name, r._unit, r._description))
-        if real is not None:
-            real.add(amount, attributes, context)
+        self._r.call("add", amount, attributes, context)
 
 
 class _RoutingUpDownCounter(metrics.UpDownCounter):
     def __init__(self, routed: _RoutedSync) -> None:
-        # The API's Instrument.__init__ is abstract with an empty body: nothing to call.
         self._r = routed
 
     def add(self, amount: int | float, attributes: Attributes = None, context: Context | None = None) -> None:
-        r = self._r
-        real = r._real(lambda m: m.create_up_down_counter(r._name, r._unit, r._description))
-        if real is not None:
-            real.add(amount, attributes, context)
+        self._r.call("add", amount, attributes, context)
 
 
 class _RoutingHistogram(metrics.Histogram):
-    def __init__(self, routed: _RoutedSync, boundaries: Sequence[float] | None) -> None:
-        # The API's Instrument.__init__ is abstract with an empty body: nothing to call.
+    def __init__(self, routed: _RoutedSync) -> None:
         self._r = routed
-        self._boundaries = boundaries
 
     def record(self, amount: int | float, attributes: Attributes = None, context: Context | None = None) -> None:
-        r = self._r
-        real = r._real(
-            lambda m: m.create_histogram(
-                r._name, r._unit, r._description, explicit_bucket_boundaries_advisory=self._boundaries
-            )
-        )
-        if real is not None:
-            real.record(amount, attributes, context)
+        self._r.call("record", amount, attributes, context)
 
 
 class _RoutingGauge(metrics._Gauge):
     def __init__(self, routed: _RoutedSync) -> None:
-        # The API's Instrument.__init__ is abstract with an empty body: nothing to call.
         self._r = routed
 
     def set(self, amount: int | float, attributes: Attributes = None, context: Context | None = None) -> None:
-        r = self._r
-        real = r._real(lambda m: m.create_gauge(r._name, r._unit, r._description))
-        if real is not None:
-            real.set(amount, attributes, context)
+        self._r.call("set", amount, attributes, context)
 
 
 class RoutingMeter(metrics.Meter):
@@ -296,8 +279,8 @@ class RoutingMeter(metrics.Meter):
         self._router = router
         self._scope = scope
 
-    def _routed(self, kind: str, name: str, unit: str, description: str) -> _RoutedSync:
-        return _RoutedSync(self._router, self._scope, kind, name, unit, description)
+    def _routed(self, kind: str, name: str, create: Callable[[metrics.Meter], Any]) -> _RoutedSync:
+        return _RoutedSync(self._router, self._scope, kind, name, create)
 
     def _creation_meter(self) -> metrics.Meter:
         route = self._router.current()
@@ -305,11 +288,12 @@ class RoutingMeter(metrics.Meter):
 
     def create_counter(self, name: str, unit: str = "", description: str = "") -> metrics.Counter:
         """A counter routed per measurement."""
-        return _RoutingCounter(self._routed("counter", name, unit, description))
+        return _RoutingCounter(self._routed("counter", name, lambda m: m.create_counter(name, unit, description)))
 
     def create_up_down_counter(self, name: str, unit: str = "", description: str = "") -> metrics.UpDownCounter:
         """An up-down counter routed per measurement."""
-        return _RoutingUpDownCounter(self._routed("up_down_counter", name, unit, description))
+        create = lambda m: m.create_up_down_counter(name, unit, description)  # noqa: E731
+        return _RoutingUpDownCounter(self._routed("up_down_counter", name, create))
 
     def create_histogram(
         self,
@@ -320,13 +304,13 @@ class RoutingMeter(metrics.Meter):
         explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
     ) -> metrics.Histogram:
         """A histogram routed per measurement."""
-        return _RoutingHistogram(
-            self._routed("histogram", name, unit, description), explicit_bucket_boundaries_advisory
-        )
+        bounds = explicit_bucket_boundaries_advisory
+        create = lambda m: m.create_histogram(name, unit, description, explicit_bucket_boundaries_advisory=bounds)  # noqa: E731
+        return _RoutingHistogram(self._routed("histogram", name, create))
 
     def create_gauge(self, name: str, unit: str = "", description: str = "") -> metrics._Gauge:
         """A gauge routed per measurement."""
-        return _RoutingGauge(self._routed("gauge", name, unit, description))
+        return _RoutingGauge(self._routed("gauge", name, lambda m: m.create_gauge(name, unit, description)))
 
     def create_observable_counter(
         self, name: str, callbacks: Sequence[CallbackT] | None = None, unit: str = "", description: str = ""

@@ -36,15 +36,14 @@ from dart.protocol.weights import (
 )
 from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.interface import (
-    EngineClosedError,
     EngineState,
     GenerationRequest,
     GenerationResult,
     GenerationTimings,
     InferenceEngine,
-    WeightUpdateError,
     start_all,
 )
+from dart.rollout.errors import EngineClosedError, WeightUpdateError
 from dart.rollout.model.loading import load_policy
 
 log = logging.getLogger("dart.rollout.hf")

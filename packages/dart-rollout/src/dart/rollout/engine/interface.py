@@ -13,8 +13,8 @@ Lifecycle of an engine::
 - **serving**: requests are batched and generated.
 - **draining**: an update was requested; the running batch finishes, new requests wait in the queue.
 - **loading**: the new weights are loaded; on success ``version`` becomes the new version, on failure the
-  old weights stay and :class:`WeightUpdateError` is raised; either way the engine serves again.
-- **closed**: queued requests fail with :class:`EngineClosedError`.
+  old weights stay and :class:`~dart.rollout.errors.WeightUpdateError` is raised; either way the engine serves again.
+- **closed**: queued requests fail with :class:`~dart.rollout.errors.EngineClosedError`.
 
 The weight-sync controller triggers updates; trajectory runners call :meth:`InferenceEngine.generate`
 concurrently; the router reads :attr:`InferenceEngine.load`.
@@ -43,37 +43,6 @@ class EngineState(StrEnum):
     DRAINING = "draining"
     LOADING = "loading"
     CLOSED = "closed"
-
-
-class EngineError(Exception):
-    """Base class of inference engine errors."""
-
-
-class EngineClosedError(EngineError):
-    """The engine was closed; send the request to another engine."""
-
-
-class WeightUpdateError(EngineError):
-    """New weights could not be loaded; the engine keeps serving its previous version.
-
-    Attributes:
-        version: The version that failed to load.
-        missing: Parameter names the model has but the new weights lack.
-        unexpected: Names in the new weights the model does not have.
-    """
-
-    def __init__(
-        self, version: int, reason: str, missing: list[str] | None = None, unexpected: list[str] | None = None
-    ):
-        self.version = version
-        self.missing = missing or []
-        self.unexpected = unexpected or []
-        super().__init__(
-            f"cannot load weights for version {version}: {reason}"
-            + (f"; missing {self.missing[:5]}" if self.missing else "")
-            + (f"; unexpected {self.unexpected[:5]}" if self.unexpected else "")
-            + ". The engine keeps serving its previous version; publish weights saved from this architecture."
-        )
 
 
 @dataclass(frozen=True)

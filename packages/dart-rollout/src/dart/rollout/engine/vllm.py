@@ -47,21 +47,25 @@ from dart.protocol.telemetry import current_telemetry
 from dart.protocol.weights import AdapterSpec, adapter_spec_of
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.interface import (
-    EngineClosedError,
-    EngineError,
     EngineState,
     GenerationRequest,
     GenerationResult,
     GenerationTimings,
     InferenceEngine,
-    WeightUpdateError,
     start_all,
 )
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.engine.vllm_lora import AdapterVersions, ServedAdapter, adapter_name, check_adapter, stage_adapter
 from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
 from dart.rollout.engine.vllm_wire import chat_messages, reference_header, stage_weights, weights_header
-from dart.rollout.errors import EngineRequestError, EngineStartError, EngineUnavailableError
+from dart.rollout.errors import (
+    EngineClosedError,
+    EngineError,
+    EngineRequestError,
+    EngineStartError,
+    EngineUnavailableError,
+    WeightUpdateError,
+)
 
 log = logging.getLogger("dart.rollout.vllm")
 # httpx logs every request at INFO: thousands of lines per run in the rollout log; failures are ours to report.

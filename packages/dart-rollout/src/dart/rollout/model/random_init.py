@@ -31,10 +31,10 @@ from dart.rollout.model.families import FIRST_SPECIAL_ID, RealArchitecture
 from dart.rollout.model.tiny import (
     DEFAULT_INSTRUCTIONS,
     SPECIAL_TOKENS,
-    TinyModelSpec,
     build_tokenizer,
     tokenizer_corpus,
 )
+from dart.rollout.model.tiny_spec import TinyModelSpec
 
 MANIFEST_NAME = "dart_init_manifest.json"
 

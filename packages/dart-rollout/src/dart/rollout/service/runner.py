@@ -42,8 +42,8 @@ from dart.protocol.messages.trajectory import TrajectoryStatus
 from dart.protocol.store.images import ImageOffload
 from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
-from dart.rollout.engine.interface import EngineError, GenerationRequest, GenerationResult
-from dart.rollout.errors import EnvFailed, ImageFetchError, ImageStoreError, NoEngineError
+from dart.rollout.engine.interface import GenerationRequest, GenerationResult
+from dart.rollout.errors import EngineError, EnvFailed, ImageFetchError, ImageStoreError, NoEngineError
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
 from dart.rollout.model.screen import coordinate_scale
 from dart.rollout.service.config import RunnerConfig

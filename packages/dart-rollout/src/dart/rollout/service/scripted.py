@@ -14,14 +14,13 @@ from dataclasses import dataclass
 
 from dart.protocol.messages import SamplingParams
 from dart.rollout.engine.interface import (
-    EngineClosedError,
-    EngineError,
     EngineState,
     GenerationRequest,
     GenerationResult,
     GenerationTimings,
     InferenceEngine,
 )
+from dart.rollout.errors import EngineClosedError, EngineError
 
 
 @dataclass(frozen=True)

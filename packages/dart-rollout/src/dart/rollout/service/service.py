@@ -31,8 +31,8 @@ from dart.protocol.store import StoreConfig, open_store
 from dart.protocol.telemetry import GpuSampler, Telemetry
 from dart.protocol.topology import announced_version, durable_name, open_topology
 from dart.protocol.waiting import cancel_and_wait
-from dart.rollout.engine.interface import ENGINES, EngineError, InferenceEngine
-from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
+from dart.rollout.engine.interface import ENGINES, InferenceEngine
+from dart.rollout.errors import EngineError, NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import RolloutConfig, resolve_runner
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter

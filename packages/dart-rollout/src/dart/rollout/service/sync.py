@@ -47,8 +47,8 @@ from dart.protocol.store import StoreConfig
 from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.protocol.waiting import cancel_and_wait
-from dart.rollout.engine.interface import EngineError, EngineState, InferenceEngine
-from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
+from dart.rollout.engine.interface import EngineState, InferenceEngine
+from dart.rollout.errors import EngineError, NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.fetch import cache_root, cache_usage, fetch_weights
 

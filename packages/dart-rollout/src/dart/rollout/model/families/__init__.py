@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from dart.protocol.models import ModelFamily
 from dart.rollout.errors import ModelInitError
-
-if TYPE_CHECKING:
-    from dart.rollout.model.tiny import TinyModelSpec
+from dart.rollout.model.tiny_spec import TinyModelSpec
 
 QWEN_VOCAB_SIZE = 151936
 """Embedding rows of every Qwen2.5-VL and Qwen3-VL model (the tokenizer uses 151,665 of them)."""

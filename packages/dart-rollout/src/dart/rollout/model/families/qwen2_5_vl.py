@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dart.protocol.models import QWEN2_5_VL
 from dart.rollout.model.families import (
@@ -20,9 +20,7 @@ from dart.rollout.model.families import (
     text_token_ids,
     vision_token_ids,
 )
-
-if TYPE_CHECKING:
-    from dart.rollout.model.tiny import TinyModelSpec
+from dart.rollout.model.tiny_spec import TinyModelSpec
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

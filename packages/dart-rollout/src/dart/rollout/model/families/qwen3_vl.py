@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dart.protocol.models import QWEN3_VL
 from dart.rollout.model.families import (
@@ -22,9 +22,7 @@ from dart.rollout.model.families import (
     text_token_ids,
     vision_token_ids,
 )
-
-if TYPE_CHECKING:
-    from dart.rollout.model.tiny import TinyModelSpec
+from dart.rollout.model.tiny_spec import TinyModelSpec
 
 MIN_PIXELS = 65536
 """Smallest image area after the resize, as the published processor says (``size.shortest_edge``)."""
