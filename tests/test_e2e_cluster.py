@@ -5,11 +5,12 @@ store and catches up; the run ends with nothing lost, nothing stored twice and n
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sqlite3
 import subprocess
-import time
+import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Any
 import pytest
 
 from dart.embedded.nats import EmbeddedNats, EmbeddedNatsCluster
-from dart.protocol.telemetry import read_jsonl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_support  # the end-to-end tests' shared helpers, beside them
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,26 +29,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.warm_start(ROOT / "examples" / "smoke
 WAIT_S = 1500.0
 """Limit of one wait for a condition, the warm start included (catches a hung run, within the run's own
 limit; a loaded machine is slow, not stuck)."""
+
+wait_for = functools.partial(e2e_support.wait_for, limit_s=WAIT_S)
+events = e2e_support.events
 AFTER_RESTART = 1
 """Versions published after the node is back before the test ends the RL phase (SIGINT, as Ctrl-C would): the
 run is asked to stop once the restarted cluster has carried it on, however fast the machine."""
-
-
-def wait_for(run: subprocess.Popen[str], condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if run.poll() is not None:
-            raise AssertionError(f"dart run ended (code {run.returncode}) before {what}")
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"no {what} within {WAIT_S:g}s")
-
-
-def events(run_dir: Path, service: str, name: str) -> list[dict[str, Any]]:
-    path = run_dir / "telemetry" / f"{service}.jsonl"
-    return [r for r in read_jsonl(path, types={"event"}) if r["name"] == name] if path.is_file() else []
 
 
 def stored(run_dir: Path) -> int:

@@ -12,11 +12,11 @@ and publishes on. The run must end with nothing lost or stored twice, and leave 
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,9 @@ import pytest
 
 from dart.protocol.telemetry import read_jsonl
 from dart.protocol.testing import kill_process_tree
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_support  # the end-to-end tests' shared helpers, beside them
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "smoke-ray.yaml"
@@ -38,17 +41,7 @@ AFTER_RESTART = 1
 WAIT_S = 900.0
 """Limit of one wait for a condition (catches a hung run; a loaded machine is slow, not stuck)."""
 
-
-def wait_for(run: subprocess.Popen[str], condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if run.poll() is not None:
-            raise AssertionError(f"dart run ended (code {run.returncode}) before {what}")
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"no {what} within {WAIT_S:g}s")
+wait_for = functools.partial(e2e_support.wait_for, limit_s=WAIT_S)
 
 
 def published(run_dir: Path) -> int:

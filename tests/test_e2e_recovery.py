@@ -7,19 +7,22 @@ must end normally with every produced trajectory stored once.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sqlite3
 import subprocess
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dart.protocol.telemetry import read_jsonl
 from dart.protocol.testing import kill_process_tree
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_support  # the end-to-end tests' shared helpers, beside them
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +33,9 @@ AFTER_RESUME = 1
 """Versions published after the resume before the test ends the run."""
 WAIT_S = 900.0
 """Limit of one wait for a condition (catches a hung run; a loaded machine is slow, not stuck)."""
+
+wait_for = functools.partial(e2e_support.wait_for, limit_s=WAIT_S)
+events = e2e_support.events
 
 
 def service_pid(parent: int, service: str) -> int | None:
@@ -45,25 +51,6 @@ def service_pid(parent: int, service: str) -> int | None:
         if ppid == parent and b"serve" in argv and service.encode() in argv:
             return int(entry.name)
     return None
-
-
-def wait_for(run: subprocess.Popen[str], condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if run.poll() is not None:
-            raise AssertionError(f"dart run ended (code {run.returncode}) before {what}")
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"no {what} within {WAIT_S:g}s")
-
-
-def events(run_dir: Path, service: str, name: str) -> list[dict[str, Any]]:
-    path = run_dir / "telemetry" / f"{service}.jsonl"
-    if not path.is_file():
-        return []
-    return [r for r in read_jsonl(path, types={"event"}) if r["name"] == name]
 
 
 def published(run_dir: Path) -> list[int]:

@@ -17,6 +17,9 @@ import yaml
 
 from dart.protocol.telemetry import read_jsonl
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_support  # the end-to-end tests' shared helpers, beside them
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,31 +117,7 @@ def test_services_ran_as_separate_processes(smoke_run: tuple[dict[str, Any], Pat
 def test_an_engine_updated_while_another_served(smoke_run: tuple[dict[str, Any], Path]) -> None:
     _, run_dir = smoke_run
     records = list(read_jsonl(run_dir / "telemetry" / "rollout.jsonl"))
-    starts: dict[tuple[str, int], int] = {}
-    updates: list[tuple[str, int, int]] = []
-    for r in records:
-        if r["type"] == "event" and r["name"] in ("engine.update.start", "engine.update.end"):
-            key = (r["attributes"]["engine_id"], r["attributes"]["version"])
-            if r["name"] == "engine.update.start":
-                starts[key] = r["ts_unix_ns"]
-            elif key in starts:
-                updates.append((key[0], starts[key], r["ts_unix_ns"]))
-    generates = [
-        (r["attributes"]["dart.engine_id"], r["start_unix_ns"], r["end_unix_ns"])
-        for r in records
-        if r["type"] == "span" and r["name"] == "engine.generate"
-    ]
-    assert updates, "no engine weight update was recorded"
-    overlapping = [
-        (engine, start, end)
-        for engine, start, end in updates
-        if any(other != engine and g_start < end and g_end > start for other, g_start, g_end in generates)
-    ]
-    assert overlapping, "no engine served a request while another engine was updating"
-    # Decoupled mode never takes every engine down at once.
-    for _, start, end in updates:
-        busy = {e for e, s, t in updates if s < end and t > start}
-        assert len(busy) < 2, f"engines {busy} updated at the same time"
+    e2e_support.assert_an_engine_updated_while_another_served(records)
 
 
 def test_one_trajectory_is_one_trace_across_services(smoke_run: tuple[dict[str, Any], Path]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,9 @@ from typing import Any
 import pytest
 
 from dart.protocol.telemetry import read_jsonl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_support  # the end-to-end tests' shared helpers, beside them
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,29 +90,6 @@ def test_each_vllm_server_ran_on_gpus_of_its_own(vllm_run: tuple[dict[str, Any],
 def test_a_vllm_engine_updated_in_place_while_another_served(vllm_run: tuple[dict[str, Any], Path]) -> None:
     _, run_dir = vllm_run
     records = list(read_jsonl(run_dir / "telemetry" / "rollout.jsonl"))
-    starts: dict[tuple[str, int], int] = {}
-    updates: list[tuple[str, int, int]] = []
-    for r in records:
-        if r["type"] == "event" and r["name"] in ("engine.update.start", "engine.update.end"):
-            key = (r["attributes"]["engine_id"], r["attributes"]["version"])
-            if r["name"] == "engine.update.start":
-                starts[key] = r["ts_unix_ns"]
-            elif key in starts and r["attributes"]["ok"]:
-                updates.append((key[0], starts[key], r["ts_unix_ns"]))
-    generates = [
-        (r["attributes"]["dart.engine_id"], r["start_unix_ns"], r["end_unix_ns"])
-        for r in records
-        if r["type"] == "span" and r["name"] == "engine.generate"
-    ]
-    assert updates, "no successful engine weight update was recorded"
-    overlapping = [
-        (engine, start, end)
-        for engine, start, end in updates
-        if any(other != engine and g_start < end and g_end > start for other, g_start, g_end in generates)
-    ]
-    assert overlapping, "no engine served a request while another engine was updating"
-    for _, start, end in updates:
-        busy = {e for e, s, t in updates if s < end and t > start}
-        assert len(busy) < 2, f"engines {busy} updated at the same time"
+    e2e_support.assert_an_engine_updated_while_another_served(records, successful_only=True)
     # The servers were never restarted: the updates were in place.
     assert not [r for r in records if r["type"] == "event" and r["name"] == "engine.restart.start"]

@@ -124,3 +124,57 @@ def rotary_sections(half: int, weights: tuple[int, int, int]) -> tuple[int, int,
     h = half * weights[1] // total
     w = half * weights[2] // total
     return half - h - w, h, w
+
+
+def text_config(arch: Any, special_ids: Mapping[str, int], **extra: Any) -> dict[str, Any]:
+    """``text_config`` of a Qwen-VL architecture (``arch`` has the fields both families' ``Architecture`` share),
+    with the tokenizer's special ids; ``extra`` adds family fields (``head_dim``) and rope settings
+    (``mrope_interleaved``) to ``rope_parameters``."""
+    rope_extra = {k: extra.pop(k) for k in list(extra) if k.startswith("mrope_")}
+    return {
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "num_hidden_layers": arch.num_hidden_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_key_value_heads,
+        **extra,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rms_norm_eps": arch.rms_norm_eps,
+        "hidden_act": "silu",
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": arch.rope_theta,
+            "mrope_section": list(arch.mrope_section),
+            **rope_extra,
+        },
+        **text_token_ids(special_ids),
+        "tie_word_embeddings": arch.tie_word_embeddings,
+    }
+
+
+def tiny_sizes(spec: TinyModelSpec, vocab_size: int) -> dict[str, Any]:
+    """The ``Architecture`` fields every Qwen-VL family's tiny model takes from ``spec`` alike."""
+    return {
+        "name": "tiny",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 8192,
+    }
+
+
+def tiny_tower(spec: TinyModelSpec) -> dict[str, Any]:
+    """The ``VisionTower`` fields every Qwen-VL family's tiny model takes from ``spec`` alike."""
+    return {
+        "depth": spec.vision_depth,
+        "hidden_size": spec.vision_hidden_size,
+        "intermediate_size": spec.vision_intermediate_size,
+        "num_heads": spec.vision_heads,
+        "out_hidden_size": spec.hidden_size,
+    }

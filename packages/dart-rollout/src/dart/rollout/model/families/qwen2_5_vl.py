@@ -17,7 +17,9 @@ from dart.rollout.model.families import (
     QWEN_VOCAB_SIZE,
     check_count,
     rotary_sections,
-    text_token_ids,
+    text_config,
+    tiny_sizes,
+    tiny_tower,
     vision_token_ids,
 )
 from dart.rollout.model.tiny_spec import TinyModelSpec
@@ -141,24 +143,7 @@ class Architecture:
 
     def text_config(self, special_ids: Mapping[str, int]) -> dict[str, Any]:
         """``text_config`` of :class:`transformers.Qwen2_5_VLConfig`, with the tokenizer's special ids."""
-        return {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": self.rms_norm_eps,
-            "hidden_act": "silu",
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": self.rope_theta,
-                "mrope_section": list(self.mrope_section),
-            },
-            **text_token_ids(special_ids),
-            "tie_word_embeddings": self.tie_word_embeddings,
-        }
+        return text_config(self, special_ids)
 
     def config(self, special_ids: Mapping[str, int]) -> Any:
         """The :class:`transformers.Qwen2_5_VLConfig`, with the tokenizer's special ids."""
@@ -258,25 +243,9 @@ def tiny_config(spec: TinyModelSpec, vocab_size: int, ids: Mapping[str, int]) ->
     in every vision block, rotary sections in Qwen's 2:3:3 ratio."""
     head_dim = spec.hidden_size // spec.num_heads
     tiny = Architecture(
-        name="tiny",
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        tie_word_embeddings=False,
-        vision=VisionTower(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden_size,
-            intermediate_size=spec.vision_intermediate_size,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.hidden_size,
-            fullatt_block_indexes=tuple(range(spec.vision_depth)),
-        ),
-        vocab_size=vocab_size,
-        rope_theta=10000.0,
+        **tiny_sizes(spec, vocab_size),
+        vision=VisionTower(**tiny_tower(spec), fullatt_block_indexes=tuple(range(spec.vision_depth))),
         mrope_section=rotary_sections(head_dim // 2, (2, 3, 3)),
-        max_position_embeddings=8192,
     )
     return tiny.config(ids)
 

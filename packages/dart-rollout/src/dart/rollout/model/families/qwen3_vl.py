@@ -19,7 +19,9 @@ from dart.rollout.model.families import (
     QWEN_VOCAB_SIZE,
     check_count,
     rotary_sections,
-    text_token_ids,
+    text_config,
+    tiny_sizes,
+    tiny_tower,
     vision_token_ids,
 )
 from dart.rollout.model.tiny_spec import TinyModelSpec
@@ -120,26 +122,7 @@ class Architecture:
 
         v = self.vision
         return Qwen3VLConfig(
-            text_config={
-                "vocab_size": self.vocab_size,
-                "hidden_size": self.hidden_size,
-                "intermediate_size": self.intermediate_size,
-                "num_hidden_layers": self.num_hidden_layers,
-                "num_attention_heads": self.num_attention_heads,
-                "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim,
-                "max_position_embeddings": self.max_position_embeddings,
-                "rms_norm_eps": self.rms_norm_eps,
-                "hidden_act": "silu",
-                "rope_parameters": {
-                    "rope_type": "default",
-                    "rope_theta": self.rope_theta,
-                    "mrope_section": list(self.mrope_section),
-                    "mrope_interleaved": True,
-                },
-                **text_token_ids(special_ids),
-                "tie_word_embeddings": self.tie_word_embeddings,
-            },
+            text_config=text_config(self, special_ids, head_dim=self.head_dim, mrope_interleaved=True),
             vision_config={
                 "depth": v.depth,
                 "hidden_size": v.hidden_size,
@@ -216,27 +199,10 @@ def tiny_config(spec: TinyModelSpec, vocab_size: int, ids: Mapping[str, int]) ->
     64 learned vision position embeddings (an 8 x 8 grid, interpolated to the image's)."""
     head_dim = spec.hidden_size // spec.num_heads
     tiny = Architecture(
-        name="tiny",
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        tie_word_embeddings=False,
-        vision=VisionTower(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden_size,
-            intermediate_size=spec.vision_intermediate_size,
-            num_heads=spec.vision_heads,
-            out_hidden_size=spec.hidden_size,
-            deepstack_visual_indexes=(0,),
-            num_position_embeddings=64,
-        ),
+        **tiny_sizes(spec, vocab_size),
+        vision=VisionTower(**tiny_tower(spec), deepstack_visual_indexes=(0,), num_position_embeddings=64),
         head_dim=head_dim,
-        vocab_size=vocab_size,
-        rope_theta=10000.0,
         mrope_section=rotary_sections(head_dim // 2, (6, 5, 5)),
-        max_position_embeddings=8192,
     )
     return tiny.config(ids)
 
