@@ -2,7 +2,8 @@
 (`examples/smoke-qwen3.yaml`, which is `smoke-fsdp.yaml` with `model.family: qwen3-vl`) and megatron-core at
 tensor-parallel size 2 on Qwen2.5-VL (`examples/smoke-megatron.yaml`). Each run trains, publishes full
 Hugging Face checkpoints the engines load unchanged, and the engines' log-probs on the new weights match
-the trainer's."""
+the trainer's. Both runs train with the throughput levers on (packed micro-batches, activation checkpointing, the
+fused AdamW step), so the match holds with them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dart.protocol.telemetry import read_jsonl
 
@@ -29,6 +31,8 @@ def test_two_rank_trainer_trains_publishes_and_engines_match(
 ) -> None:
     summary, run_dir = dart_run(ROOT / "examples" / example, timeout_s=1150)
     assert summary["error"] is None
+    train = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
+    assert (train["packing"], train["activation_checkpointing"], train["optimizer_impl"]) == (True, True, "fused")
     assert summary["versions_published"] >= 2
     assert summary["trajectories_lost"] == 0
     assert summary["service_exit_codes"]["train"] == 0
