@@ -318,7 +318,7 @@ async def test_a_warm_spare_replaces_a_crashed_instance_without_a_start(
                 break
             await asyncio.sleep(0.05)
         assert service.spare_stats().ready == 1
-        spare = service._spares.ready[0]
+        spare = service._keeper.spares.ready[0]
         starts_before = SlowStartCrashOnWait.starts
         client = Client(bus, service.config.pool)
         lease = await client.lease()
@@ -565,7 +565,7 @@ async def test_an_instance_is_recycled_after_its_episodes_by_a_warm_spare(bus: B
                 if service.spare_stats().ready == 1:
                     break
                 await asyncio.sleep(0.05)
-            spare = service._spares.ready[0]
+            spare = service._keeper.spares.ready[0]
             first = service.backend(instance_id)
             for seed in (1, 2):
                 reward, _ = await run_episode(client, service, sim_task("click-button", "easy", seed))

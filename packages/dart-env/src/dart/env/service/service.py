@@ -15,13 +15,14 @@ from typing import TypeVar
 from dart.env.errors import EpisodeStateError, InstanceIdTakenError, LayoutError, TaskParamsError, TaskRefusedError
 from dart.env.interface import ENV_BACKENDS, EnvBackend
 from dart.env.service.config import EnvServiceConfig
-from dart.env.service.health import InstanceHealth, processes_rss_mib, recycle_reason
+from dart.env.service.health import InstanceHealth
 from dart.env.service.instance import InstanceSlot, InstanceStats, SlotState
+from dart.env.service.keeper import InstanceKeeper
 from dart.env.service.lease import EndReason, Lease
 from dart.env.service.lease_book import LeaseBook
 from dart.env.service.pool_tasks import PoolTasks
 from dart.env.service.screenshots import ScreenshotOffload
-from dart.env.service.spares import SparePool, SpareStats
+from dart.env.service.spares import SpareStats
 from dart.protocol.bus import Bus, Service
 from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError, ServiceError
 from dart.protocol.messages import (
@@ -42,7 +43,6 @@ from dart.protocol.messages import (
     StepRequest,
     TaskSpec,
 )
-from dart.protocol.retry import Backoff, pause
 from dart.protocol.store import ArtifactStore
 from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.protocol.waiting import cancel_and_wait
@@ -51,8 +51,6 @@ log = logging.getLogger("dart.env.service")
 
 T = TypeVar("T")
 
-_CLOSE_TIMEOUT_S = 10.0
-"""How long closing a crashed or stopping backend may take before it is abandoned, seconds."""
 _PROBE_TIMEOUT_S = 1.0
 
 
@@ -78,7 +76,8 @@ class EnvService:
     holder that stops heartbeating loses the lease to the reaper (or to the next call) and
     further calls get ``expired``. If the backend raises or exceeds ``op_timeout_s`` during
     reset/step/evaluate, the call is answered ``env_failed``, the lease ends (later calls on it
-    get ``env_failed`` too) and the instance is replaced in the background under the same id: by a
+    get ``env_failed`` too) and the instance is replaced in the background under the same id
+    (:class:`~dart.env.service.keeper.InstanceKeeper`, which also recycles worn instances): by a
     warm spare at once when one is ready (:class:`~dart.env.service.spares.SparePool`), else by a new
     backend, restarted with backoff until ``max_consecutive_failures`` retires the slot.
 
@@ -131,12 +130,10 @@ class EnvService:
         self._slots: dict[str, InstanceSlot] = {}
         self._leases = LeaseBook()
         self._services: list[Service] = []
-        self._tasks: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._stopping = False
         self._started = False
-        self._spares = SparePool(config, self._factory, start=self._start_backend, close=self._close_backend)
-        self._closing: set[asyncio.Task[None]] = set()
+        self._keeper = InstanceKeeper(config, self._factory, self._leases, telemetry)
         self._capabilities: EnvCapabilities | None = None
         self._pool_tasks = PoolTasks({}, "no tasks: the service has not started")
         self.task_refusals: Counter[str] = Counter()
@@ -170,7 +167,7 @@ class EnvService:
             slot = InstanceSlot(i, instance_id, self._factory(self.config, i), tracker, health=health)
             self._slots[instance_id] = slot
         try:
-            await asyncio.gather(*(self._start_backend(slot.backend) for slot in self._slots.values()))
+            await asyncio.gather(*(self._keeper.start_backend(slot.backend) for slot in self._slots.values()))
             for slot in self._slots.values():
                 await self._serve_instance(slot)
                 slot.free()
@@ -197,29 +194,24 @@ class EnvService:
             await self.stop()
             raise
         self._reaper = asyncio.create_task(self._reap_forever(), name=f"env reaper {self.config.pool}")
-        self._spares.start()
+        self._keeper.start()
         log.info("env pool %s serving %d %s instances", self.config.pool, len(self._slots), self.config.backend)
 
     async def stop(self) -> None:
         """Stop serving, end every lease and close every backend (idempotent)."""
         if self._stopping:
             return
-        self._stopping = True
+        self._stopping = self._keeper.stopping = True
         # The lease subject goes first so no new holder arrives while instances shut down.
         for service in self._services:
             await service.stop()
-        background = [*self._tasks, *([self._reaper] if self._reaper is not None else [])]
-        await asyncio.gather(cancel_and_wait(background), self._spares.stop(), return_exceptions=True)
-        # Crashed backends being closed are waited for, not cancelled: a half-closed browser or
-        # desktop would outlive the service.
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        reaper = [self._reaper] if self._reaper is not None else []
+        await asyncio.gather(cancel_and_wait(reaper), self._keeper.stop(), return_exceptions=True)
         for slot in self._slots.values():
             if slot.lease is not None:
                 self._leases.end(slot, EndReason.STOPPED)
             slot.state = SlotState.STOPPED
-        await asyncio.gather(
-            *(self._close_backend(slot.backend) for slot in self._slots.values()), self._spares.close()
-        )
+        await self._keeper.close(slot.backend for slot in self._slots.values())
         self._emit_stats()
         log.info("env pool %s stopped", self.config.pool)
 
@@ -252,7 +244,7 @@ class EnvService:
 
     def spare_stats(self) -> SpareStats:
         """The warm-spare pool's counters."""
-        return self._spares.stats()
+        return self._keeper.spares.stats()
 
     def _emit_stats(self) -> None:
         """Write every instance's counters to telemetry (``env.instance_stats`` events)."""
@@ -294,7 +286,7 @@ class EnvService:
         for slot in self._slots.values():
             if slot.state == SlotState.FREE and slot.backend.spent:
                 # Freed by an expiry: a backend that cannot revert is replaced before anyone gets it.
-                self._recycle_if_due(slot)
+                self._keeper.recycle_if_due(slot)
         free = [slot for slot in self._slots.values() if slot.state == SlotState.FREE]
         if self._stopping or not free:
             raise ServiceError(
@@ -444,7 +436,7 @@ class EnvService:
             if lease is None:
                 return ReleaseReply(released=False)
             self._leases.end(slot, EndReason.RELEASED)
-            self._recycle_if_due(slot)
+            self._keeper.recycle_if_due(slot)
             return ReleaseReply(released=True)
 
     async def _on_heartbeat(self, slot: InstanceSlot, request: HeartbeatRequest) -> HeartbeatReply:
@@ -466,7 +458,7 @@ class EnvService:
                 # A slot whose lock is held has a call in flight or queued: its holder is alive.
                 if lease is not None and lease.expired(now) and not slot.lock.locked():
                     self._leases.end(slot, EndReason.EXPIRED)
-                    self._recycle_if_due(slot)
+                    self._keeper.recycle_if_due(slot)
 
     # --- backend calls and crash recovery -------------------------------------------------------
     async def _call(self, slot: InstanceSlot, op: str, call: Callable[[EnvBackend], Awaitable[T]]) -> T:
@@ -484,7 +476,7 @@ class EnvService:
         except Exception as exc:
             # Anything else means the env is in an unknown state: never hand it to anyone again.
             detail = f"{op} timed out after {self.config.op_timeout_s:g}s" if isinstance(exc, TimeoutError) else None
-            self._fail(slot, op, exc)
+            self._keeper.fail(slot, op, exc)
             raise ServiceError(
                 ErrorCode.ENV_FAILED,
                 f"instance {slot.instance_id} failed during {op}: {detail or f'{type(exc).__name__}: {exc}'}; "
@@ -500,157 +492,6 @@ class EnvService:
         if slot.lease is not None:
             slot.lease.touch()
         return result
-
-    def _fail(self, slot: InstanceSlot, op: str, exc: BaseException) -> None:
-        log.warning("instance %s failed during %s: %r; replacing it", slot.instance_id, op, exc)
-        slot.failures += 1
-        slot.consecutive_failures += 1
-        self._leases.end(slot, EndReason.ENV_FAILED)
-        slot.state = SlotState.REPLACING
-        if self._telemetry is not None:
-            self._telemetry.event(
-                "env.instance_failed",
-                instance_id=slot.instance_id,
-                backend=self.config.backend,
-                op=op,
-                error=f"{type(exc).__name__}: {exc}"[:500],
-                consecutive_failures=slot.consecutive_failures,
-            )
-        self._background(self._replace(slot, slot.backend), f"replace {slot.instance_id}")
-
-    # --- recycling ------------------------------------------------------------------------------
-    def _recycle_if_due(self, slot: InstanceSlot) -> None:
-        """Measure a just-freed instance; past a recycle limit, or spent (it cannot start another clean
-        episode), swap its backend for a fresh one."""
-        slot.rss_mib = processes_rss_mib(slot.backend.process_ids())
-        spent = slot.backend.spent
-        reason = "single_use" if spent else recycle_reason(slot.health, slot.rss_mib, self.config.recycle)
-        if reason is None or self._stopping or slot.state != SlotState.FREE:
-            return
-        slot.state = SlotState.REPLACING  # not leasable until the fresh backend is in
-        log.info("recycling instance %s (%s)", slot.instance_id, reason)
-        self._background(self._recycle(slot, reason), f"recycle {slot.instance_id}")
-
-    async def _recycle(self, slot: InstanceSlot, reason: str) -> None:
-        started = time.monotonic()
-        worn, health, rss_mib = slot.backend, slot.health, slot.rss_mib
-        fresh = self._spares.take()
-        from_spare = fresh is not None
-        if fresh is None:
-            fresh = self._factory(self.config, slot.index + (slot.generation + 1) * self.config.instances)
-            try:
-                await self._start_backend(fresh)
-            except asyncio.CancelledError:
-                await self._close_backend(fresh)
-                raise
-            except Exception as exc:
-                await self._close_backend(fresh)
-                if worn.spent:
-                    # The old backend cannot give a clean episode: the slot is restarted like a crashed one.
-                    self._fail(slot, "recycle", exc)
-                    return
-                # The worn backend still works: it serves on, and the next release tries again.
-                log.warning("starting a fresh backend for %s failed: %r; keeping the old one", slot.instance_id, exc)
-                slot.free()
-                return
-        self._close_meanwhile(worn, f"close worn {slot.instance_id}")
-        slot.generation += 1
-        slot.recycles[reason] = slot.recycles.get(reason, 0) + 1
-        self._install(slot, fresh)
-        if self._telemetry is not None:
-            self._telemetry.event(
-                "env.instance_recycled",
-                instance_id=slot.instance_id,
-                backend=self.config.backend,
-                reason=reason,
-                episodes=health.episodes,
-                rss_mib=round(rss_mib, 1),
-                step_latency_ratio=round(health.step_latency_ratio, 3),
-                generation=slot.generation,
-                from_spare=from_spare,
-                took_s=time.monotonic() - started,
-            )
-
-    def _background(self, coro: Awaitable[None], name: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _install(self, slot: InstanceSlot, backend: EnvBackend) -> None:
-        """Put a started backend in the slot, with a fresh health record, and make the slot leasable."""
-        slot.backend = backend
-        slot.health = InstanceHealth(self.config.recycle.latency_window)
-        slot.rss_mib = 0.0
-        slot.last_task_id = None
-        slot.free()
-
-    def _close_meanwhile(self, backend: EnvBackend, name: str) -> None:
-        """Close a backend that left its slot in the background (``stop`` waits for it)."""
-        closing = asyncio.create_task(self._close_backend(backend), name=name)
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
-
-    def _replaced(self, slot: InstanceSlot, backend: EnvBackend, started: float, *, spare: bool) -> None:
-        slot.restarts += 1
-        self._install(slot, backend)
-        log.info("instance %s replaced (generation %d%s)", slot.instance_id, slot.generation, ", a spare" * spare)
-        if self._telemetry is not None:
-            self._telemetry.event(
-                "env.instance_replaced",
-                instance_id=slot.instance_id,
-                backend=self.config.backend,
-                generation=slot.generation,
-                from_spare=spare,
-                took_s=time.monotonic() - started,
-            )
-
-    async def _replace(self, slot: InstanceSlot, crashed: EnvBackend) -> None:
-        started = time.monotonic()
-        spare = self._spares.take() if slot.consecutive_failures < self.config.max_consecutive_failures else None
-        if spare is not None:
-            # A warm spare takes the slot at once; the crashed backend is closed meanwhile.
-            self._close_meanwhile(crashed, f"close crashed {slot.instance_id}")
-            slot.generation += 1
-            self._replaced(slot, spare, started, spare=True)
-            return
-        await self._close_backend(crashed)
-        # No cap: the slot retires after max_consecutive_failures anyway.
-        delays = Backoff(self.config.restart_backoff_s).delays()
-        while slot.consecutive_failures < self.config.max_consecutive_failures:
-            slot.generation += 1
-            # A new stream per generation, so a replacement does not replay its predecessor's randomness.
-            backend = self._factory(self.config, slot.index + slot.generation * self.config.instances)
-            try:
-                await self._start_backend(backend)
-            except asyncio.CancelledError:
-                await self._close_backend(backend)  # the service is stopping; do not leak a half-started env
-                raise
-            except Exception as exc:
-                slot.failures += 1
-                slot.consecutive_failures += 1
-                log.warning("restarting instance %s failed: %r", slot.instance_id, exc)
-                await self._close_backend(backend)
-                await pause(next(delays))
-                continue
-            self._replaced(slot, backend, started, spare=False)
-            return
-        slot.state = SlotState.RETIRED
-        log.error(
-            "instance %s retired after %d consecutive failures; check the %s backend",
-            slot.instance_id,
-            slot.consecutive_failures,
-            self.config.backend,
-        )
-
-    async def _start_backend(self, backend: EnvBackend) -> None:
-        await asyncio.wait_for(backend.start(), self.config.op_timeout_s)
-
-    async def _close_backend(self, backend: EnvBackend) -> None:
-        try:
-            await asyncio.wait_for(backend.close(), _CLOSE_TIMEOUT_S)
-        except Exception as exc:  # a crashed env may fail to close; it is dropped either way
-            log.warning("closing a %s backend failed: %r", self.config.backend, exc)
 
     async def _check_ids_free(self) -> None:
         """Refuse to serve an instance id that another process already serves."""

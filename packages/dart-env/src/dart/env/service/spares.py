@@ -19,6 +19,22 @@ MAX_START_BACKOFF_S = 60.0
 """Longest pause between two failed spare starts, seconds."""
 
 
+async def start_or_close(
+    backend: EnvBackend, start: Callable[[EnvBackend], Awaitable[None]], close: Callable[[EnvBackend], Awaitable[None]]
+) -> Exception | None:
+    """Start ``backend``; where it fails, close it and return the error (None: it started). Cancelled (the service
+    is stopping), it is closed too, so no half-started env outlives the service, and the cancellation goes on."""
+    try:
+        await start(backend)
+    except asyncio.CancelledError:
+        await close(backend)
+        raise
+    except Exception as exc:
+        await close(backend)
+        return exc
+    return None
+
+
 @dataclass(frozen=True)
 class SpareStats:
     """The warm-spare pool's counters.
@@ -127,15 +143,10 @@ class SparePool:
                 continue
             backend = self._factory(self._config, SPARE_STREAM_BASE + self._streams)
             self._streams += 1
-            try:
-                await self._start(backend)
-            except asyncio.CancelledError:
-                await self._close(backend)  # the service is stopping; do not leak a half-started env
-                raise
-            except Exception as exc:
+            failed = await start_or_close(backend, self._start, self._close)
+            if failed is not None:
                 self._start_failures += 1
-                log.warning("starting a warm spare for pool %s failed: %r", self._config.pool, exc)
-                await self._close(backend)
+                log.warning("starting a warm spare for pool %s failed: %r", self._config.pool, failed)
                 await pause(next(delays))
                 continue
             delays = backoff.delays()  # a spare that started resets the delay
