@@ -218,3 +218,23 @@ def test_no_function_is_longer_than_the_limit() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines; split them into named steps:\n" + "\n".join(long)
+
+
+def _config_modules() -> list[str]:
+    """Every ``config`` / ``*_config`` module of the packages and apps, by dotted name."""
+    paths = [*ROOT.glob("packages/*/src/dart/**/*config.py"), *ROOT.glob("apps/*/src/dart/**/*config.py")]
+    # packages/<package>/src/dart/... -> dart....
+    parts = [path.relative_to(ROOT).with_suffix("").parts[3:] for path in sorted(paths)]
+    return [".".join(p) for p in parts if p[-1] == "config" or p[-1].endswith("_config")]
+
+
+def test_no_config_module_imports_torch() -> None:
+    # Configs are read by every tool and service (dart doctor, the CLI, a config check on a machine without a GPU
+    # stack): importing one must not pull in torch or transformers, which take seconds and gigabytes.
+    modules = _config_modules()
+    assert "dart.train.config" in modules and "dart.rollout.engine.hf_config" in modules
+    heavy = ("torch", "transformers")
+    code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = _run(sys.executable, "-c", code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"importing the config modules imported {out.stdout.strip()}"
