@@ -51,9 +51,15 @@ _TRAIN_FIELDS_OUTSIDE_KEY = frozenset(
         "lr",  # warm start uses warm_start.lr
         "debug_step_delay_s",  # RL steps only
         "lora",  # the warm start trains every weight; LoRA applies to RL after it
+        # Throughput levers: each changes the warm start's steps by rounding at most, as num_threads does.
+        "packing",
+        "activation_checkpointing",
+        "optimizer_impl",
+        "logprob_micro_batch_size",  # RL's passes without gradient only
     }
 )
-"""Trainer settings that cannot change a warm start (it always runs on the single-process torch backend)."""
+"""Trainer settings that cannot change a warm start beyond rounding (it always runs on the single-process torch
+backend)."""
 
 _FORMAT = 1
 """Bumped when an entry's layout or the key's composition changes."""
