@@ -426,8 +426,12 @@ class RLUpdate:
                 with torch.no_grad():
                     for lo in range(0, len(mine), size):
                         rows = mine[lo : lo + size]
-                        outs = self._forward(rows, held, samples, kl, "logp_old", size)
-                        local.update((i, row) for i, (_, row) in zip(rows, outs, strict=True) if i is not None)
+                        outs = self._forward(rows, held, samples, kl, "logp_old", size, keep=True)
+                        local.update(
+                            (i, row)
+                            for i, (_, row) in zip(rows, outs, strict=True)
+                            if i is not None and row is not None
+                        )
                 return local
             except RankFailureError as exc:
                 if exc.reason != "out_of_memory" or size == 1:
@@ -447,23 +451,35 @@ class RLUpdate:
         return old
 
     def _forward(
-        self, rows: Sequence[int | None], held: _Held, samples: Sequence[TrainingSample], kl: bool, what: str, mbs: int
-    ) -> list[tuple[torch.Tensor, _Old]]:
+        self,
+        rows: Sequence[int | None],
+        held: _Held,
+        samples: Sequence[TrainingSample],
+        kl: bool,
+        what: str,
+        mbs: int,
+        *,
+        keep: bool,
+    ) -> list[tuple[torch.Tensor, _Old | None]]:
         """Forward passes of ``rows`` (None: the spare row, run for its collectives), each agreed by every rank:
-        packed (``train.packing``) one pass for all of them, else one per row."""
+        packed (``train.packing``) one pass for all of them, else one per row. ``keep``: also what ``logp_old``
+        keeps of each row (see :meth:`_rows`)."""
         real = [held.spare if i is None else i for i in rows]
         if self.config.packing:
-            return self._together(lambda: self._rows(real, held, samples, kl), what, mbs)  # type: ignore[no-any-return]
-        return [self._together(lambda i=i: self._rows([i], held, samples, kl)[0], what, mbs) for i in real]
+            return self._together(lambda: self._rows(real, held, samples, kl, keep), what, mbs)  # type: ignore[no-any-return]
+        return [self._together(lambda i=i: self._rows([i], held, samples, kl, keep)[0], what, mbs) for i in real]
 
     def _rows(
-        self, rows: Sequence[int], held: _Held, samples: Sequence[TrainingSample], kl: bool
-    ) -> list[tuple[torch.Tensor, _Old]]:
-        """Each row's log-probs (with gradient where autograd is on) and what ``logp_old`` keeps of it, on the CPU:
-        the log-probs detached, the entropies and (with ``kl``) the reference log-probs."""
+        self, rows: Sequence[int], held: _Held, samples: Sequence[TrainingSample], kl: bool, keep: bool
+    ) -> list[tuple[torch.Tensor, _Old | None]]:
+        """Each row's log-probs (with gradient where autograd is on) and, with ``keep``, what ``logp_old`` keeps of it,
+        on the CPU: the log-probs detached, the entropies and (with ``kl``) the reference log-probs. Without ``keep``
+        nothing is copied off the device (a step whose ``logp_old`` came from its own pass)."""
         inputs = [held.inputs[i] for i in rows]
         samplings = [self._sampling(samples[i]) for i in rows]
         outs = self.backend.forward_logprobs_many(inputs, samplings)
+        if not keep:
+            return [(logp, None) for logp, _ in outs]
         refs: list[torch.Tensor | None] = [None] * len(rows)
         if kl:
             with torch.no_grad():
@@ -560,9 +576,9 @@ class RLUpdate:
             rows = mine[lo : lo + mbs]
             real = [held.spare if i is None else i for i in rows]
             # In one pass this forward is also logp_old's (and the KL reference's); otherwise those were computed.
-            outs = self._forward(rows, held, samples, kl and self.one_pass, "micro-batch", mbs)
+            outs = self._forward(rows, held, samples, kl, "micro-batch", mbs, keep=self.one_pass)
             if self.one_pass:
-                olds = [row for _, row in outs]
+                olds = [row for _, row in outs if row is not None]
                 old.update((i, row) for i, row in zip(rows, olds, strict=True) if i is not None)
             else:
                 olds = [old[i] for i in real]
