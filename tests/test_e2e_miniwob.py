@@ -1,11 +1,13 @@
 """End to end on MiniWoB++: `dart run examples/miniwob.yaml` runs the four services on real web
-tasks in headless Chromium (warm start from the scripted oracles, a short RL phase), and its own
-records show every trajectory came from the miniwob pool and was stored."""
+tasks in headless Chromium (warm start from the scripted oracles, a short RL phase, rollouts branched at their
+least sure step), and its own records show every trajectory came from the miniwob pool and was stored, and
+that branches forked their parents in Chromium and were trained with them."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,3 +108,38 @@ def test_trajectories_ran_on_miniwob_tasks_in_chromium(miniwob_run: tuple[dict[s
     assert {s["backend"] for s in stats} == {"miniwob"}
     assert len(stats) == load_run_config(CONFIG).env.instances
     assert sum(int(s["steps"]) for s in stats) > 0 and all(int(s["failures"]) == 0 for s in stats)
+
+
+@pytest.mark.warm_start(CONFIG, env=RUN_ENV)
+@pytest.mark.e2e
+@needs_chromium
+def test_rollouts_were_branched_by_forking_chromium_and_trained_with_their_parents(
+    miniwob_run: tuple[dict[str, Any], Path],
+) -> None:
+    _, run_dir = miniwob_run
+    events = read_jsonl(run_dir / "telemetry" / "data.jsonl", types={"event"})
+    final = [e["attributes"] for e in events if e["name"] == "data.stats"][-1]
+    assert final["branches"] > 0
+    [forks] = [
+        e["attributes"]
+        for e in read_jsonl(run_dir / "telemetry" / "env.jsonl", types={"event"})
+        if e["name"] == "env.forks"
+    ]
+    assert forks["forked"] > 0, forks
+    with sqlite3.connect(run_dir / "data.sqlite3") as db:
+        branches = db.execute(
+            "SELECT b.trajectory_id, b.branch_step, b.group_id, p.group_id, p.num_steps, p.status FROM trajectories b "
+            "JOIN trajectories p ON p.trajectory_id = b.parent_trajectory_id"
+        ).fetchall()
+        orphans = db.execute(
+            "SELECT COUNT(*) FROM trajectories WHERE parent_trajectory_id IS NOT NULL AND parent_trajectory_id NOT IN "
+            "(SELECT trajectory_id FROM trajectories)"
+        ).fetchone()[0]
+        trained = db.execute(
+            "SELECT COUNT(*) FROM trajectories b JOIN rollout_groups g ON g.group_id = b.group_id "
+            "WHERE b.parent_trajectory_id IS NOT NULL AND g.status = 'emitted'"
+        ).fetchone()[0]
+    assert branches and orphans == 0
+    for _, step, group, parent_group, parent_steps, parent_status in branches:
+        assert group == parent_group and 1 <= step < parent_steps and parent_status in ("ok", "truncated")
+    assert trained > 0, "no branch reached a training batch"

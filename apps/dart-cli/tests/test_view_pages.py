@@ -20,6 +20,7 @@ from dart.cli.view.app import create_app
 from dart.cli.view.figures import QUIET_S
 from dart.cli.view.source import open_run
 from dart.data.advantages import group_advantages
+from dart.protocol import messages as m
 from dart.protocol.telemetry import observed_window
 
 pytestmark = pytest.mark.unit
@@ -328,4 +329,40 @@ def test_a_deployment_config_reads_its_database_and_store(tmp_path: Path, postgr
         with TestClient(create_app(source), base_url=LOCAL) as c:
             html = c.get("/").text
     assert set(_utilization(html)) == {"env", "engine", "trainer"} and "the span the telemetry covers" in html
+    run.index.close()
+
+
+def test_a_rollouts_branches_show_as_a_tree_and_a_branch_links_its_parent(tmp_path: Path, kit: Any) -> None:
+    run = kit.new_run(tmp_path / "run")
+    clicks = (m.Click(x=0.25, y=0.75),) * 4
+    parent = kit.make_traj("root", "g-t", 0, actions=clicks)
+    run.add(parent)
+    for tid, step, reward in (("kid-a", 1, 1.0), ("kid-b", 1, 0.0), ("kid-c", 3, 1.0)):
+        base = kit.make_traj(tid, "g-t", 0, reward=reward, actions=clicks)
+        steps = [s.model_copy(update={"index": i}) for i, s in enumerate(base.steps) if i >= step]
+        run.add(
+            m.Trajectory.model_validate(
+                {
+                    **base.model_dump(),
+                    "steps": [s.model_dump() for s in steps],
+                    "branch": {"parent_trajectory_id": "root", "step_index": step},
+                }
+            )
+        )
+    with open_run(run.run_dir) as source, TestClient(create_app(source), base_url=LOCAL) as c:
+        root = c.get("/trajectories/root").text
+        tree = root[root.index('id="branches"') : root.index("</section>", root.index('id="branches"'))]
+        # Two branch points, in step order, each with its branches.
+        assert re.findall(r'href="#step-(\d)"', tree) == ["1", "3"]
+        assert re.findall(r">(kid-\w)</code></a>: reward ([\d.]+)", tree) == [
+            ("kid-a", "1.000"),
+            ("kid-b", "0.000"),
+            ("kid-c", "1.000"),
+        ]
+        kid = c.get("/trajectories/kid-c").text
+        assert 'id="parent"' in kid and 'href="/trajectories/root"' in kid and "forked at step 3" in kid
+        assert kid.count('<section class="step"') == 1 and 'id="step-3"' in kid and 'id="branches"' not in kid
+        group = c.get("/groups/g-t").text
+        assert group.count("branch of rollout 0 at step") == 3
+        assert group.count("per step, against its siblings") == 3
     run.index.close()

@@ -21,6 +21,7 @@ from dart.cli.view.overlay import action_shapes, describe
 from dart.cli.view.queries import PAGE_SIZE, RunIndex, TrajectoryFilter, read_only_engine
 from dart.cli.view.source import open_run
 from dart.data.index import TrajectoryIndex
+from dart.data.schema import LATEST_VERSION
 from dart.env.sim.interaction import to_pixel
 from dart.protocol import messages as m
 
@@ -54,9 +55,10 @@ def test_a_postgresql_index_is_read_in_read_only_transactions(postgres_url: str)
 
 def test_an_index_of_another_schema_version_is_refused_not_migrated(view_run: Any) -> None:
     with view_run.index.engine.begin() as conn:
-        conn.execute(text("DELETE FROM schema_version WHERE version = 4"))
+        conn.execute(text("DELETE FROM schema_version WHERE version = :v"), {"v": LATEST_VERSION})
     index = RunIndex(read_only_engine(view_run.index.url))
-    with pytest.raises(NotARunError, match="schema version 3 and this dart view reads version 4"):
+    said = f"schema version {LATEST_VERSION - 1} and this dart view reads version {LATEST_VERSION}"
+    with pytest.raises(NotARunError, match=said):
         index.check_schema()
 
 

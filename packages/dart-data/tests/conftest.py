@@ -73,6 +73,11 @@ def traj_factory() -> MakeTraj:
     return make_traj
 
 
+@pytest.fixture
+def step_factory() -> Callable[..., m.StepRecord]:
+    return make_step
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """SQLAlchemy URL of an empty index database: a SQLite file, or a fresh database on the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import uuid
@@ -22,8 +23,10 @@ from dart.protocol.messages import (
     ErrorCode,
     EvaluateReply,
     EvaluateRequest,
+    InlineImage,
     LeaseReply,
     LeaseRequest,
+    Observation,
     ReleaseReply,
     ReleaseRequest,
     ResetReply,
@@ -81,8 +84,17 @@ class Client:
                         raise
                     await asyncio.sleep(0.1)
 
-    async def reset(self, lease: LeaseReply, task: TaskSpec, seed: int) -> ResetReply:
-        request = ResetRequest(lease_id=lease.lease_id, task=task, seed=seed)
+    async def reset(
+        self,
+        lease: LeaseReply,
+        task: TaskSpec,
+        seed: int,
+        replay: list[Action] | None = None,
+        expect: list[str | None] | None = None,
+    ) -> ResetReply:
+        request = ResetRequest(
+            lease_id=lease.lease_id, task=task, seed=seed, replay=replay or [], expect_sha256=expect or []
+        )
         return await self.bus.request(self._at(lease, "reset"), request, ResetReply)
 
     async def step(self, lease: LeaseReply, action: Action, index: int) -> StepReply:
@@ -179,3 +191,44 @@ async def test_a_browser_past_its_memory_limit_is_recycled_between_episodes(bus:
         assert service.backend(lease.instance_id) is not worn and worn.state == "closed"
         await client.release(lease)
         assert service.stats()[lease.instance_id].rss_mib > 50.0  # a Chromium is far above 50 MiB
+
+
+def digest(observation: Observation) -> str:
+    assert isinstance(observation.screenshot, InlineImage)
+    return hashlib.sha256(observation.screenshot.png).hexdigest()
+
+
+async def test_a_fork_resets_the_same_task_and_seed_and_replays_to_the_same_screens(
+    bus: Bus, service: EnvService
+) -> None:
+    """MiniWoB++ forks by replay in a real Chromium: the same task and seed, then the parent's actions, pass
+    through byte-identical screenshots, and the forked page goes on to the parent's success; a screen of
+    another seed is refused as ``fork_mismatch``, counted."""
+    client = Client(bus, service.config.pool)
+    task = miniwob_task("login-user")
+    lease = await client.lease()
+    screens = [digest((await client.reset(lease, task, seed=21)).observation)]
+    actions: list[Action] = []
+    backend = service.backend(lease.instance_id)
+    while (oracle := backend.oracle_action()) is not None and len(actions) < 3:
+        reply = await client.step(lease, oracle[1], len(actions))
+        actions.append(oracle[1])
+        screens.append(digest(reply.observation))
+    assert len(actions) == 3 and not reply.done and len(set(screens)) == 4
+
+    forked = await client.reset(lease, task, seed=21, replay=actions, expect=screens)
+    assert [digest(o) for o in forked.replayed] == screens[1:]
+    index, done = 0, False
+    while not done and (oracle := backend.oracle_action()) is not None:
+        done = (await client.step(lease, oracle[1], index)).done
+        index += 1
+    assert done and (await client.evaluate(lease)).success
+
+    other = digest((await client.reset(lease, task, seed=22)).observation)
+    assert other != screens[0]
+    with pytest.raises(RemoteError) as refused:
+        await client.reset(lease, task, seed=21, replay=actions, expect=[other, *screens[1:]])
+    assert refused.value.code == ErrorCode.CONFLICT and refused.value.details["reason"] == "fork_mismatch"
+    assert service.forks == {"forked": 1, "fork_mismatch": 1}
+    assert service.capabilities is not None and "fork" in service.capabilities.features
+    assert (await client.release(lease)).released

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -28,8 +29,10 @@ from dart.protocol.messages import (
     ErrorCode,
     EvaluateReply,
     EvaluateRequest,
+    Finished,
     HeartbeatReply,
     HeartbeatRequest,
+    InlineImage,
     LeaseReply,
     LeaseRequest,
     Observation,
@@ -77,6 +80,12 @@ class SlowerEachStep(SimEnv):
         return await super().step(action)
 
 
+class SimWithoutFork(SimEnv):
+    """A sim env that does not declare forking (as the desktop and OSWorld do not)."""
+
+    forks = False
+
+
 class SlowStartCrashOnWait(CrashOnWait):
     """Takes 2 s to start (like a browser or a desktop) and crashes on ``wait``."""
 
@@ -96,7 +105,9 @@ def _test_backends() -> Iterator[None]:
         "slow-crash-on-wait", lambda cfg, stream: SlowStartCrashOnWait(cfg.sim, stream=stream), replace=True
     )
     ENV_BACKENDS.register("slower-each-step", lambda cfg, stream: SlowerEachStep(cfg.sim, stream=stream), replace=True)
+    ENV_BACKENDS.register("sim-no-fork", lambda cfg, stream: SimWithoutFork(cfg.sim, stream=stream), replace=True)
     yield
+    ENV_BACKENDS.unregister("sim-no-fork")
     ENV_BACKENDS.unregister("slower-each-step")
     ENV_BACKENDS.unregister("crash-on-wait")
     ENV_BACKENDS.unregister("hang-on-wait")
@@ -148,10 +159,15 @@ class Client:
                         raise
                     await asyncio.sleep(0.02)
 
-    async def reset(self, lease: LeaseReply, task: TaskSpec) -> ResetReply:
-        return await self.bus.request(
-            self._at(lease, "reset"), ResetRequest(lease_id=lease.lease_id, task=task), ResetReply
-        )
+    async def reset(
+        self,
+        lease: LeaseReply,
+        task: TaskSpec,
+        replay: list[Action] | None = None,
+        expect: list[str | None] | None = None,
+    ) -> ResetReply:
+        request = ResetRequest(lease_id=lease.lease_id, task=task, replay=replay or [], expect_sha256=expect or [])
+        return await self.bus.request(self._at(lease, "reset"), request, ResetReply)
 
     async def step(self, lease: LeaseReply, action: Action, index: int) -> StepReply:
         request = StepRequest(lease_id=lease.lease_id, action=action, step_index=index)
@@ -624,3 +640,62 @@ def test_memory_counts_a_process_and_all_its_descendants() -> None:
         subprocess.run(["pkill", "-P", str(proc.pid)], check=False)
         proc.kill()
         proc.wait()
+
+
+def digest(observation: Observation) -> str:
+    assert isinstance(observation.screenshot, InlineImage)
+    return hashlib.sha256(observation.screenshot.png).hexdigest()
+
+
+async def test_a_fork_replays_an_episode_to_the_same_screens_and_a_different_one_is_refused(
+    bus: Bus, make_service: Callable[..., EnvService]
+) -> None:
+    """A reset with a replay (the fork of a branch) reaches the parent's state on another instance, screen by
+    screen; a screen that differs, an action that ends the episode, or a backend that does not fork is refused
+    ``conflict`` with the reason, counted, and the lease stays for a plain reset."""
+    task = sim_task("tick-boxes", "hard", 1)
+    async with make_service(instances=2) as service:
+        assert service.capabilities is not None and "fork" in service.capabilities.features
+        client = Client(bus, service.config.pool)
+        parent = await client.lease()
+        screens = [digest((await client.reset(parent, task)).observation)]
+        actions: list[Action] = []
+        oracle = service.backend(parent.instance_id).oracle_action
+        while (step := oracle()) is not None and len(actions) < 3:
+            reply = await client.step(parent, step[1], len(actions))
+            assert not reply.done
+            actions.append(step[1])
+            screens.append(digest(reply.observation))
+        assert len(actions) == 3 and len(set(screens)) == 4  # every action changed the screen
+
+        child = await client.lease()  # the other instance: the fork does not need the parent's
+        assert child.instance_id != parent.instance_id
+        forked = await client.reset(child, task, replay=actions, expect=[screens[0], None, screens[2], screens[3]])
+        assert [digest(forked.observation)] + [digest(o) for o in forked.replayed] == screens
+        # The forked state goes on as the parent's would: the oracle finishes the task from there.
+        child_oracle = service.backend(child.instance_id).oracle_action
+        index = 0
+        while (step := child_oracle()) is not None:
+            done = (await client.step(child, step[1], index)).done
+            index += 1
+        assert done and (await client.evaluate(child)).success
+
+        wrong = [*screens[:3], screens[0]]  # the last screen is not the parent's
+        refused = await expect_error(ErrorCode.CONFLICT, client.reset(child, task, replay=actions, expect=wrong))
+        assert refused.details["reason"] == "fork_mismatch" and "after replayed action 2" in refused.message
+        ended = await expect_error(ErrorCode.CONFLICT, client.reset(child, task, replay=[*actions, Finished()]))
+        assert ended.details["reason"] == "fork_ended"
+        # The lease is still the holder's: a plain reset starts a normal episode.
+        assert digest((await client.reset(child, task)).observation) == screens[0]
+        assert service.forks == {"forked": 1, "fork_mismatch": 1, "fork_ended": 1}
+        assert all(s.failures == 0 and s.restarts == 0 for s in service.stats().values())
+        with pytest.raises(ValidationError, match="one digest per screen"):
+            ResetRequest(lease_id="x", task=task, replay=actions, expect_sha256=screens[:2])
+
+    async with make_service(backend="sim-no-fork") as plain:
+        assert plain.capabilities is not None and "fork" not in plain.capabilities.features
+        client = Client(bus, plain.config.pool)
+        lease = await client.lease()
+        unsupported = await expect_error(ErrorCode.CONFLICT, client.reset(lease, task, replay=actions))
+        assert unsupported.details["reason"] == "fork_unsupported"
+        assert plain.forks == {"fork_unsupported": 1}

@@ -7,20 +7,31 @@ it drives the runner's status logic with oracle-like outputs; bus and env servic
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dart.env.sim import LatencyConfig, SimConfig
+from dart.env.sim import LatencyConfig, SimConfig, sim_task
 from dart.protocol.bus import Bus
-from dart.protocol.messages import Click, InlineImage, Trajectory, TrajectoryStatus, WorkItem
+from dart.protocol.messages import (
+    BranchOrigin,
+    BranchSpec,
+    Click,
+    InlineImage,
+    PrefixStep,
+    Trajectory,
+    TrajectoryStatus,
+    WorkItem,
+)
 from dart.protocol.messages.codec import decode, encode
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.errors import EngineError
+from dart.rollout.model.prompt import ChatPrompt, encode_prompt
 from dart.rollout.model.screen import ResizeRule
 from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter
@@ -241,3 +252,80 @@ async def test_a_policy_answering_in_the_ui_tars_format_clicks_what_it_means(
     assert "## User Instruction\n" in prompts[0] and "fail(" not in prompts[0]
     assert len(trajectory.steps) == 2 and trajectory.steps[0].action == Click(x=1 / 448, y=1 / 448)
     assert "click(start_box='<|box_start|>(1,1)<|box_end|>')" in prompts[1]  # the first answer, shown back
+
+
+def _digest(image: Any) -> str:
+    assert isinstance(image, InlineImage)
+    return hashlib.sha256(image.png).hexdigest()
+
+
+def _branch_of(parent: Trajectory, step: int, *, wrong_screen: bool = False) -> BranchSpec:
+    """The branch the data manager would ask for (:func:`dart.data.branching.branch_spec`), written out here."""
+    prefix = [
+        PrefixStep(response_text=s.response_text, action=s.action, screenshot_sha256=_digest(s.observation.screenshot))
+        for s in parent.steps[:step]
+    ]
+    at = _digest(parent.steps[step].observation.screenshot)
+    return BranchSpec(
+        parent_trajectory_id=parent.trajectory_id,
+        parent_work_id=parent.work_id,
+        step_index=step,
+        prefix=prefix,
+        screenshot_sha256=hashlib.sha256(b"another screen").hexdigest() if wrong_screen else at,
+    )
+
+
+async def test_a_branch_forks_its_parent_and_its_first_prompt_is_the_parents_at_that_step(
+    bus: Bus, env_pool: Callable[..., Any], work_item: Callable[..., WorkItem], checkpoint: Path
+) -> None:
+    """A branch work item forks the env (a reset that replays the parent's actions, checked screen by screen) and
+    rebuilds the parent's history from its outputs and the replayed screens: the first prompt is the parent's
+    prompt at the branch step (same text, same images, same token ids), its steps are numbered from there, and a
+    fork the env refuses is answered as a normal rollout that says why."""
+    from transformers import AutoProcessor
+
+    pool = await env_pool(instances=2)
+    prompts: dict[str, list[ChatPrompt]] = {}
+    outputs = [
+        "Thought: the first box\nAction: click(start_box='(60,70)')",
+        "Thought: hmm\nAction: dance()",  # a parse error: no env step, the screen stays
+        "Action: click(start_box='(60,100)')",
+        "Action: wait()",
+    ]
+
+    def answer(request: GenerationRequest) -> str:
+        calls = prompts.setdefault(current, [])
+        calls.append(request.prompt)
+        return outputs[min(len(calls) - 1, len(outputs) - 1)]
+
+    engine = ScriptedEngine([], answer=answer)
+    task = sim_task("tick-boxes", "hard", 1)
+    runner = runner_for(bus, pool, engine, prompt=PromptConfig(max_images=2))
+    root = work_item(max_steps=5).model_copy(update={"task": task})
+    current = root.work_id
+    parent = await runner.run(root)
+    assert parent.status is TrajectoryStatus.TRUNCATED and len(parent.steps) == 5, parent.error
+    assert [s.action is None for s in parent.steps[:3]] == [False, True, False]
+
+    branch_work = root.model_copy(update={"work_id": f"{root.work_id}-b3-0", "branch": _branch_of(parent, 3)})
+    current = branch_work.work_id
+    branch = await runner.run(branch_work)
+    assert branch.status is TrajectoryStatus.TRUNCATED and branch.branch_refused is None, branch.error
+    assert branch.branch == BranchOrigin(parent_trajectory_id=parent.trajectory_id, step_index=3)
+    assert [s.index for s in branch.steps] == [3, 4]
+    first, at_parent = prompts[branch_work.work_id][0], prompts[root.work_id][3]
+    assert first.text == at_parent.text and first.records == at_parent.records
+    assert [im.tobytes() for im in first.images] == [im.tobytes() for im in at_parent.images]
+    assert branch.steps[0].prompt_images == parent.steps[3].prompt_images
+    assert branch.steps[0].observation == parent.steps[3].observation
+    processor = AutoProcessor.from_pretrained(checkpoint, local_files_only=True)
+    assert encode_prompt(processor, first).input_ids == encode_prompt(processor, at_parent).input_ids
+
+    refused_work = root.model_copy(
+        update={"work_id": f"{root.work_id}-b3-1", "branch": _branch_of(parent, 3, wrong_screen=True)}
+    )
+    current = refused_work.work_id
+    refused = await runner.run(refused_work)
+    assert refused.branch is None and refused.branch_refused == "fork_mismatch"
+    assert refused.steps[0].index == 0 and refused.steps[0].observation == parent.steps[0].observation
+    assert prompts[refused_work.work_id][0].text == prompts[root.work_id][0].text

@@ -11,7 +11,8 @@ statistics, the experience pool, a group or a batch. Each rejection has one reas
     when this data manager emits the run's work; the emitted work items are in the index, so the
     check holds across restarts.
 ``work_mismatch``
-    Its group, task or rollout index differ from those of the work item it names.
+    Its group, task or rollout index differ from those of the work item it names; or its branch (parent and
+    step) does, or it answers a branch work item as a rollout without saying why (``branch_refused``).
 ``duplicate_work``
     Another trajectory (a different id) already answered the same work item. The same id again is a
     redelivery, not a rejection.
@@ -90,6 +91,12 @@ def check_trajectory(
                 "work_mismatch",
                 f"(group_id, task_id, rollout_index) {named} differ from work item {traj.work_id!r}'s {emitted}",
             )
+        branch = (traj.branch.parent_trajectory_id, traj.branch.step_index) if traj.branch is not None else None
+        asked = (work.get("parent_trajectory_id"), work.get("branch_step"))
+        if branch is not None and branch != asked:
+            return Rejection("work_mismatch", f"branch {branch} differs from work item {traj.work_id!r}'s {asked}")
+        if asked[0] is not None and branch is None and traj.branch_refused is None:
+            return Rejection("work_mismatch", f"work item {traj.work_id!r} asked for a branch of {asked[0]!r}")
     others = [tid for tid in answered_by if tid != traj.trajectory_id]
     if others:
         return Rejection("duplicate_work", f"work item {traj.work_id!r} was already answered by {others[0]!r}")

@@ -1,6 +1,8 @@
 """From ready GRPO groups to training batches.
 
-Every step of a trajectory carries the trajectory's group-normalized advantage (step-wise GRPO).
+Every step of a trajectory carries the trajectory's group-normalized advantage (step-wise GRPO); with branching
+rollouts, steps from a branch point on carry the advantage among the siblings there
+(:func:`dart.data.advantages.step_advantages`).
 A step's images are those its prompt was fed, as the rollout recorded them (``StepRecord.prompt_images``,
 references once stored), in prompt order: nothing about the prompt is re-derived here.
 """
@@ -11,7 +13,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from dart.data.advantages import group_advantages
+from dart.data.advantages import step_advantages
 from dart.data.config import BatchingConfig, CurationConfig
 from dart.data.groups import ReadyGroup
 from dart.protocol.messages import ImageRef, TrainingBatch, TrainingSample, Trajectory
@@ -23,18 +25,18 @@ def group_samples(group: ReadyGroup, config: BatchingConfig) -> list[TrainingSam
     Steps without prompt or response tokens are skipped (nothing to train on); steps whose output
     did not parse are kept, since their tokens are what the policy produced.
     """
-    advantages = group_advantages(
-        [t.reward for t in group.trajectories], eps=config.advantage_eps, scale_by_std=config.scale_by_std
+    advantages = step_advantages(
+        group.trajectories, pooled=group.pooled, eps=config.advantage_eps, scale_by_std=config.scale_by_std
     )
     samples: list[TrainingSample] = []
-    for traj, advantage in zip(group.trajectories, advantages, strict=True):
-        samples.extend(_trajectory_samples(traj, group, advantage))
+    for traj in group.trajectories:
+        samples.extend(_trajectory_samples(traj, group, advantages[traj.trajectory_id]))
     return samples
 
 
-def _trajectory_samples(traj: Trajectory, group: ReadyGroup, advantage: float) -> list[TrainingSample]:
+def _trajectory_samples(traj: Trajectory, group: ReadyGroup, advantages: list[float]) -> list[TrainingSample]:
     out = []
-    for step in traj.steps:
+    for step, advantage in zip(traj.steps, advantages, strict=True):
         if not step.response_token_ids or not step.prompt_token_ids:
             continue
         images = [image for image in step.prompt_images if isinstance(image, ImageRef)]

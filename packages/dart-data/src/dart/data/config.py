@@ -54,6 +54,22 @@ class GroupingConfig(ConfigModel):
     """How often open groups are checked for timeouts and staleness, seconds."""
 
 
+class BranchingConfig(ConfigModel):
+    """Branching rollouts (:mod:`dart.data.branching`): fork finished episodes at their most uncertain steps."""
+
+    enabled: bool = False
+    """Ask for branches of every trainable rollout of a group (only where the env pool reports ``fork``)."""
+    max_points: int = Field(default=1, ge=1, le=16)
+    """Most branch points per trajectory (B): its steps with the highest uncertainty."""
+    continuations: int = Field(default=2, ge=1, le=64)
+    """Branches sampled at each branch point (K); with the parent they are the point's siblings."""
+    min_quantile: float | None = Field(default=None, ge=0, le=1)
+    """Only steps whose uncertainty is at or above this quantile of the trajectory's steps may be branch
+    points (None: the ``max_points`` highest, whatever their rank)."""
+    min_step: int = Field(default=1, ge=1, le=999)
+    """Earliest step that may be a branch point (a branch at step 0 would be another rollout from the start)."""
+
+
 class CurationConfig(ConfigModel):
     """Adaptive data curation (DART-GUI section 3): each feature can be switched off on its own."""
 
@@ -85,6 +101,9 @@ class CurationConfig(ConfigModel):
     """A task whose success rate is below this is hard: its successes are pooled."""
     pool_size_per_task: int = Field(default=4, ge=1)
     """Successes kept per task in the pool (newest first)."""
+
+    branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    """Branching rollouts: sibling continuations from a trajectory's uncertain steps (off by default)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> CurationConfig:
@@ -214,3 +233,12 @@ class DataConfig(ConfigModel):
     emission: EmissionConfig = Field(default_factory=EmissionConfig)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+
+    @model_validator(mode="after")
+    def _branching_decoupled(self) -> DataConfig:
+        if self.curation.branching.enabled and self.emission.mode == "coupled":
+            raise ValueError(
+                "curation.branching needs emission.mode: decoupled (a coupled round is formed before branches "
+                "of its rollouts could come back)"
+            )
+        return self

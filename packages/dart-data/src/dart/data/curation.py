@@ -80,7 +80,13 @@ class ExperiencePool:
 
     def should_pool(self, traj: Trajectory, stats: TaskStats | None) -> bool:
         """Whether a just-stored trajectory belongs in the pool."""
-        return self.config.experience_pool and traj.trainable and traj.success and is_hard(stats, self.config)
+        return (
+            self.config.experience_pool
+            and traj.trainable
+            and traj.success
+            and traj.branch is None  # a branch's success is its parent's prefix's too
+            and is_hard(stats, self.config)
+        )
 
     def fill(self, members: Sequence[Trajectory], stats: TaskStats | None) -> Trajectory | None:
         """A pooled success for a group that has none, when its task is hard; else None."""

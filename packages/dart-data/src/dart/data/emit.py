@@ -39,10 +39,11 @@ class Emitter(Protocol):
         """Emit work until ``emission.max_groups`` groups were emitted, or forever."""
 
 
-async def publish_work(state: DataState, bus: Bus, items: list[WorkItem]) -> None:
+async def publish_work(state: DataState, bus: Bus, items: list[WorkItem], *, new_group: bool = True) -> None:
     """Record one group ``open`` and its work items in the index (what the ingestion checks a
     trajectory against), then publish the items, retrying until the bus took them (work ids are
-    dedupe ids, so publishing an item again is harmless)."""
+    dedupe ids, so publishing an item again is harmless). ``new_group=False`` for more items of a group
+    already emitted (branches), counted as ``branches``."""
     subject = bus.subjects.stream_subject("work")
     while True:
         try:
@@ -55,7 +56,10 @@ async def publish_work(state: DataState, bus: Bus, items: list[WorkItem]) -> Non
         except Exception:
             log.exception("emitting work failed; retrying")
             await asyncio.sleep(1.0)
-    state.counters["work_groups"] += 1
+    if new_group:
+        state.counters["work_groups"] += 1
+    else:
+        state.counters["branches"] += len(items)
     state.counters["work_items"] += len(items)
 
 

@@ -63,9 +63,10 @@ class BatchFormer:
         # index matches the stream.
         self.lock = asyncio.Lock()
 
-    async def offer(self, traj: Trajectory) -> None:
-        """A stored trajectory joins its group (the assembler ignores a member it already has)."""
-        await self._handle(self.groups.add(traj, self._state.version))
+    async def offer(self, traj: Trajectory, *, branches: int = 0) -> None:
+        """A stored trajectory joins its group (the assembler ignores a member it already has); ``branches``:
+        how many of its branches were just emitted, for the group to wait for."""
+        await self._handle(self.groups.add(traj, self._state.version, branches=branches))
 
     async def poll_loop(self) -> None:
         """Close groups that timed out or went stale, every ``grouping.poll_interval_s``."""

@@ -1,15 +1,16 @@
 """GRPO group formation with staleness and variance filters.
 
-Group lifecycle: ``open`` when its first trajectory arrives -> ``complete`` when ``group_size``
-distinct trajectories arrived (by id, usable or not: a redelivered one counts once), or ``timed out``
-when its wait passed since the first one (then it is emitted if it has at least ``min_group_size``
-usable members, else dropped) -> emitted or dropped, never both. The wait is ``timeout_s``, or longer
-where the task's episodes may take longer: ``episode_slack`` times its step budget times the observed
-seconds per step (the 90th percentile of the last :data:`STEP_TIME_WINDOW` trajectories that took steps),
-so a 30-step desktop task whose steps take 20 s waits 20 minutes for its slowest members. Just before that
-decision, a group none of whose members succeeded may be filled with one stored success of the same
-task (the experience pool, through the ``fill`` hook). A trajectory is usable when its status is
-trainable and its policy lag (``current_version - min_policy_version``) is within ``max_staleness``.
+Group lifecycle: ``open`` when its first trajectory arrives -> ``complete`` when ``group_size`` distinct
+trajectories arrived (by id, usable or not: a redelivered one counts once), or ``timed out`` when its wait
+passed since the first one (then it is emitted if it has at least ``min_group_size`` usable members, else
+dropped) -> emitted or dropped, never both. A group whose rollouts are branched (:mod:`dart.data.branching`)
+also waits for the branches, its wait counted again from their emission. The wait is ``timeout_s``, or longer
+where the task's episodes may take longer: ``episode_slack`` times its step budget times the observed seconds
+per step (the 90th percentile of the last :data:`STEP_TIME_WINDOW` trajectories that took steps), so a 30-step
+desktop task whose steps take 20 s waits 20 minutes for its slowest members. Just before that decision, a
+group none of whose members succeeded may be filled with one stored success of the same task (the experience
+pool, through the ``fill`` hook). A trajectory is usable when its status is trainable and its policy lag
+(``current_version - min_policy_version``) is within ``max_staleness``.
 """
 
 from __future__ import annotations
@@ -96,8 +97,15 @@ class GroupAssembler:
         limit = self.policy.max_staleness
         return limit is not None and current_version - traj.min_policy_version > limit
 
-    def add(self, traj: Trajectory, current_version: int) -> list[ReadyGroup]:
-        """Add one trajectory; return the groups that became ready (at most one)."""
+    def add(self, traj: Trajectory, current_version: int, *, branches: int = 0) -> list[ReadyGroup]:
+        """Add one trajectory; return the groups that became ready (at most one).
+
+        Args:
+            traj: The trajectory.
+            current_version: The newest policy version (staleness).
+            branches: Branches of ``traj`` just emitted (:mod:`dart.data.branching`): the group waits for them
+                too, its wait counted again from now. Ignored for a trajectory the group has seen.
+        """
         if traj.group_id in self._closed:
             self.drops["late"] += 1
             return []
@@ -110,6 +118,9 @@ class GroupAssembler:
             self.drops["duplicate"] += 1
             return []
         group.seen.add(traj.trajectory_id)
+        if branches:
+            group.expected += branches
+            group.first_seen = self._clock()  # the branches start now: their episodes get the whole wait
         if not traj.trainable:
             self.drops["not_trainable"] += 1
         elif self.is_stale(traj, current_version):
@@ -161,6 +172,10 @@ class GroupAssembler:
             return []
         return self._close(gid, complete=False)
 
+    def closed(self, gid: str) -> bool:
+        """Whether a group was emitted or dropped already (a member arriving now is late)."""
+        return gid in self._closed
+
     @property
     def open_groups(self) -> int:
         """Number of groups still waiting for members."""
@@ -169,7 +184,7 @@ class GroupAssembler:
     def _close(self, gid: str, complete: bool) -> list[ReadyGroup]:
         group = self._open.pop(gid)
         self._closed.add(gid)
-        members = sorted(group.members.values(), key=lambda t: t.rollout_index)
+        members = sorted(group.members.values(), key=lambda t: (t.rollout_index, t.first_step, t.trajectory_id))
         pooled: frozenset[str] = frozenset()
         if members and self._fill is not None and not any(t.success for t in members):
             extra = self._fill(gid, members)

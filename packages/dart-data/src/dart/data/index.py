@@ -223,6 +223,8 @@ class TrajectoryIndex:
                     "task_id": w.task.task_id,
                     "rollout_index": w.rollout_index,
                     "created_at": now,
+                    "parent_trajectory_id": w.branch.parent_trajectory_id if w.branch is not None else None,
+                    "branch_step": w.branch.step_index if w.branch is not None else None,
                 }
                 for w in items
             ]
@@ -391,6 +393,9 @@ def trajectory_row(stored: StoredTrajectory) -> dict[str, Any]:
         "env_instance_id": t.env_instance_id,
         "blob_key": stored.blob_key,
         "blob_uri": stored.blob_uri,
+        "parent_trajectory_id": t.branch.parent_trajectory_id if t.branch is not None else None,
+        "branch_step": t.branch.step_index if t.branch is not None else None,
+        "branch_refused": t.branch_refused,
     }
 
 

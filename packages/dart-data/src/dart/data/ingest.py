@@ -7,7 +7,8 @@ counted in statistics or pooled; its work item, if real, expires as unanswered) 
 JSON ``stored`` as blobs
 (content-addressed, so a retry rewrites nothing) -> ``indexed`` (one row, in the same transaction
 as the task's new statistics; a redelivery finds the row and changes nothing) -> statistics and
-experience pool ``updated`` (first delivery only) -> ``grouped`` (offered to the batch former) ->
+experience pool ``updated`` (first delivery only; a branch counts in neither) -> its branches ``emitted``
+(first delivery only, where branching is on: :mod:`dart.data.branching`) -> ``grouped`` (offered to the batch former) ->
 the emitter told it ``arrived`` (first delivery only) -> ``acked``. A storage failure naks the
 delivery, and the stream redelivers it after ``ingest.retry_delay_s``.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from dart.data.admission import Rejection, check_trajectory, undecodable_reason
@@ -62,6 +63,7 @@ class Ingestor:
         *,
         tasks: Mapping[str, TaskSpec] | None = None,
         require_work: bool = False,
+        branch: Callable[[Trajectory], Awaitable[int]] | None = None,
     ) -> None:
         """Create the ingestor.
 
@@ -75,6 +77,8 @@ class Ingestor:
                 against (a trajectory's own copy of its task is used for tasks not listed).
             require_work: Refuse trajectories for work items this data manager did not emit (set
                 when it emits the run's work).
+            branch: Called with each newly stored trajectory before it joins its group; emits its branches
+                (:mod:`dart.data.branching`) and returns how many, for the group to wait for. None: no branching.
         """
         self._config = config
         self._state = state
@@ -82,6 +86,7 @@ class Ingestor:
         self._arrived = arrived
         self._tasks = dict(tasks or {})
         self._require_work = require_work
+        self._branch = branch
         self._logged: set[str] = set()
 
     async def run(self, consumer: PullConsumer[Trajectory]) -> None:
@@ -119,21 +124,26 @@ class Ingestor:
             await delivery.ack()
             return
         stored, new_stats = outcome.stored, outcome.new_stats
+        branches = 0
         if outcome.inserted:
             state.counters["stored"] += 1
+            if traj.branch_refused is not None:
+                state.branches_refused[traj.branch_refused] += 1
             if new_stats is not None:
                 state.task_stats[new_stats.task_id] = new_stats
             if state.pool.should_pool(stored.trajectory, new_stats):
                 keep = state.config.curation.pool_size_per_task
                 await state.db(state.index.add_to_pool, traj.trajectory_id, traj.task.task_id, keep)
                 state.pool.add(stored.trajectory)
+            if self._branch is not None and not outcome.group_closed:
+                branches = await self._branch(stored.trajectory)
         else:
             state.counters["duplicates"] += 1
         # Duplicates of open groups are offered too: after a crash between indexing and acking,
         # the redelivery is the only way the trajectory reaches its group (the assembler drops
         # true repeats). A group already batched or dropped must not be formed a second time.
         if not outcome.group_closed:
-            await self._former.offer(stored.trajectory)
+            await self._former.offer(stored.trajectory, branches=branches)
         # Told only after its group was handled: a coupled round's batch must see the group it closed.
         if outcome.inserted and self._arrived is not None:
             self._arrived(traj.group_id)
@@ -202,7 +212,7 @@ class Ingestor:
                 return rejection, new
         stored = state.blobs.put(traj)
         new_stats = None
-        if traj.trainable:
+        if traj.trainable and traj.branch is None:  # a branch's outcome is conditioned on its parent's prefix
             old = state.task_stats.get(traj.task.task_id) or TaskStats(traj.task.task_id)
             new_stats = old.recorded(traj.success, len(traj.steps), state.config.curation.stats_window)
         shared = state.blobs.shared_image_keys(stored.trajectory)

@@ -24,6 +24,9 @@ Versions:
        stored trajectory refers to: the env service's shared screenshots). Trajectories stored
        before this version have no references recorded, so retention deletes no shared screenshot
        last written before the version was applied.
+    5. Branching rollouts: ``trajectories.parent_trajectory_id`` and ``branch_step`` (a branch's parent and
+       the step it forked at, indexed for the viewer's tree), ``trajectories.branch_refused``, and
+       ``work_items.parent_trajectory_id`` and ``branch_step`` (what a branch must answer).
 """
 
 from __future__ import annotations
@@ -90,7 +93,11 @@ trajectories = Table(
     Column("pooled", Boolean, nullable=False, server_default=text("FALSE")),
     Column("last_batch_seq", Integer),
     Column("pruned_at", Float),
+    Column("parent_trajectory_id", String(_ID)),
+    Column("branch_step", Integer),
+    Column("branch_refused", String(64)),
     Index("ix_trajectories_pool", "task_id", "pooled"),
+    Index("ix_trajectories_parent", "parent_trajectory_id"),
 )
 
 image_refs = Table(
@@ -122,6 +129,8 @@ work_items = Table(
     Column("task_id", String(_ID), nullable=False),
     Column("rollout_index", Integer, nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("parent_trajectory_id", String(_ID)),
+    Column("branch_step", Integer),
 )
 
 rejected_trajectories = Table(
@@ -152,7 +161,10 @@ task_stats = Table(
 )
 
 
-_ADDED_AFTER_V1 = {"pooled", "last_batch_seq", "pruned_at"}
+_ADDED_AFTER_V1 = {"pooled", "last_batch_seq", "pruned_at", "parent_trajectory_id", "branch_step", "branch_refused"}
+
+
+_WORK_ADDED_AFTER_V3 = {"parent_trajectory_id", "branch_step"}
 
 
 def _v1(conn: Connection) -> None:
@@ -182,7 +194,16 @@ def _v2(conn: Connection) -> None:
 
 def _v3(conn: Connection) -> None:
     v3 = MetaData()
-    work_items.to_metadata(v3)
+    Table(
+        "work_items",
+        v3,
+        *[
+            Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+            for c in work_items.columns
+            if c.name not in _WORK_ADDED_AFTER_V3
+        ],
+        Index("ix_work_items_group_id", "group_id"),
+    )
     rejected_trajectories.to_metadata(v3)
     v3.create_all(conn)
     conn.execute(text("CREATE INDEX ix_trajectories_work_id ON trajectories (work_id)"))
@@ -196,7 +217,16 @@ def _v4(conn: Connection) -> None:
     v4.create_all(conn)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+def _v5(conn: Connection) -> None:
+    conn.execute(text("ALTER TABLE trajectories ADD COLUMN parent_trajectory_id VARCHAR(512)"))
+    conn.execute(text("ALTER TABLE trajectories ADD COLUMN branch_step INTEGER"))
+    conn.execute(text("ALTER TABLE trajectories ADD COLUMN branch_refused VARCHAR(64)"))
+    conn.execute(text("CREATE INDEX ix_trajectories_parent ON trajectories (parent_trajectory_id)"))
+    conn.execute(text("ALTER TABLE work_items ADD COLUMN parent_trajectory_id VARCHAR(512)"))
+    conn.execute(text("ALTER TABLE work_items ADD COLUMN branch_step INTEGER"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 """Schema version -> the migration that produces it from the previous version."""
 LATEST_VERSION = max(MIGRATIONS)
 _MIGRATION_LOCK = 0x64617274  # PostgreSQL advisory lock key of schema migrations ("dart")

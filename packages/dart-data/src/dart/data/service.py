@@ -25,16 +25,19 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dart.data.branching import Brancher
 from dart.data.config import DataConfig
 from dart.data.coupled import CoupledEmitter
-from dart.data.emit import DecoupledEmitter, Emitter
+from dart.data.curation import max_steps_for
+from dart.data.emit import DecoupledEmitter, Emitter, publish_work
 from dart.data.former import BatchFormer
 from dart.data.ingest import Ingestor
 from dart.data.retention import Retention
 from dart.data.state import DataState
 from dart.data.stats import TaskStats
-from dart.data.work import WorkPlanner
+from dart.data.work import WorkPlanner, min_policy_version
 from dart.protocol.bus import Bus, KeyValueStore, PullConsumer
+from dart.protocol.capabilities import request_capabilities
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, TaskSpec, Trajectory
 from dart.protocol.store import ArtifactStore
@@ -65,7 +68,10 @@ class DataStats:
         batches: Training batches published.
         samples: Step samples published.
         work_groups: Work groups emitted.
-        work_items: Work items emitted.
+        work_items: Work items emitted (branches included).
+        branches: Branch work items emitted (:mod:`dart.data.branching`).
+        branches_refused: Branch work answered as normal rollouts because the env refused the fork, by reason.
+        forks: Whether the env pool forks episodes; None until it said (or when branching is off).
         outstanding: Trajectories requested and not yet received.
         pool_size: Trajectories in the experience pool.
         pool_served: Times the pool filled a group.
@@ -100,6 +106,9 @@ class DataStats:
     samples: int = 0
     work_groups: int = 0
     work_items: int = 0
+    branches: int = 0
+    branches_refused: dict[str, int] = field(default_factory=dict)
+    forks: bool | None = None
     outstanding: int = 0
     pool_size: int = 0
     pool_served: int = 0
@@ -178,6 +187,8 @@ class DataService:
             else:
                 self.emitter = DecoupledEmitter(emission, self.state, bus, self.planner)
         arrived = self.emitter.arrived if self.emitter is not None and emission.enabled else None
+        self.brancher = Brancher(config.curation.branching)
+        branching = config.curation.branching.enabled and emission.enabled
         # Where this data manager emits the run's work, a trajectory must answer work it emitted.
         self.ingestor = Ingestor(
             config.ingest,
@@ -186,6 +197,7 @@ class DataService:
             arrived=arrived,
             tasks={t.task_id: t for t in tasks},
             require_work=emission.enabled,
+            branch=self._branch if branching else None,
         )
         outstanding = self.emitter.outstanding if self.emitter is not None and emission.enabled else None
         self.retention = Retention(
@@ -224,6 +236,8 @@ class DataService:
         }
         if self.config.emission.enabled and self.emitter is not None:
             loops["emit"] = self.emitter.run()
+            if self.config.curation.branching.enabled:
+                loops["forks"] = self._ask_forks()
         if self.config.retention.enabled:
             loops["retention"] = self.retention.run()
         self._tasks = [asyncio.create_task(coro, name=f"dart-data-{name}") for name, coro in loops.items()]
@@ -281,6 +295,9 @@ class DataService:
             samples=c["samples"],
             work_groups=c["work_groups"],
             work_items=c["work_items"],
+            branches=c["branches"],
+            branches_refused=dict(state.branches_refused),
+            forks=self.brancher.forks,
             outstanding=self.emitter.outstanding.count if self.emitter is not None else 0,
             pool_size=state.pool.size(),
             pool_served=state.pool.served,
@@ -299,6 +316,54 @@ class DataService:
             tasks_excluded=self._tasks_excluded,
             tasks_excluded_by=dict(self._tasks_excluded_by),
         )
+
+    # --- branching ------------------------------------------------------------------------------
+    async def _ask_forks(self) -> None:
+        """Ask the env pool whether it forks (no branch is planned before it answers)."""
+        pool = self.config.env_pool
+        while True:
+            try:
+                capabilities = await request_capabilities(self.bus, pool, timeout_s=self.config.capabilities_timeout_s)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # unreachable so far, or a refusal: ask again, branching waits
+                log.warning("branching waits for env pool %s to say whether it forks: %s", pool, exc)
+                await asyncio.sleep(1.0)
+        self.brancher.forks = "fork" in capabilities.features
+        if not self.brancher.forks:
+            log.warning(
+                "env pool %s (%s) does not fork episodes: curation.branching asks for no branches",
+                pool,
+                capabilities.backend,
+            )
+
+    async def _branch(self, traj: Trajectory) -> int:
+        """Emit the branches of a newly stored rollout; returns how many (its group waits for them)."""
+        state, grouping = self.state, self.config.grouping
+        if self.former.groups.closed(traj.group_id) or self.former.groups.is_stale(traj, state.version):
+            return 0
+        budget = max_steps_for(traj.task, state.task_stats.get(traj.task.task_id), self.config.curation)
+        items = self.brancher.plan(
+            traj,
+            max_steps=budget,
+            min_policy_version=min_policy_version(state.version, grouping.max_staleness),
+            sampling=self.config.emission.sampling,
+        )
+        if not items:
+            return 0
+        if self.emitter is not None:
+            self.emitter.outstanding.add(traj.group_id, len(items))
+        await publish_work(state, self.bus, items, new_group=False)
+        if state.telemetry is not None:
+            state.telemetry.event(
+                "data.branches",
+                group_id=traj.group_id,
+                parent_trajectory_id=traj.trajectory_id,
+                steps=sorted({item.branch.step_index for item in items if item.branch is not None}),
+                work_items=len(items),
+            )
+        return len(items)
 
     # --- model version and telemetry ------------------------------------------------------------
     async def _watch_model(self) -> None:
@@ -337,6 +402,8 @@ class DataService:
             batches=s.batches,
             samples=s.samples,
             work_items=s.work_items,
+            branches=s.branches,
+            branches_refused=s.branches_refused,
             outstanding=s.outstanding,
             open_groups=self.former.groups.open_groups,
             pool_size=s.pool_size,

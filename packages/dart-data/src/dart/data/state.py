@@ -46,6 +46,7 @@ class DataState:
         pool: The experience pool of successes of hard tasks.
         counters: Event counts by name (``received``, ``stored``, ``batches``, ...).
         rejected: Deliveries refused at ingestion, by reason (reloaded from the index at start).
+        branches_refused: Branch work answered as normal rollouts because the env refused the fork, by reason.
         version: Newest model version seen.
         new_version: Set whenever ``version`` grows (the coupled emitter waits on it).
     """
@@ -66,6 +67,7 @@ class DataState:
         self.pool = ExperiencePool(config.curation)
         self.counters: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
+        self.branches_refused: Counter[str] = Counter()
         self.version = 0
         self.new_version = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart-data-db")

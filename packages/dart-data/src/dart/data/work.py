@@ -56,6 +56,14 @@ class OutstandingWork:
         """A group's work items were published."""
         self._groups[group_id] = _Pending(size, self._clock())
 
+    def add(self, group_id: str, count: int) -> None:
+        """More trajectories of a group were requested (its rollouts' branches)."""
+        pending = self._groups.get(group_id)
+        if pending is None:
+            self._groups[group_id] = _Pending(count, self._clock())
+        else:
+            pending.missing += count
+
     def received(self, group_id: str) -> bool:
         """A new trajectory arrived; returns whether it was one this account waited for."""
         pending = self._groups.get(group_id)

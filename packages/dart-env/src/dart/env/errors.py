@@ -7,6 +7,7 @@ from dart.protocol.errors import DartError, SuiteError
 __all__ = [
     "EnvError",
     "EpisodeStateError",
+    "ForkRefusedError",
     "InstanceIdTakenError",
     "LayoutError",
     "SuiteError",
@@ -47,6 +48,25 @@ class EpisodeStateError(EnvError):
         self.operation = operation
         self.state = state
         super().__init__(f"cannot {operation} while the env is {state}: {hint}")
+
+
+class ForkRefusedError(EnvError):
+    """An episode could not be forked exactly; the instance is sound and a plain reset may follow.
+
+    Attributes:
+        reason: ``fork_unsupported`` (the backend cannot fork), ``fork_ended`` (a replayed action ended the
+            episode before the branch point) or ``fork_mismatch`` (a replayed screen differs from the parent's).
+        detail: What happened.
+    """
+
+    REASONS = frozenset({"fork_unsupported", "fork_ended", "fork_mismatch"})
+
+    def __init__(self, reason: str, detail: str) -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"unknown fork refusal reason {reason!r}")
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"fork refused ({reason}): {detail}")
 
 
 class LayoutError(EnvError):

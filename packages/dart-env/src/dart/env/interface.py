@@ -13,7 +13,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any, ClassVar
 
-from dart.env.errors import EpisodeStateError
+from dart.env.errors import EpisodeStateError, ForkRefusedError
 from dart.protocol.messages import Action, Observation, TaskSpec
 from dart.protocol.messages.observation import MetadataValue
 from dart.protocol.registry import Registry
@@ -67,6 +67,10 @@ class EnvBackend(ABC):
 
     name: ClassVar[str]
     """Backend name, as in :attr:`TaskSpec.backend`."""
+    forks: ClassVar[bool] = False
+    """Whether :meth:`fork` rebuilds an episode's state exactly (the same task, seed and actions give the same
+    screens); the env service then reports the ``fork`` feature and the data manager may branch its episodes.
+    False by default: a desktop or a VM does not replay to the same pixels."""
 
     def __init__(self) -> None:
         self._state = BackendState.CREATED
@@ -106,6 +110,31 @@ class EnvBackend(ABC):
             TaskParamsError: The task is not for this backend or its params are invalid.
             EpisodeStateError: The backend is closed.
         """
+
+    async def fork(self, task: TaskSpec, seed: int | None, actions: list[Action]) -> tuple[list[Observation], str]:
+        """Start an episode of ``task`` in the state ``actions`` lead to: a reset, then each action replayed.
+
+        The default replays through :meth:`reset` and :meth:`step` (a backend that forks cheaper, by copying its
+        state, overrides it). The env service checks the screens against the parent's.
+
+        Returns:
+            The observation after the reset and after each action (``len(actions) + 1``), and the instruction.
+
+        Raises:
+            ForkRefusedError: The backend does not fork (``fork_unsupported``), or an action ended the episode
+                (``fork_ended``: the parent went on after each of them, so the replay diverged).
+            TaskParamsError: As :meth:`reset`.
+        """
+        if not self.forks:
+            raise ForkRefusedError("fork_unsupported", f"the {self.name} backend cannot fork an episode")
+        first, instruction = await self.reset(task, seed)
+        observations = [first]
+        for i, action in enumerate(actions):
+            observation, done, _info = await self.step(action)
+            observations.append(observation)
+            if done:  # the parent went on after every one of them
+                raise ForkRefusedError("fork_ended", f"replayed action {i} ({action.kind}) ended the episode")
+        return observations, instruction
 
     @abstractmethod
     async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:

@@ -35,6 +35,21 @@ class EnvFailed(RolloutError):
         super().__init__(f"{where} failed ({code}): {detail}; the episode ends as env_failed")
 
 
+class ForkRefused(RolloutError):
+    """The env pool would not fork a branch's parent episode; the instance is sound and still leased, so the
+    work is answered as a normal rollout from the task's start.
+
+    Attributes:
+        reason: ``fork_unsupported``, ``fork_ended`` or ``fork_mismatch`` (see the env service).
+        detail: What the env service said.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"fork refused ({reason}): {detail}")
+
+
 class NoEngineError(RolloutError):
     """No engine was serving within the router's deadline.
 

@@ -118,7 +118,9 @@ class Viewer:
         if group is None:
             raise NotFoundError(f"group {group_id}", "the index has no such group")
         members = group.members
-        scored = [m for m in members if m["status"] in _TRAINABLE]
+        # Branches are credited per step against their siblings (see the trajectory page); the group's own
+        # baseline is over its rollouts.
+        scored = [m for m in members if m["status"] in _TRAINABLE and m["parent_trajectory_id"] is None]
         batching = self.source.batching
         advantages: dict[str, float] = {}
         if scored:
@@ -147,7 +149,11 @@ class Viewer:
         except PageError as exc:
             return self.render("error.html", error=exc, **nav), exc.status
         steps = step_views(traj.steps, self.artifacts, self.link, self.token_text)
-        values = {"traj": traj, "steps": steps, "tokens_as_ids": self.token_text.problem}
+        branches = _query_guarded("the trajectory's branches", lambda: self.index.branches(trajectory_id))
+        tree: dict[int, list[dict[str, Any]]] = {}
+        for branch in branches:
+            tree.setdefault(int(branch["branch_step"]), []).append(branch)
+        values = {"traj": traj, "steps": steps, "tokens_as_ids": self.token_text.problem, "branches": tree}
         return self.render("trajectory.html", **values, **nav), 200
 
     # Routes.

@@ -53,6 +53,9 @@ _LIST_COLUMNS = (
     "finished_at",
     "pooled",
     "pruned_at",
+    "parent_trajectory_id",
+    "branch_step",
+    "branch_refused",
 )
 
 
@@ -149,8 +152,8 @@ class Group:
     Attributes:
         group_id: The group.
         row: Its ``rollout_groups`` row (None when the index has none, e.g. work emitted elsewhere).
-        members: Its stored trajectories' rows, in rollout order.
-        planned: Rollout indices of its work items (what the group was meant to hold).
+        members: Its stored trajectories' rows, in rollout order (a rollout's branches after it).
+        planned: Rollout indices of its work items, branches left out (what the group was meant to hold).
     """
 
     group_id: str
@@ -315,6 +318,17 @@ class RunIndex:
             nxt = conn.execute(select(func.min(t.trajectory_id)).where(t.trajectory_id > trajectory_id)).scalar()
         return prev, nxt
 
+    def branches(self, trajectory_id: str) -> list[dict[str, Any]]:
+        """The branches forked from a trajectory (their list columns), by branch step."""
+        t = trajectories.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(*[t[name] for name in _LIST_COLUMNS])
+                .where(t.parent_trajectory_id == trajectory_id)
+                .order_by(t.branch_step, t.trajectory_id)
+            ).mappings()
+            return [dict(r) for r in rows]
+
     def group(self, group_id: str) -> Group | None:
         """A group's row, stored members and planned rollouts; None when the index knows nothing of it."""
         t, g, w = trajectories.c, rollout_groups.c, work_items.c
@@ -323,11 +337,15 @@ class RunIndex:
             members = conn.execute(
                 select(*[t[name] for name in _LIST_COLUMNS], t.started_at, t.runner_id, t.env_instance_id)
                 .where(t.group_id == group_id)
-                .order_by(t.rollout_index, t.trajectory_id)
+                .order_by(t.rollout_index, func.coalesce(t.branch_step, 0), t.trajectory_id)
             ).mappings()
             member_rows = [dict(m) for m in members]
             planned = list(
-                conn.execute(select(w.rollout_index).where(w.group_id == group_id).order_by(w.rollout_index)).scalars()
+                conn.execute(
+                    select(w.rollout_index)
+                    .where(w.group_id == group_id, w.parent_trajectory_id.is_(None))
+                    .order_by(w.rollout_index)
+                ).scalars()
             )
         if row is None and not member_rows:
             return None

@@ -36,6 +36,8 @@ SCROLL_PX = 50
 """Pixels per wheel click (MiniWoB++'s own default scroll amount)."""
 _MOVE_MS = 10
 """Duration of each pointer move, milliseconds (Selenium's default of 250 makes every click slow)."""
+_PARK_AT = (TASK_WIDTH + 10, 10)
+"""Where the pointer rests between episodes: inside the page, right of the task area."""
 
 CHROME_FLAGS = (
     "--headless=new",
@@ -168,7 +170,16 @@ class Browser:
         self.subdomain = subdomain
 
     def begin(self, seed: int | str) -> None:
-        """End any running episode and start a new one with ``seed`` (MiniWoB++'s own protocol)."""
+        """End any running episode and start a new one with ``seed`` (MiniWoB++'s own protocol).
+
+        The pointer is parked outside the task area first and the focus dropped: the page is reused between
+        episodes of a task, and the last episode's pointer would otherwise hover over (and restyle) whatever
+        the new episode puts under it, so the same task and seed would not always show the same first screen.
+        """
+        builder = ActionBuilder(self.driver, duration=0)
+        builder.pointer_action.move_to_location(*_PARK_AT)  # type: ignore[no-untyped-call]
+        self._call(builder.perform)
+        self._script("if (document.activeElement) { document.activeElement.blur(); }")
         self._script("core.endEpisode(0);")
         self._script(f"Math.seedrandom({seed!r}); core.setDataMode('train');")
         self._script(f"core.EPISODE_MAX_TIME = {int(self.episode_max_time_s * 1000)};")

@@ -110,6 +110,9 @@ class MiniWoBEnv(EnvBackend):
     """
 
     name = "miniwob"
+    forks = True
+    """By replay: the same task and seed, then the prefix's actions; the env service checks every replayed screen
+    against the parent's, so a page whose timing shows (an animation mid-way) refuses rather than diverges."""
 
     def __init__(self, config: MiniWoBConfig | None = None, *, stream: int = 0) -> None:
         """Create an instance (nothing starts until :meth:`start`).

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from pydantic import Field, ValidationError
 
-from dart.env.errors import TaskParamsError
+from dart.env.errors import ForkRefusedError, TaskParamsError
 from dart.env.interface import BackendState, EnvBackend
 from dart.env.sim.catalog import sim_task_from_id
 from dart.env.sim.families import SimTask, SimTaskParams, build_task, evaluate
@@ -61,6 +61,7 @@ class SimEnv(EnvBackend):
     """
 
     name = "sim"
+    forks = True
 
     def __init__(self, config: SimConfig | None = None, *, stream: int = 0) -> None:
         """Create an instance.
@@ -115,14 +116,46 @@ class SimEnv(EnvBackend):
         if self._state == BackendState.CREATED:
             await self.start()
         params = self.parse_params(task)
-        layout_seed = params.seed if params.seed is not None else (seed or 0)
-        self._task = build_task(params, layout_seed, self.config.width, self.config.height)
+        self._task = build_task(
+            params, params.seed if params.seed is not None else (seed or 0), self.config.width, self.config.height
+        )
         self._task_id = task.task_id
         self._steps = 0
         self._state = BackendState.IN_EPISODE
         observation = self._observe()
         await self._wait("reset")
         return observation, self._task.instruction
+
+    async def fork(self, task: TaskSpec, seed: int | None, actions: list[Action]) -> tuple[list[Observation], str]:
+        """Start an episode of ``task`` in the state ``actions`` lead to, at the cost of one reset.
+
+        The sim's whole state is its task's window, a function of the task, the seed and the actions applied: it
+        is rebuilt here without a step's simulated latency, which is the sim's way of copying an episode's state
+        (and works on any instance, whichever one ran the parent).
+
+        Raises:
+            ForkRefusedError: An action ended the episode (``fork_ended``).
+            TaskParamsError: As :meth:`reset`.
+        """
+        self._require("fork", BackendState.CREATED, BackendState.READY, BackendState.IN_EPISODE, BackendState.DONE)
+        if self._state == BackendState.CREATED:
+            await self.start()
+        params = self.parse_params(task)
+        sim_task = build_task(
+            params, params.seed if params.seed is not None else (seed or 0), self.config.width, self.config.height
+        )
+        self._task, self._task_id, self._steps = sim_task, task.task_id, 0
+        self._state = BackendState.IN_EPISODE
+        observations = [self._observe()]
+        for i, action in enumerate(actions):
+            apply_action(sim_task.window, action)
+            self._steps += 1
+            observations.append(self._observe())
+            if action.kind in TERMINAL_ACTION_KINDS or sim_task.window.submitted:
+                self._state = BackendState.DONE
+                raise ForkRefusedError("fork_ended", f"replayed action {i} ({action.kind}) ended the episode")
+        await self._wait("reset")
+        return observations, sim_task.instruction
 
     async def step(self, action: Action) -> tuple[Observation, bool, dict[str, MetadataValue]]:
         """Execute an action (see :mod:`dart.env.sim.interaction` for what each one does).

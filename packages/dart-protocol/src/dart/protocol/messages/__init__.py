@@ -54,10 +54,11 @@ from dart.protocol.messages.env import (
 from dart.protocol.messages.evaluation import EvalRequest, EvalResult, EvalTaskOutcome
 from dart.protocol.messages.observation import Image, ImageRef, InlineImage, Observation
 from dart.protocol.messages.sampling import Sampling, SamplingParams
-from dart.protocol.messages.tasks import TaskSpec, WorkItem
+from dart.protocol.messages.tasks import BranchSpec, PrefixStep, TaskSpec, WorkItem
 from dart.protocol.messages.training import ModelVersion, TrainingBatch, TrainingSample
 from dart.protocol.messages.trajectory import (
     TRAINABLE_STATUSES,
+    BranchOrigin,
     StepRecord,
     StepTimings,
     Trajectory,
@@ -94,6 +95,9 @@ ANY_MESSAGE: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
 """Decoder for any top-level message: ``decode(data, ANY_MESSAGE)``."""
 
 __all__ = [
+    "BranchOrigin",
+    "BranchSpec",
+    "PrefixStep",
     "MAX_BATCH_GROUPS",
     "MAX_BATCH_SAMPLES",
     "MAX_PROMPT_TOKENS",

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dart.protocol.messages.actions import Action
-from dart.protocol.messages.base import FiniteFloat, Message, NonEmptyStr, NonNegFloat
-from dart.protocol.messages.observation import MetadataValue, Observation
+from dart.protocol.messages.base import MAX_STEPS, FiniteFloat, Message, NonEmptyStr, NonNegFloat
+from dart.protocol.messages.observation import MetadataValue, Observation, Sha256Hex
 from dart.protocol.messages.tasks import TaskSpec
 
 
@@ -68,12 +68,33 @@ class HeartbeatReply(Message):
 
 
 class ResetRequest(Message):
-    """Reset the leased instance to a task."""
+    """Reset the leased instance to a task; with ``replay``, fork an episode of it.
+
+    A fork resets and replays the actions, so the instance ends in the state they led to (a pool whose backend
+    cannot do that exactly does not report ``fork`` among its features and refuses). Where ``expect_sha256``
+    names a digest, the screen at that point must have exactly those PNG bytes, or the fork is refused
+    (``conflict`` with ``details.reason`` ``fork_mismatch``; ``fork_unsupported`` and ``fork_ended`` likewise),
+    and the lease stays its holder's for a plain reset.
+    """
 
     kind: Literal["env.reset"] = "env.reset"
     lease_id: NonEmptyStr
     task: TaskSpec
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    replay: list[Action] = Field(default_factory=list, max_length=MAX_STEPS)
+    """Actions to execute after the reset, in order (a fork); none for a plain reset."""
+    expect_sha256: list[Sha256Hex | None] = Field(default_factory=list, max_length=MAX_STEPS + 1)
+    """Digests of the screens the fork must pass through: after the reset, then after each replayed action
+    (``len(replay) + 1`` entries; None skips one), or empty to check none."""
+
+    @model_validator(mode="after")
+    def _one_digest_per_screen(self) -> ResetRequest:
+        if self.expect_sha256 and len(self.expect_sha256) != len(self.replay) + 1:
+            raise ValueError(
+                f"expect_sha256 needs one digest per screen of the fork ({len(self.replay) + 1}: after the reset and "
+                f"after each replayed action), got {len(self.expect_sha256)}"
+            )
+        return self
 
 
 class ResetReply(Message):
@@ -85,6 +106,9 @@ class ResetReply(Message):
     """The task's instruction as the backend resolved it."""
     env_latency_s: NonNegFloat
     """Time the backend spent resetting, seconds."""
+    replayed: list[Observation] = Field(default_factory=list, max_length=MAX_STEPS)
+    """For a fork: the observation after each replayed action, in order (``observation`` is the one after the
+    reset); the last is the forked state."""
 
 
 class StepRequest(Message):

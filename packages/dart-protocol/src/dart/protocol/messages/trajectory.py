@@ -114,6 +114,13 @@ class StepRecord(Value):
         return self
 
 
+class BranchOrigin(Value):
+    """Where a branch trajectory forked its parent: its steps start at ``step_index``, after the parent's."""
+
+    parent_trajectory_id: NonEmptyStr
+    step_index: int = Field(ge=1, lt=MAX_STEPS)
+
+
 class Trajectory(Message):
     """One episode: the unit of rollout-wise sampling."""
 
@@ -139,6 +146,13 @@ class Trajectory(Message):
     finished_at: NonNegFloat
     error: str | None = None
     """What went wrong, for non-ok statuses."""
+    branch: BranchOrigin | None = None
+    """Set on a branch (a work item with ``branch``, forked): its steps are numbered from ``branch.step_index``
+    and follow the parent's steps before it, which are not repeated here."""
+    branch_refused: str | None = Field(default=None, max_length=64)
+    """Why a branch work item was answered as a normal rollout from the task's start instead (``fork_mismatch``:
+    the replay did not show the parent's screens; ``fork_unsupported``; ``fork_ended``: the replay ended the
+    episode early)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Trajectory:
@@ -153,9 +167,17 @@ class Trajectory(Message):
                     f"policy version range {self.min_policy_version}..{self.max_policy_version} does not match "
                     f"the steps' {min(versions)}..{max(versions)}"
                 )
-            if [s.index for s in self.steps] != list(range(len(self.steps))):
-                raise ValueError("step indices must be 0..n-1 in order")
+            first = self.branch.step_index if self.branch is not None else 0
+            if [s.index for s in self.steps] != list(range(first, first + len(self.steps))):
+                raise ValueError(f"step indices must be {first}..{first}+n-1 in order")
+        if self.branch is not None and self.branch_refused is not None:
+            raise ValueError("a trajectory is either a branch or a refused branch, not both")
         return self
+
+    @property
+    def first_step(self) -> int:
+        """Index of the first step recorded here (a branch's branch point, else 0)."""
+        return self.branch.step_index if self.branch is not None else 0
 
     @property
     def trainable(self) -> bool:

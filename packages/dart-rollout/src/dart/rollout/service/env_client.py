@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -58,7 +59,7 @@ from dart.protocol.messages import (
 )
 from dart.protocol.retry import Backoff, retry
 from dart.protocol.subjects import EnvOp
-from dart.rollout.errors import EnvFailed
+from dart.rollout.errors import EnvFailed, ForkRefused
 from dart.rollout.service.config import RunnerConfig
 
 log = logging.getLogger("dart.rollout.env_client")
@@ -153,17 +154,32 @@ class EnvClient:
         self._heartbeat = asyncio.create_task(self._heartbeat_forever(reply), name=f"heartbeat-{reply.lease_id}")
         return reply
 
-    async def reset(self, task: TaskSpec, seed: int | None = None) -> ResetReply:
-        """Reset the instance to ``task``; step numbering restarts at 0.
+    async def reset(
+        self,
+        task: TaskSpec,
+        seed: int | None = None,
+        *,
+        replay: Sequence[Action] = (),
+        expect_sha256: Sequence[str | None] = (),
+    ) -> ResetReply:
+        """Reset the instance to ``task`` (with ``replay``: fork an episode of it, the screens checked against
+        ``expect_sha256``); step numbering restarts at 0.
 
         Raises:
+            ForkRefused: The pool would not fork (the lease is still held: a plain reset may follow).
             EnvFailed: The lease is lost, the instance failed, or the env refused to set the task up (its
                 params, a setup step): the episode cannot start, which is the env's side, not the policy's.
         """
         lease = self._require()
+        request = ResetRequest(
+            lease_id=lease.lease_id, task=task, seed=seed, replay=list(replay), expect_sha256=list(expect_sha256)
+        )
         try:
-            reply = await self._call("reset", ResetRequest(lease_id=lease.lease_id, task=task, seed=seed), ResetReply)
+            reply = await self._call("reset", request, ResetReply)
         except RemoteError as exc:
+            reason = exc.details.get("reason")
+            if exc.code == ErrorCode.CONFLICT and isinstance(reason, str) and reason.startswith("fork_"):
+                raise ForkRefused(reason, exc.message) from exc
             detail = f"the env could not set task {task.task_id!r} up: {exc.message}"
             raise EnvFailed(lease.instance_id, exc.code, detail) from exc
         self._next_step = 0

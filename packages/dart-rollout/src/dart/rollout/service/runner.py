@@ -2,7 +2,7 @@
 
 Trajectory lifecycle (one :meth:`TrajectoryRunner.run` call)::
 
-    started --lease env--> leased --reset(task)--> acting
+    started --lease env--> leased --reset(task), or for a branch fork(parent's prefix)--> acting
     acting: prompt (instruction, last K screenshots, every earlier output as text)
             -> router.pick() -> engine.generate -> parse_action
             -> parse error: a step with parse_error, no env step (the observation stays)
@@ -12,6 +12,13 @@ Trajectory lifecycle (one :meth:`TrajectoryRunner.run` call)::
     any state --EnvFailed--> ENV_FAILED (no reward); --engine error--> FAILED;
               --task cancelled--> ABORTED (run() returns instead of raising)
     finally: the env lease is released.
+
+Branches: a work item with ``branch`` forks its parent trajectory at ``branch.step_index``: the reset replays
+the parent's actions before it (the env service checks every screen against the parent's digests), the
+history is rebuilt from the parent's outputs and the replayed screens, so the first prompt is the parent's
+prompt at that step, and the steps sampled from there are numbered from the branch point
+(``Trajectory.branch``). A refused fork (:class:`~dart.rollout.errors.ForkRefused`) leaves the lease held:
+the work is answered as a normal rollout from the task's start, with ``Trajectory.branch_refused`` saying why.
 
 Runner time is accounted with a :class:`~dart.protocol.telemetry.BusyTracker` of kind ``runner``
 (the idle breakdown reads it): ``lease_wait`` (asking the pool), ``leased`` (from lease grant until
@@ -37,13 +44,22 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 
 from dart.protocol.bus import Bus
-from dart.protocol.messages import Fail, Finished, Observation, StepRecord, StepTimings, Trajectory, WorkItem
+from dart.protocol.messages import (
+    BranchOrigin,
+    Fail,
+    Finished,
+    Observation,
+    StepRecord,
+    StepTimings,
+    Trajectory,
+    WorkItem,
+)
 from dart.protocol.messages.trajectory import TrajectoryStatus
 from dart.protocol.store.images import ImageOffload
 from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.interface import GenerationRequest, GenerationResult
-from dart.rollout.errors import EngineError, EnvFailed, ImageFetchError, ImageStoreError, NoEngineError
+from dart.rollout.errors import EngineError, EnvFailed, ForkRefused, ImageFetchError, ImageStoreError, NoEngineError
 from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
 from dart.rollout.model.screen import coordinate_scale
 from dart.rollout.service.config import RunnerConfig
@@ -76,6 +92,10 @@ class _Episode:
     instance_id: str | None = None
     start_version: int = 0
     lease_token: int | None = None
+    first_step: int = 0
+    """Index of the first step sampled here: a forked branch's branch point, else 0."""
+    branch_refused: str | None = None
+    """Why a branch work item's fork was refused (the episode then started afresh)."""
 
 
 class TrajectoryRunner:
@@ -170,16 +190,12 @@ class TrajectoryRunner:
             lease = await env.lease(work.task.task_id)
         episode.lease_token = self.tracker.begin("leased")
         episode.instance_id = lease.instance_id
-        with tracer.start_as_current_span("env.reset"), self.tracker.busy("env_call"):
-            first = await env.reset(work.task)
-        instruction = first.instruction or work.task.instruction
-        observation: Observation = first.observation
-        shown = await self._images.prepare(observation.screenshot)
-        history: list[HistoryStep] = []
+        instruction, observation, shown, history = await self._begin(env, episode)
+        index = episode.first_step
         ended = False
-        while len(episode.steps) < work.max_steps:
+        while index < work.max_steps:
             step_started = time.monotonic()
-            prompt, result = await self._generate(work, instruction, shown, history, len(episode.steps))
+            prompt, result = await self._generate(work, instruction, shown, history, index)
             generate_s = time.monotonic() - step_started
             parsed = parse_action(result.text, self._coordinate_scale(shown))
             env_s = 0.0
@@ -194,7 +210,7 @@ class TrajectoryRunner:
                 ended = reply.done or isinstance(parsed.action, Finished | Fail)
             episode.steps.append(
                 StepRecord(
-                    index=len(episode.steps),
+                    index=index,
                     policy_version=result.policy_version,
                     observation=observation,
                     prompt_token_ids=result.prompt_token_ids,
@@ -209,12 +225,8 @@ class TrajectoryRunner:
                     timings=StepTimings(generate_s=generate_s, env_s=env_s, total_s=time.monotonic() - step_started),
                 )
             )
-            # The model sees its own earlier outputs (bad ones too), and the screens they acted on.
-            history.append(HistoryStep(result.text, shown))
-            out_of_window = len(history) - self._config.prompt.max_images
-            if out_of_window >= 0:
-                # No later prompt shows it (history only grows): let its pixels go.
-                history[out_of_window] = HistoryStep(history[out_of_window].text)
+            self._remember(history, result.text, shown)
+            index += 1
             if ended:
                 break
             if next_observation is not observation:
@@ -224,6 +236,51 @@ class TrajectoryRunner:
             score = await env.evaluate()
         status = TrajectoryStatus.OK if ended else TrajectoryStatus.TRUNCATED
         return status, score.reward, score.success
+
+    async def _begin(
+        self, env: EnvClient, episode: _Episode
+    ) -> tuple[str, Observation, PromptImage | None, list[HistoryStep]]:
+        """Start the episode: a reset, or for a branch the fork of its parent with the parent's history rebuilt.
+
+        Returns:
+            The instruction, the observation the first step acts on, its prepared image, and the history.
+        """
+        work = episode.work
+        branch = work.branch
+        if branch is not None:
+            try:
+                with tracer.start_as_current_span("env.fork") as span, self.tracker.busy("env_call"):
+                    span.set_attribute("dart.branch_step", branch.step_index)
+                    forked = await env.reset(work.task, replay=branch.actions, expect_sha256=branch.screens)
+            except ForkRefused as exc:
+                log.info("%s: %s; answering it as a normal rollout", work.work_id, exc)
+                episode.branch_refused = exc.reason
+            else:
+                episode.first_step = branch.step_index
+                instruction = forked.instruction or work.task.instruction
+                screens = [forked.observation, *forked.replayed]
+                history: list[HistoryStep] = []
+                at = 0
+                shown = await self._images.prepare(screens[0].screenshot)
+                for step in branch.prefix:
+                    self._remember(history, step.response_text, shown)
+                    if step.action is not None:
+                        at += 1
+                        shown = await self._images.prepare(screens[at].screenshot)
+                return instruction, screens[at], shown, history
+        with tracer.start_as_current_span("env.reset"), self.tracker.busy("env_call"):
+            first = await env.reset(work.task)
+        shown = await self._images.prepare(first.observation.screenshot)
+        return first.instruction or work.task.instruction, first.observation, shown, []
+
+    def _remember(self, history: list[HistoryStep], text: str, shown: PromptImage | None) -> None:
+        """Add a step to the history: the model sees its own earlier outputs (bad ones too), and the screens they
+        acted on, the newest ``prompt.max_images`` of them."""
+        history.append(HistoryStep(text, shown))
+        out_of_window = len(history) - self._config.prompt.max_images
+        if out_of_window >= 0:
+            # No later prompt shows it (history only grows): let its pixels go.
+            history[out_of_window] = HistoryStep(history[out_of_window].text)
 
     def _coordinate_scale(self, shown: PromptImage | None) -> tuple[float, float]:
         """What the positions in the model's text divide by (the shown screenshot's size for ``pixels``)."""
@@ -298,4 +355,10 @@ class TrajectoryRunner:
             started_at=episode.started_at,
             finished_at=max(time.time(), episode.started_at),
             error=error,
+            branch=(
+                BranchOrigin(parent_trajectory_id=work.branch.parent_trajectory_id, step_index=episode.first_step)
+                if work.branch is not None and episode.first_step > 0
+                else None
+            ),
+            branch_refused=episode.branch_refused,
         )
