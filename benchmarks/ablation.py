@@ -12,14 +12,23 @@ and on the same seeds, all rows from ONE warm-started version-0 policy:
 - ``+dyn_length``: ``data.curation.dynamic_max_steps`` (step budget from successful lengths);
 - ``+entropy``: ``train.entropy_top_fraction`` (train on the steps with the highest mean entropy);
 - ``+tis``: ``train.loss.tis_cap: 2.0`` (truncated importance sampling);
-- ``+pool``: ``data.curation.experience_pool`` (successes of hard tasks fill all-failure groups).
+- ``+pool``: ``data.curation.experience_pool`` (successes of hard tasks fill all-failure groups);
+- ``+branching``: ``data.curation.branching`` (each rollout forked at its least sure step, twice; steps from
+  there credited against the siblings), beyond the paper.
 
-Per row and seed: held-out greedy success of the final version (``validation``, on a split whose
+``--env-steps N`` gives every run the same env budget (``data.emission.max_env_steps``: no more work once the
+stored trajectories took N env steps, forks' replayed actions included) within the same RL wall time, so rows
+that spend env steps differently (branching) are compared on equal env work. ``--rows`` picks rows (the
+cumulative configs are still built from the first row down).
+
+Per row and seed: greedy success of the final version on the training split (``validation.train_split``)
+and held-out greedy success (``validation``, on a split whose
 layout seeds never appear in warm start or RL; ``at_start: false`` because version 0 is the same
 policy for every run and is evaluated once, up front, with ``dart eval``), and the throughput
 figures of ``benchmarks/efficiency.py`` (trained samples and trajectories per minute in the RL
-window, versions published). Per row: mean and sample standard deviation over seeds, and each
-feature's effect (the row minus the row above).
+window, versions published), and per success of the training rollouts (trainable trajectories that succeeded,
+branches included): env steps and trainer samples. Per row: mean, sample standard deviation and 95 % interval
+(Student's t) over seeds, and each feature's effect (the row minus the row above).
 
 Suites: ``--suite sim`` (default) trains on ``builtin:smoke`` (8 tasks, the smoke run's settings) and
 validates on ``builtin:heldout``; ``--suite sim-train`` trains on the quickstart's ``builtin:train`` (64
@@ -40,7 +49,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -50,6 +61,8 @@ from typing import Any
 
 import yaml
 from efficiency import figures, machine, run_mode
+
+from dart.protocol.telemetry import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 ROLLOUTS = 4
@@ -75,6 +88,7 @@ ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("+entropy", {"train": {"entropy_top_fraction": 0.5}}),
     ("+tis", {"train": {"loss": {"tis_cap": 2.0}}}),
     ("+pool", {"data": {"curation": {"experience_pool": True}}}),
+    ("+branching", {"data": {"curation": {"branching": {"enabled": True, "max_points": 1, "continuations": 2}}}}),
 )
 """The cumulative rows: each applies its overrides on top of the row above."""
 
@@ -120,6 +134,7 @@ def base_config(suite: str, rl_s: float, runs_root: Path, cache: Path) -> dict[s
                 "every_versions": 1_000_000,  # the final version only
                 "at_start": False,
                 "instances": 2,
+                "train_split": True,
             },
             "warm_start": {"cache_dir": str(cache)},
             "data": {"curation": {"max_rollouts": ROLLOUTS, "min_rollouts": 2}},
@@ -176,16 +191,48 @@ def run_row(cfg: dict[str, Any], policy: Path, seed: int, work: Path, label: str
     return row_result(run_mode(cfg, work), cfg, seed)
 
 
+def spent(run_dir: Path) -> dict[str, Any]:
+    """What a run spent and got: env steps (the data manager's count), trainer samples, and the training
+    rollouts that succeeded (trainable, branches included), from its telemetry and index."""
+    tel = run_dir / "telemetry"
+    stats = [e["attributes"] for e in read_jsonl(tel / "data.jsonl", types={"event"}) if e["name"] == "data.stats"]
+    samples = sum(
+        int(e["attributes"]["samples"])
+        for e in read_jsonl(tel / "train.jsonl", types={"event"})
+        if e["name"] == "trainer.step"
+    )
+    with sqlite3.connect(f"file:{run_dir / 'data.sqlite3'}?mode=ro", uri=True) as db:
+        successes, branches = db.execute(
+            "SELECT SUM(success), SUM(parent_trajectory_id IS NOT NULL) FROM trajectories "
+            "WHERE status IN ('ok', 'truncated')"
+        ).fetchone()
+    env_steps = int(stats[-1]["env_steps"]) if stats else None
+    successes = int(successes or 0)
+    return {
+        "env_steps": env_steps,
+        "train_samples": samples,
+        "successes": successes,
+        "branch_trajectories": int(branches or 0),
+        "env_steps_per_success": round(env_steps / successes, 2) if env_steps and successes else None,
+        "samples_per_success": round(samples / successes, 2) if successes else None,
+    }
+
+
 def row_result(summary: dict[str, Any], cfg: dict[str, Any], seed: int) -> dict[str, Any]:
     """The figures of one finished run (its ``dart run`` summary and the config it ran)."""
     fig = figures(summary, cfg)
     final = (summary.get("heldout") or [{}])[-1]
+    train = (summary.get("train_greedy") or [{}])[-1]
     return {
         "seed": seed,
         "heldout_success": summary.get("heldout_success_final"),
         "heldout_ci95": final.get("ci95"),
         "heldout_n": final.get("n"),
         "heldout_version": final.get("version"),
+        "train_split_success": train.get("success"),
+        "train_split_ci95": train.get("ci95"),
+        "train_split_n": train.get("n"),
+        **spent(Path(fig["run_dir"])),
         "train_success_first_quarter": summary.get("success_rate_first_quarter"),
         "train_success_last_quarter": summary.get("success_rate_last_quarter"),
         "train_samples_per_minute": fig["train_samples_per_minute"],
@@ -198,12 +245,19 @@ def row_result(summary: dict[str, Any], cfg: dict[str, Any], seed: int) -> dict[
     }
 
 
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+"""Student's t quantile 0.975 by degrees of freedom (1.96 beyond)."""
+
+
 def spread(values: list[float | None]) -> dict[str, float | None]:
-    """Mean and sample standard deviation of the values that exist."""
+    """Mean, sample standard deviation and 95 % interval half-width (Student's t) of the values that exist."""
     xs = [float(v) for v in values if v is not None]
+    sd = statistics.stdev(xs) if len(xs) > 1 else None
+    half = None if sd is None else T975.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
     return {
         "mean": round(statistics.fmean(xs), 4) if xs else None,
-        "sd": round(statistics.stdev(xs), 4) if len(xs) > 1 else None,
+        "sd": round(sd, 4) if sd is not None else None,
+        "ci95_half": round(half, 4) if half is not None else None,
         "n": len(xs),
     }
 
@@ -216,13 +270,17 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"row": name, "runs": runs}
         for key in (
             "heldout_success",
+            "train_split_success",
             "train_success_first_quarter",
             "train_success_last_quarter",
             "train_samples_per_minute",
             "trajectories_per_minute",
             "versions_published",
+            "env_steps",
+            "env_steps_per_success",
+            "samples_per_success",
         ):
-            entry[key] = spread([r[key] for r in runs])
+            entry[key] = spread([r.get(key) for r in runs])
         if previous is not None:
             entry["effect"] = {
                 key: None
@@ -230,9 +288,12 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 else round(entry[key]["mean"] - previous[key]["mean"], 4)
                 for key in (
                     "heldout_success",
+                    "train_split_success",
                     "train_success_last_quarter",
                     "train_samples_per_minute",
                     "trajectories_per_minute",
+                    "env_steps_per_success",
+                    "samples_per_success",
                 )
             }
         out.append(entry)
@@ -271,6 +332,27 @@ def table(summary: list[dict[str, Any]], v0: dict[str, Any]) -> str:
             f"{cell(e['train_samples_per_minute']):>15}{effect(eff.get('train_samples_per_minute'), False):>8}"
             f"{cell(e['trajectories_per_minute']):>13}{cell(e['versions_published']):>12}"
         )
+
+    def interval(s: dict[str, float | None], pct: bool = False) -> str:
+        if s["mean"] is None:
+            return "-"
+        scale = 100.0 if pct else 1.0
+        half = "" if s["ci95_half"] is None else f" ± {s['ci95_half'] * scale:.1f}"
+        return f"{s['mean'] * scale:.1f}{half}"
+
+    lines += [
+        "",
+        "final version, greedy (train split, held-out) and what the RL phase spent per success of its training"
+        " rollouts; mean ± 95 % interval over seeds (Student's t)",
+        f"{'row':<15}{'train split %':>16}{'held-out %':>16}{'env steps':>16}{'env steps/success':>20}"
+        f"{'samples/success':>18}",
+    ]
+    for e in summary:
+        lines.append(
+            f"{e['row']:<15}{interval(e['train_split_success'], True):>16}{interval(e['heldout_success'], True):>16}"
+            f"{interval(e['env_steps']):>16}{interval(e['env_steps_per_success']):>20}"
+            f"{interval(e['samples_per_success']):>18}"
+        )
     return "\n".join(lines)
 
 
@@ -280,6 +362,12 @@ def main() -> None:
     parser.add_argument("--suite", choices=tuple(SUITES), default="sim", help="sim (default) or miniwob")
     parser.add_argument("--seeds", type=str, default=None, help="comma-separated run seeds (default 0,1,2)")
     parser.add_argument("--rl-seconds", type=float, default=None, help="RL wall time per run (40 quick, else 240)")
+    parser.add_argument(
+        "--env-steps", type=int, default=None, help="the env budget of every run (data.emission.max_env_steps)"
+    )
+    parser.add_argument(
+        "--rows", type=str, default=None, help="comma-separated rows to run (default all): e.g. +pool,+branching"
+    )
     parser.add_argument(
         "--policy",
         type=Path,
@@ -304,9 +392,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     base = base_config(args.suite, rl_s, out / "runs", out.parent / "warm-start-cache")
+    if args.env_steps is not None:
+        base = merged(base, {"data": {"emission": {"max_env_steps": args.env_steps}}})
+    names = [name for name, _ in ROWS]
+    chosen = names if args.rows is None else [r.strip() for r in args.rows.split(",")]
+    if unknown := sorted(set(chosen) - set(names)):
+        parser.error(f"unknown rows {unknown}; the rows are {names}")
     policy = args.policy.resolve() if args.policy else warm_start(base, out)
     v0 = evaluate_v0(base, policy, out)
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in ROWS}
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names if name in chosen}
     done = out / "results.jsonl"  # one line per finished run: --resume skips those
     if args.resume and done.is_file():
         for line in done.read_text().splitlines():
@@ -317,7 +411,7 @@ def main() -> None:
         done.unlink(missing_ok=True)
     for seed in seeds:  # seed-major: an interrupted benchmark still has every row on its first seeds
         for name, cfg in row_configs(base):
-            if any(r["seed"] == seed for r in rows[name]):
+            if name not in rows or any(r["seed"] == seed for r in rows[name]):
                 continue
             label = name.lstrip("+").replace("_", "-")
             result = run_row(cfg, policy, seed, out, label)
@@ -333,6 +427,7 @@ def main() -> None:
                 "machine": machine(),
                 "suite": args.suite,
                 "rl_seconds_per_run": rl_s,
+                "env_steps_per_run": args.env_steps,
                 "seeds": seeds,
                 "policy": str(policy),
                 "heldout_v0": v0,

@@ -212,6 +212,8 @@ async def test_rollouts_are_branched_and_their_group_waits_for_the_branches(
         await trainer.close()
         await runner.close()
     assert stats.branches == 4 and stats.branches_refused == {"fork_mismatch": 1} and stats.forks is True
+    # Env steps: the rollouts' 4 + 4, the branches' 2 + 2 + 2, the refused one's 4, and 2 replayed actions a fork.
+    assert stats.env_steps == 8 + 6 + 4 + 4 * 2
     assert stats.outstanding == 0
     # Only the rollouts (the refused branch is one) count in the task's statistics.
     assert service.state.task_stats[TASK.task_id].attempts == 3
@@ -248,3 +250,31 @@ async def test_a_pool_that_does_not_fork_gets_no_branches(bus: Bus, tmp_path: Pa
             assert service.stats.branches == 0 and service.stats.work_items == 2
         await trainer.close()
         await runner.close()
+
+
+@pytest.mark.integration
+async def test_an_env_step_budget_stops_emission_once_spent(bus: Bus, tmp_path: Path, traj_factory: MakeTraj) -> None:
+    """``emission.max_env_steps``: once the stored trajectories took the budget, no more work is emitted, though
+    the outstanding account has room."""
+    config = DataConfig(
+        database_url=f"sqlite:///{tmp_path / 'data.sqlite3'}",
+        curation=CurationConfig(dynamic_rollouts=False, default_rollouts=2),
+        emission=EmissionConfig(max_env_steps=5, decoupled=DecoupledConfig(max_outstanding=2, poll_interval_s=0.05)),
+        grouping=GroupingConfig(timeout_s=60, poll_interval_s=0.05),
+    )
+    service = DataService(config, bus, LocalStore(tmp_path / "store"), [TASK])
+    runner = await bus.pull_consumer("work", durable_name(bus, "work"), m.WorkItem)
+    subject = bus.subjects.stream_subject("traj")
+    async with service:
+        (emit,) = [t for t in service._tasks if t.get_name() == "dart-data-emit"]
+        for round_ in range(2):  # 2 x 2 rollouts of 2 steps: 8 env steps, the budget of 5 spent in round 2
+            await wait_until(lambda r=round_: service.stats.work_items == 2 * (r + 1))
+            for w in [d.message for d in await runner.fetch(2, timeout=10)]:
+                t = traj_factory(
+                    f"t{w.work_id}", w.group_id, w.rollout_index, reward=float(w.rollout_index), work_id=w.work_id
+                )
+                await bus.js_publish(subject, t, msg_id=t.trajectory_id)
+            await wait_until(lambda r=round_: service.stats.stored == 2 * (r + 1))
+        await wait_until(emit.done)
+        assert service.stats.env_steps == 8 and service.stats.work_items == 4 and service.stats.outstanding == 0
+    await runner.close()

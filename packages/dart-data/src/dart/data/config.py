@@ -158,6 +158,10 @@ class EmissionConfig(ConfigModel):
     sample with exactly this and record it on each step for the trainer."""
     max_groups: int | None = Field(default=None, ge=0)
     """Stop after emitting this many groups; None walks the task list forever."""
+    max_env_steps: int | None = Field(default=None, ge=1)
+    """Stop emitting work (groups and branches) once the stored trajectories took this many env steps (their
+    steps, plus the actions a fork replayed); work in flight still comes back. An equal env budget for runs
+    that spend it differently (the ablation's branching row); None: no budget."""
     seed: int = 0
     """Seed of the task order: each pass over the task list is a permutation drawn from this seed
     and the pass number (see :class:`dart.data.work.WorkPlanner`), the same on every run with the

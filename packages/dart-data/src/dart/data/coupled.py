@@ -118,10 +118,13 @@ class CoupledEmitter:
             self._progress.set()
 
     async def run(self) -> None:
-        """Run rounds until ``max_groups`` groups were emitted (forever when None)."""
+        """Run rounds until ``max_groups`` groups were emitted (forever when None), or the env budget is spent."""
         emission, state = self._emission, self._state
         index = 0
         while emission.max_groups is None or self._planner.groups_planned < emission.max_groups:
+            if state.env_budget_spent():
+                log.info("the env budget of %d steps is spent: no more rounds", emission.max_env_steps)
+                return
             index += 1
             started = state.clock()
             rnd = await self._emit_round(index)

@@ -107,6 +107,9 @@ class DecoupledEmitter:
         staleness = self._state.config.grouping.max_staleness
         items: list[WorkItem] | None = None
         while emission.max_groups is None or self._planner.groups_planned < emission.max_groups or items:
+            if self._state.env_budget_spent():
+                log.info("the env budget of %d steps is spent: no more work", emission.max_env_steps)
+                return
             items = items or self._planner.next_group(self._state.version, staleness)
             outstanding = self.outstanding.count
             if outstanding and outstanding + len(items) > own.max_outstanding:

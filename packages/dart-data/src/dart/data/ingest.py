@@ -127,6 +127,7 @@ class Ingestor:
         branches = 0
         if outcome.inserted:
             state.counters["stored"] += 1
+            state.counters["env_steps"] += len(traj.steps) + state.replays.pop(traj.work_id, 0)
             if traj.branch_refused is not None:
                 state.branches_refused[traj.branch_refused] += 1
             if new_stats is not None:

@@ -69,6 +69,7 @@ class DataStats:
         samples: Step samples published.
         work_groups: Work groups emitted.
         work_items: Work items emitted (branches included).
+        env_steps: Env steps the stored trajectories took: their steps, plus the actions forks replayed.
         branches: Branch work items emitted (:mod:`dart.data.branching`).
         branches_refused: Branch work answered as normal rollouts because the env refused the fork, by reason.
         forks: Whether the env pool forks episodes; None until it said (or when branching is off).
@@ -106,6 +107,7 @@ class DataStats:
     samples: int = 0
     work_groups: int = 0
     work_items: int = 0
+    env_steps: int = 0
     branches: int = 0
     branches_refused: dict[str, int] = field(default_factory=dict)
     forks: bool | None = None
@@ -295,6 +297,7 @@ class DataService:
             samples=c["samples"],
             work_groups=c["work_groups"],
             work_items=c["work_items"],
+            env_steps=c["env_steps"],
             branches=c["branches"],
             branches_refused=dict(state.branches_refused),
             forks=self.brancher.forks,
@@ -343,6 +346,8 @@ class DataService:
         state, grouping = self.state, self.config.grouping
         if self.former.groups.closed(traj.group_id) or self.former.groups.is_stale(traj, state.version):
             return 0
+        if state.env_budget_spent():
+            return 0
         budget = max_steps_for(traj.task, state.task_stats.get(traj.task.task_id), self.config.curation)
         items = self.brancher.plan(
             traj,
@@ -352,6 +357,9 @@ class DataService:
         )
         if not items:
             return 0
+        for item in items:
+            if item.branch is not None:
+                state.replays[item.work_id] = len(item.branch.actions)
         if self.emitter is not None:
             self.emitter.outstanding.add(traj.group_id, len(items))
         await publish_work(state, self.bus, items, new_group=False)
@@ -402,6 +410,7 @@ class DataService:
             batches=s.batches,
             samples=s.samples,
             work_items=s.work_items,
+            env_steps=s.env_steps,
             branches=s.branches,
             branches_refused=s.branches_refused,
             outstanding=s.outstanding,

@@ -47,6 +47,8 @@ class DataState:
         counters: Event counts by name (``received``, ``stored``, ``batches``, ...).
         rejected: Deliveries refused at ingestion, by reason (reloaded from the index at start).
         branches_refused: Branch work answered as normal rollouts because the env refused the fork, by reason.
+        replays: Actions the fork of each branch work item replays, by work id, until its trajectory is stored
+            (then counted in ``counters["env_steps"]``).
         version: Newest model version seen.
         new_version: Set whenever ``version`` grows (the coupled emitter waits on it).
     """
@@ -68,9 +70,15 @@ class DataState:
         self.counters: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
         self.branches_refused: Counter[str] = Counter()
+        self.replays: dict[str, int] = {}
         self.version = 0
         self.new_version = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart-data-db")
+
+    def env_budget_spent(self) -> bool:
+        """Whether the stored trajectories took ``emission.max_env_steps`` env steps (never without a budget)."""
+        budget = self.config.emission.max_env_steps
+        return budget is not None and self.counters["env_steps"] >= budget
 
     async def load(self) -> None:
         """Migrate the database, then reload task statistics, rejection counts and the experience pool.
