@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from dart.protocol import messages as m
-from dart.protocol.testing import TASK, tiny_png
+from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.testing import SHA, TASK, tiny_png
+from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
 
 MakeTraj = Callable[..., m.Trajectory]
 
@@ -66,6 +69,16 @@ def make_traj(
         runner_id="runner-1",
         env_instance_id="sim-0",
     )
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    """A bus on a run of its own, its topology made and version 3 announced (what the trajectories here carry)."""
+    async with await Bus.connect(BusConfig(url=nats_url, run=f"data{uuid.uuid4().hex[:8]}")) as bus:
+        state = await ensure_topology(bus)
+        model = m.ModelVersion(version=3, uri="file:///w/v3.safetensors", sha256=SHA, created_at=1.0)
+        await state.put(LATEST_MODEL_KEY, model)
+        yield bus
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,10 @@ from dart.env.interface import ENV_BACKENDS
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.bus import Bus
 from dart.protocol.store import LocalStore
-from dart.protocol.testing import SHA, TASK, tiny_png, wait_until
-from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+from dart.protocol.testing import TASK, tiny_png, wait_until
+from dart.protocol.topology import durable_name
 
 R2 = math.sqrt(2.0)
 
@@ -131,15 +131,6 @@ def _no_fork_backend() -> Iterator[None]:
     ENV_BACKENDS.register("sim-no-fork-data", lambda cfg, stream: SimWithoutFork(cfg.sim, stream=stream), replace=True)
     yield
     ENV_BACKENDS.unregister("sim-no-fork-data")
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    async with await Bus.connect(BusConfig(url=nats_url, run=f"branch{uuid.uuid4().hex[:8]}")) as bus:
-        state = await ensure_topology(bus)
-        model = m.ModelVersion(version=3, uri="file:///w/v3.safetensors", sha256=SHA, created_at=1.0)
-        await state.put(LATEST_MODEL_KEY, model)
-        yield bus
 
 
 def branching_config(tmp_path: Path, pool: str) -> DataConfig:

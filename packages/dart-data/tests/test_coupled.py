@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from dart.data.config import (
 )
 from dart.data.service import DataService
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus, BusConfig, Delivery
+from dart.protocol.bus import Bus, Delivery
 from dart.protocol.store import LocalStore
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.protocol.testing import SHA, TASK, wait_until
@@ -29,14 +27,6 @@ from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topolo
 pytestmark = pytest.mark.integration
 
 TASKS = [TASK, TASK.model_copy(update={"task_id": "sim/click/2"}), TASK.model_copy(update={"task_id": "sim/click/3"})]
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    async with await Bus.connect(BusConfig(url=nats_url, run=f"coup{uuid.uuid4().hex[:8]}")) as bus:
-        state = await ensure_topology(bus)
-        await state.put(LATEST_MODEL_KEY, m.ModelVersion(version=3, uri="file:///w/v3", sha256=SHA, created_at=1.0))
-        yield bus
 
 
 def coupled_config(tmp_path: Path, *, work_timeout_s: float = 60.0) -> DataConfig:

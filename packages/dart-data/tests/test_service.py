@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from dart.data.config import (
 )
 from dart.data.service import DataService
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus, BusConfig
+from dart.protocol.bus import Bus
 from dart.protocol.errors import ConfigError
 from dart.protocol.store import LocalStore, get_by_uri
 from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
@@ -28,15 +26,6 @@ from dart.protocol.testing import SHA, TASK, wait_until
 from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    async with await Bus.connect(BusConfig(url=nats_url, run=f"data{uuid.uuid4().hex[:8]}")) as bus:
-        state = await ensure_topology(bus)
-        model = m.ModelVersion(version=3, uri="file:///w/v3.safetensors", sha256=SHA, created_at=1.0)
-        await state.put(LATEST_MODEL_KEY, model)
-        yield bus
 
 
 def config(tmp_path: Path, **updates: object) -> DataConfig:

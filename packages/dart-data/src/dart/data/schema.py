@@ -167,21 +167,21 @@ _ADDED_AFTER_V1 = {"pooled", "last_batch_seq", "pruned_at", "parent_trajectory_i
 _WORK_ADDED_AFTER_V3 = {"parent_trajectory_id", "branch_step"}
 
 
+def _frozen(table: Table, metadata: MetaData, added_later: set[str], *indexes: Index) -> Table:
+    """A copy of ``table`` in ``metadata`` without the columns a later version added: later edits to the
+    current schema must not change what an old database is upgraded from."""
+    columns = [
+        Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+        for c in table.columns
+        if c.name not in added_later
+    ]
+    return Table(table.name, metadata, *columns, *indexes)
+
+
 def _v1(conn: Connection) -> None:
-    # Frozen copy of the version-1 tables: later edits to the current schema must not change
-    # what an old database is upgraded from.
     v1 = MetaData()
-    Table(
-        "trajectories",
-        v1,
-        *[
-            Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
-            for c in trajectories.columns
-            if c.name not in _ADDED_AFTER_V1
-        ],
-        Index("ix_trajectories_task_id", "task_id"),
-        Index("ix_trajectories_group_id", "group_id"),
-    )
+    indexes = (Index("ix_trajectories_task_id", "task_id"), Index("ix_trajectories_group_id", "group_id"))
+    _frozen(trajectories, v1, _ADDED_AFTER_V1, *indexes)
     rollout_groups.to_metadata(v1)
     task_stats.to_metadata(v1)
     v1.create_all(conn)
@@ -194,16 +194,7 @@ def _v2(conn: Connection) -> None:
 
 def _v3(conn: Connection) -> None:
     v3 = MetaData()
-    Table(
-        "work_items",
-        v3,
-        *[
-            Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
-            for c in work_items.columns
-            if c.name not in _WORK_ADDED_AFTER_V3
-        ],
-        Index("ix_work_items_group_id", "group_id"),
-    )
+    _frozen(work_items, v3, _WORK_ADDED_AFTER_V3, Index("ix_work_items_group_id", "group_id"))
     rejected_trajectories.to_metadata(v3)
     v3.create_all(conn)
     conn.execute(text("CREATE INDEX ix_trajectories_work_id ON trajectories (work_id)"))

@@ -408,33 +408,47 @@ class EnvService:
                     where = "after the reset" if i == 0 else f"after replayed action {i - 1}"
                     raise ForkRefusedError("fork_mismatch", f"the screen {where} differs from the parent's")
         except ForkRefusedError as exc:
-            self.forks[exc.reason] += 1
-            if self._telemetry is not None:
-                self._telemetry.event(
-                    "env.fork_refused",
-                    pool=self.config.pool,
-                    instance_id=slot.instance_id,
-                    task_id=task.task_id,
-                    reason=exc.reason,
-                    count=self.forks[exc.reason],
-                    detail=exc.detail[:500],
-                )
-            if exc.reason not in self._refusals_logged:
-                self._refusals_logged.add(exc.reason)
-                log.warning(
-                    "pool %s refused a fork of %s on %s: %s; further %s refusals are counted in env.fork_refused, "
-                    "not logged",
-                    self.config.pool,
-                    task.task_id,
-                    slot.instance_id,
-                    exc,
-                    exc.reason,
-                )
+            self._refused(self.forks, "env.fork_refused", slot, task.task_id, exc, f"a fork of {task.task_id}")
             raise ServiceError(
                 ErrorCode.CONFLICT, str(exc), {"instance_id": slot.instance_id, "reason": exc.reason}
             ) from exc
         self.forks["forked"] += 1
         return observations, instruction
+
+    def _refused(
+        self,
+        counter: Counter[str],
+        event: str,
+        slot: InstanceSlot,
+        task_id: str,
+        exc: TaskRefusedError | ForkRefusedError,
+        what: str,
+    ) -> None:
+        """Count a refusal by its reason, write its telemetry ``event``, and log it once per reason: a forging or
+        misbehaving caller would otherwise flood the log; the counter has every one."""
+        reason = exc.reason
+        counter[reason] += 1
+        if self._telemetry is not None:
+            self._telemetry.event(
+                event,
+                pool=self.config.pool,
+                instance_id=slot.instance_id,
+                task_id=task_id[:200],
+                reason=reason,
+                count=counter[reason],
+                detail=exc.detail[:500],
+            )
+        if reason not in self._refusals_logged:
+            self._refusals_logged.add(reason)
+            log.warning(
+                "pool %s refused %s on %s: %s; further %s refusals are counted in %s, not logged",
+                self.config.pool,
+                what,
+                slot.instance_id,
+                exc,
+                reason,
+                event,
+            )
 
     def _own_task(self, slot: InstanceSlot, received: TaskSpec) -> TaskSpec:
         """The pool's copy of the task a reset names; a refusal is logged (once per reason), counted and answered
@@ -442,28 +456,7 @@ class EnvService:
         try:
             return self._pool_tasks.own(received, slot.backend.task_from_id)
         except TaskRefusedError as exc:
-            self.task_refusals[exc.reason] += 1
-            if self._telemetry is not None:
-                self._telemetry.event(
-                    "env.task_refused",
-                    pool=self.config.pool,
-                    instance_id=slot.instance_id,
-                    task_id=exc.task_id[:200],
-                    reason=exc.reason,
-                    count=self.task_refusals[exc.reason],
-                    detail=exc.detail[:500],
-                )
-            # Once per reason: a forging caller would otherwise flood the log; the counter has every one.
-            if exc.reason not in self._refusals_logged:
-                self._refusals_logged.add(exc.reason)
-                log.warning(
-                    "pool %s refused a reset on %s: %s; further %s refusals are counted in env.task_refused, "
-                    "not logged",
-                    self.config.pool,
-                    slot.instance_id,
-                    exc,
-                    exc.reason,
-                )
+            self._refused(self.task_refusals, "env.task_refused", slot, exc.task_id, exc, "a reset")
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
                 str(exc),
