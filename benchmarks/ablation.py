@@ -78,6 +78,7 @@ ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
                     "default_rollouts": ROLLOUTS,
                     "dynamic_max_steps": False,
                     "experience_pool": False,
+                    "branching": {"enabled": False},  # the examples may turn it on (miniwob.yaml does)
                 }
             },
             "train": {"entropy_top_fraction": 1.0, "loss": {"tis_cap": None}},
