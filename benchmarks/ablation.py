@@ -305,12 +305,13 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def table(summary: list[dict[str, Any]], v0: dict[str, Any]) -> str:
     """The ablation as a text table (mean ± sd over seeds; effect = this row minus the row above)."""
 
-    def cell(s: dict[str, float | None], pct: bool = False) -> str:
+    def cell(s: dict[str, float | None], pct: bool = False, spread: str = "sd") -> str:
+        """``mean ± spread`` (the sample standard deviation, or ``ci95_half``), in percent with ``pct``."""
         if s["mean"] is None:
             return "-"
         scale = 100.0 if pct else 1.0
-        sd = "" if s["sd"] is None else f" ± {s['sd'] * scale:.1f}"
-        return f"{s['mean'] * scale:.1f}{sd}"
+        plus = "" if s[spread] is None else f" ± {s[spread] * scale:.1f}"
+        return f"{s['mean'] * scale:.1f}{plus}"
 
     v0_success = "-" if v0["success"] is None else f"{100 * v0['success']:.1f}"
     lines = [
@@ -335,11 +336,7 @@ def table(summary: list[dict[str, Any]], v0: dict[str, Any]) -> str:
         )
 
     def interval(s: dict[str, float | None], pct: bool = False) -> str:
-        if s["mean"] is None:
-            return "-"
-        scale = 100.0 if pct else 1.0
-        half = "" if s["ci95_half"] is None else f" ± {s['ci95_half'] * scale:.1f}"
-        return f"{s['mean'] * scale:.1f}{half}"
+        return cell(s, pct, spread="ci95_half")
 
     lines += [
         "",

@@ -136,7 +136,7 @@ class Ingestor:
                 keep = state.config.curation.pool_size_per_task
                 await state.db(state.index.add_to_pool, traj.trajectory_id, traj.task.task_id, keep)
                 state.pool.add(stored.trajectory)
-            if self._branch is not None and not outcome.group_closed:
+            if self._branch is not None:
                 branches = await self._branch(stored.trajectory)
         else:
             state.counters["duplicates"] += 1

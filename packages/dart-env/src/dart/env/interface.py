@@ -112,10 +112,8 @@ class EnvBackend(ABC):
         """
 
     async def fork(self, task: TaskSpec, seed: int | None, actions: list[Action]) -> tuple[list[Observation], str]:
-        """Start an episode of ``task`` in the state ``actions`` lead to: a reset, then each action replayed.
-
-        The default replays through :meth:`reset` and :meth:`step` (a backend that forks cheaper, by copying its
-        state, overrides it). The env service checks the screens against the parent's.
+        """Start an episode of ``task`` in the state ``actions`` lead to (:meth:`_replay`), where :attr:`forks`
+        says the backend can. The env service checks the screens against the parent's.
 
         Returns:
             The observation after the reset and after each action (``len(actions) + 1``), and the instruction.
@@ -127,6 +125,11 @@ class EnvBackend(ABC):
         """
         if not self.forks:
             raise ForkRefusedError("fork_unsupported", f"the {self.name} backend cannot fork an episode")
+        return await self._replay(task, seed, actions)
+
+    async def _replay(self, task: TaskSpec, seed: int | None, actions: list[Action]) -> tuple[list[Observation], str]:
+        """What :meth:`fork` does: a reset, then each action stepped (a backend that rebuilds its state cheaper
+        overrides it)."""
         first, instruction = await self.reset(task, seed)
         observations = [first]
         for i, action in enumerate(actions):

@@ -398,8 +398,6 @@ class EnvService:
         checks each screen against ``request.expect_sha256``. A refusal is counted, logged once per reason and
         answered ``conflict`` with ``details.reason``; the lease stays its holder's, for a plain reset."""
         try:
-            if not slot.backend.forks:
-                raise ForkRefusedError("fork_unsupported", f"the {self.config.backend} backend cannot fork an episode")
             observations, instruction = await self._call(
                 slot, "reset", lambda b: b.fork(task, request.seed, list(request.replay))
             )

@@ -115,18 +115,12 @@ class SimEnv(EnvBackend):
         self._require("reset", BackendState.CREATED, BackendState.READY, BackendState.IN_EPISODE, BackendState.DONE)
         if self._state == BackendState.CREATED:
             await self.start()
-        params = self.parse_params(task)
-        self._task = build_task(
-            params, params.seed if params.seed is not None else (seed or 0), self.config.width, self.config.height
-        )
-        self._task_id = task.task_id
-        self._steps = 0
-        self._state = BackendState.IN_EPISODE
+        sim_task = self._begin(task, seed)
         observation = self._observe()
         await self._wait("reset")
-        return observation, self._task.instruction
+        return observation, sim_task.instruction
 
-    async def fork(self, task: TaskSpec, seed: int | None, actions: list[Action]) -> tuple[list[Observation], str]:
+    async def _replay(self, task: TaskSpec, seed: int | None, actions: list[Action]) -> tuple[list[Observation], str]:
         """Start an episode of ``task`` in the state ``actions`` lead to, at the cost of one reset.
 
         The sim's whole state is its task's window, a function of the task, the seed and the actions applied: it
@@ -140,19 +134,12 @@ class SimEnv(EnvBackend):
         self._require("fork", BackendState.CREATED, BackendState.READY, BackendState.IN_EPISODE, BackendState.DONE)
         if self._state == BackendState.CREATED:
             await self.start()
-        params = self.parse_params(task)
-        sim_task = build_task(
-            params, params.seed if params.seed is not None else (seed or 0), self.config.width, self.config.height
-        )
-        self._task, self._task_id, self._steps = sim_task, task.task_id, 0
-        self._state = BackendState.IN_EPISODE
+        sim_task = self._begin(task, seed)
         observations = [self._observe()]
         for i, action in enumerate(actions):
-            apply_action(sim_task.window, action)
-            self._steps += 1
+            _event, done = self._apply(action)
             observations.append(self._observe())
-            if action.kind in TERMINAL_ACTION_KINDS or sim_task.window.submitted:
-                self._state = BackendState.DONE
+            if done:
                 raise ForkRefusedError("fork_ended", f"replayed action {i} ({action.kind}) ended the episode")
         await self._wait("reset")
         return observations, sim_task.instruction
@@ -168,12 +155,7 @@ class SimEnv(EnvBackend):
             EpisodeStateError: No episode is running.
         """
         self._require("step", BackendState.IN_EPISODE)
-        task = self._current()
-        event = apply_action(task.window, action)
-        self._steps += 1
-        done = action.kind in TERMINAL_ACTION_KINDS or task.window.submitted
-        if done:
-            self._state = BackendState.DONE
+        event, done = self._apply(action)
         observation = self._observe()
         await self._wait("step")
         return observation, done, {"event": event, "step": self._steps}
@@ -236,6 +218,24 @@ class SimEnv(EnvBackend):
             raise TaskParamsError(
                 task.task_id, cls.name, f"params.{where}: {err['msg']} (expected {{family, difficulty, seed}})"
             ) from None
+
+    def _begin(self, task: TaskSpec, seed: int | None) -> SimTask:
+        """A new episode's state: the task's window, built from its params and layout seed."""
+        params = self.parse_params(task)
+        layout_seed = params.seed if params.seed is not None else (seed or 0)
+        self._task = build_task(params, layout_seed, self.config.width, self.config.height)
+        self._task_id, self._steps, self._state = task.task_id, 0, BackendState.IN_EPISODE
+        return self._task
+
+    def _apply(self, action: Action) -> tuple[str, bool]:
+        """Apply an action to the window; returns what happened and whether the episode is done (then ``done``)."""
+        task = self._current()
+        event = apply_action(task.window, action)
+        self._steps += 1
+        done = action.kind in TERMINAL_ACTION_KINDS or task.window.submitted
+        if done:
+            self._state = BackendState.DONE
+        return event, done
 
     def _current(self) -> SimTask:
         assert self._task is not None  # every state that reaches here has a task
