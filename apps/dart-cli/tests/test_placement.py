@@ -74,6 +74,31 @@ def test_without_gpus_launched_vllm_servers_are_left_as_they_are() -> None:
     assert placed(config, placement) == config
 
 
+def test_shared_gpus_put_the_trainer_and_the_engines_of_a_one_gpu_machine_on_it() -> None:
+    one_gpu = {
+        "run": {"gpus": 1, "share_gpus": True},
+        "train": {"device": "cuda"},
+        "rollout": {"num_engines": 2, "engine": {"kind": "hf", "device": "cuda"}},
+    }
+    placement = plan_placement(RunConfig.model_validate(one_gpu), "run.yaml", environ={})
+    assert [(p.process, p.devices) for p in placement.processes] == [
+        ("trainer", (0,)),
+        ("hf-engine-0", (0,)),
+        ("hf-engine-1", (0,)),
+    ]
+    assert placement.service_environment("rollout") == {"CUDA_VISIBLE_DEVICES": "0"}  # each GPU once
+    # On three GPUs the 2-rank trainer takes 0 and 1, the 2-GPU server 2 and 0 (never one GPU twice), the next 1 and 2.
+    three = {**TWO_RANKS_TWO_SERVERS, "run": {"gpus": 3, "share_gpus": True}}
+    placement = plan_placement(RunConfig.model_validate(three), "run.yaml", environ={})
+    assert [p.devices for p in placement.processes] == [(0, 1), (2, 0), (1, 2)]
+    assert placement.vllm_devices() == [[2, 0], [1, 2]]
+    # A process that alone needs more GPUs than the machine has is refused, shared or not.
+    with pytest.raises(ConfigError, match="run.share_gpus cannot help"):
+        plan_placement(RunConfig.model_validate({**three, "run": {"gpus": 1, "share_gpus": True}}), "r", environ={})
+    with pytest.raises(ConfigError, match="or set run.share_gpus"):
+        plan_placement(RunConfig.model_validate({**one_gpu, "run": {"gpus": 1}}), "run.yaml", environ={})
+
+
 def test_gpus_dart_run_was_given_are_the_ones_it_hands_out() -> None:
     config = RunConfig.model_validate({**TWO_RANKS_TWO_SERVERS, "run": {}})
     given = {"CUDA_VISIBLE_DEVICES": "7,6,5,4,3,2"}

@@ -70,6 +70,11 @@ class RunSection(ConfigModel):
     """GPUs of the machine ``dart run`` places its processes on (``CUDA_VISIBLE_DEVICES`` per trainer, vLLM
     server and hf engine; see ``dart.cli.stack.placement``); None counts what torch sees. Declaring a count
     plans for that machine: a run that needs more is refused before it starts."""
+    share_gpus: bool = False
+    """Let processes share GPUs when the plan needs more than the machine has: each process still gets the GPUs
+    it needs, distinct from each other, handed out again from the first once all are given (one GPU: the
+    trainer and the hf engines on it). Memory is then shared too: a launched vLLM server's
+    ``gpu_memory_utilization`` counts the whole GPU. False refuses such a run before it starts."""
     torch_threads: int = Field(default=1, ge=1)
     """Intra-op threads for each torch process (engines, trainer, warm start)."""
     stop_timeout_s: float = Field(default=60.0, gt=0)

@@ -14,8 +14,10 @@ GPUs (``CUDA_VISIBLE_DEVICES`` indices of the machine):
 
 The GPUs counted are ``run.gpus`` when set (declared: a plan for a machine this one stands in for), else what
 torch sees here. When ``dart run`` was itself given ``CUDA_VISIBLE_DEVICES``, those are the machine's GPUs
-and the plan hands them out. A plan that needs more is refused before anything is written. The held-out validator's own
-engine (``validation.engine``) and the warm start run in the ``dart run`` process and are not placed.
+and the plan hands them out. A plan that needs more is refused before anything is written, unless
+``run.share_gpus`` lets processes share them (each one's own GPUs still distinct; one GPU: everything on it).
+The held-out validator's own engine (``validation.engine``) and the warm start run in the ``dart run`` process
+and are not placed.
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ class Placement(BaseModel):
     def service_environment(self, service: ServiceName) -> dict[str, str]:
         """``CUDA_VISIBLE_DEVICES`` of ``service``'s own process: the GPUs of its placed processes that run in
         it (the trainer's ranks, hf engines; not launched vLLM servers, which get theirs from
-        :meth:`vllm_devices`); empty where it has none."""
-        devices = [d for p in self.processes if p.service == service and not _server(p) for d in p.devices]
+        :meth:`vllm_devices`), each once; empty where it has none."""
+        placed = [d for p in self.processes if p.service == service and not _server(p) for d in p.devices]
+        # Once each: shared GPUs repeat in the cyclic order they were handed out in, and hf engine i takes
+        # visible GPU i mod their count, which is the GPU it was given.
+        devices = list(dict.fromkeys(placed))
         return {VISIBLE_DEVICES: ",".join(str(d) for d in devices)} if devices else {}
 
     def vllm_devices(self) -> list[list[int]]:
@@ -153,18 +158,25 @@ def plan_placement(
         )
     wanted = demand(config, has_gpus=gpus > 0)
     needed = sum(n for *_, n in wanted)
-    if needed > gpus:
+    # Sharing hands the GPUs out again, but a process never gets one GPU twice.
+    shared = config.run.share_gpus and all(n <= gpus for *_, n in wanted)
+    if needed > gpus and not shared:
         counted = "run.gpus" if config.run.gpus is not None else "torch.cuda.device_count(); declare run.gpus"
+        how = (
+            "run.share_gpus cannot help: one process alone needs more"
+            if config.run.share_gpus
+            else "or set run.share_gpus"
+        )
         raise ConfigError(
             source,
             "run.gpus",
             f"the run needs {needed} GPUs ({_needs(wanted)}) but the machine has {gpus} ({counted}): "
-            "lower the trainer's ranks or the engines, or run on a machine with more",
+            f"lower the trainer's ranks or the engines, run on a machine with more, {how}",
         )
     machine = given if given is not None else list(range(gpus))
     processes, first = [], 0
     for service, process, node, count in wanted:
-        devices = tuple(machine[first : first + count])
+        devices = tuple(machine[(first + i) % len(machine)] for i in range(count))
         processes.append(ProcessPlacement(service=service, process=process, node=node, devices=devices))
         first += count
     return Placement(gpus=gpus, processes=tuple(processes))

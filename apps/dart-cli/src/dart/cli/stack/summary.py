@@ -5,6 +5,8 @@
   repeat an id stored before them (a replay, which dart-data's index stores once); stored: rows in
   dart-data's index; rejected: messages dart-data refused at ingestion (its ``rejected_trajectories``, by
   reason); lost: produced minus stored minus rejected;
+- steps: the mean and the largest number of steps of the stored rollouts (ok or truncated; experience-pool
+  replays and branches included, as they are what the trainer reads);
 - success rates: trainable RL trajectories (ok/truncated, experience-pool replays excluded) in
   order of finish, first and last quarter;
 - utilization: busy records of each resource kind over the RL window (telemetry JSONL);
@@ -46,6 +48,23 @@ def trajectory_outcomes(db_path: Path) -> list[tuple[float, bool, int]]:
     finally:
         con.close()
     return [(float(a), bool(b), int(c)) for a, b, c in rows]
+
+
+def step_figures(db_path: Path) -> dict[str, float | int | None]:
+    """Mean and largest steps of the stored rollouts that ran to an end (status ok or truncated)."""
+    mean: float | None = None
+    largest: int | None = None
+    if db_path.is_file():
+        con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        try:
+            row = con.execute(
+                "SELECT AVG(num_steps), MAX(num_steps) FROM trajectories WHERE status IN ('ok', 'truncated')"
+            ).fetchone()
+        finally:
+            con.close()
+        if row[0] is not None:
+            mean, largest = round(float(row[0]), 2), int(row[1])
+    return {"mean_steps_per_trajectory": mean, "max_steps_per_trajectory": largest}
 
 
 def stored_count(db_path: Path) -> int:
@@ -251,6 +270,7 @@ def build_summary(
         "trajectories_lost": produced - stored - sum(rejected.values()),
         "rejected": {"total": sum(rejected.values()), "by_reason": rejected},
         "trainable_trajectories": len(outcomes),
+        **step_figures(db),
         "success_rate_first_quarter": first,
         "success_rate_last_quarter": last,
         "success_rate_overall": (sum(s for _, s, _ in outcomes) / len(outcomes)) if outcomes else None,

@@ -1,0 +1,139 @@
+"""What a run's trajectories cost the bus: each stored trajectory's message as it travelled (every image above
+its inline threshold by reference) against the same message with the images its prompts were fed inline (what a
+trajectory weighed before resized prompt images went by reference; screenshots above ``env.inline_max_bytes``
+went by reference then too) and with every image inline.
+
+Reads the run's index (``<run_dir>/data.sqlite3``) and its stored trajectories (the artifact store the index
+names: a local store, or S3 with the environment's credentials). A stored trajectory holds every image by
+reference (dart-data stores inline ones at ingestion), so "by reference" counts the images that were below
+the thresholds inline again, as they travelled.
+
+Usage::
+
+    python benchmarks/trajectory_bytes.py RUN_DIR [--limit N]
+
+Prints one line per figure; the last line is one JSON object: trajectories read, mean and largest bytes per
+trajectory for each form, how many would exceed the bus's message limit (8 MiB by default), the steps per
+trajectory and the prompt images per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dart.protocol.messages import ImageRef, InlineImage, Trajectory
+from dart.protocol.messages.codec import decode, encode
+from dart.protocol.store import resolve_uri
+
+BUS_LIMIT_BYTES = 8 * 1024 * 1024
+"""nats-server's largest message by default (``max_payload``), which ``dart run``'s embedded server keeps."""
+
+
+class Images:
+    """PNG bytes by URI, each read once."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[str, bytes] = {}
+
+    def inline(self, ref: ImageRef) -> InlineImage:
+        if ref.uri not in self._bytes:
+            store, key = resolve_uri(ref.uri)
+            with store:
+                self._bytes[ref.uri] = store.get(key)
+        return InlineImage(png=self._bytes[ref.uri], width=ref.width, height=ref.height)
+
+
+def forms(trajectory: Trajectory, images: Images, thresholds: tuple[int, int]) -> dict[str, int]:
+    """Encoded bytes of ``trajectory`` as it travelled, with its prompt images inline, and all inline;
+    ``thresholds``: (screenshots', prompt images') largest inline size, bytes."""
+
+    def rebuilt(inline_screens: int, inline_prompt: int) -> int:
+        steps = []
+        for step in trajectory.steps:
+            shot = step.observation.screenshot
+            if isinstance(shot, ImageRef) and len(images.inline(shot).png) <= inline_screens:
+                shot = images.inline(shot)
+            prompt = [
+                images.inline(i) if isinstance(i, ImageRef) and len(images.inline(i).png) <= inline_prompt else i
+                for i in step.prompt_images
+            ]
+            observation = step.observation.model_copy(update={"screenshot": shot})
+            steps.append(step.model_copy(update={"observation": observation, "prompt_images": prompt}))
+        return len(encode(trajectory.model_copy(update={"steps": steps})))
+
+    screens, prompt = thresholds
+    unbounded = 1 << 62
+    return {
+        "by_reference": rebuilt(screens, prompt),
+        "prompt_images_inline": rebuilt(screens, unbounded),
+        "all_inline": rebuilt(unbounded, unbounded),
+    }
+
+
+def thresholds_of(run_dir: Path) -> tuple[int, int]:
+    """(env.inline_max_bytes, rollout.prompt_images.inline_max_bytes) of the run's config (None: all inline)."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    unbounded = 1 << 62
+    screens = config.get("env", {}).get("inline_max_bytes", 16384)
+    prompt = config.get("rollout", {}).get("prompt_images", {}).get("inline_max_bytes", 16384)
+    return (unbounded if screens is None else int(screens), unbounded if prompt is None else int(prompt))
+
+
+def measure(run_dir: Path, limit: int | None = None) -> dict[str, Any]:
+    """The figures of the module docstring for the run in ``run_dir``."""
+    con = sqlite3.connect(f"file:{run_dir / 'data.sqlite3'}?mode=ro", uri=True)
+    try:
+        uris = [r[0] for r in con.execute("SELECT blob_uri FROM trajectories ORDER BY finished_at")]
+    finally:
+        con.close()
+    uris = uris[:limit] if limit else uris
+    if not uris:
+        raise SystemExit(f"no stored trajectory in {run_dir}")
+    thresholds = thresholds_of(run_dir)
+    images = Images()
+    rows, steps, per_step = [], [], []
+    for uri in uris:
+        store, key = resolve_uri(uri)
+        with store:
+            trajectory = decode(store.get(key), Trajectory)
+        rows.append(forms(trajectory, images, thresholds))
+        steps.append(len(trajectory.steps))
+        per_step += [len(s.prompt_images) for s in trajectory.steps]
+    out: dict[str, Any] = {"run_dir": str(run_dir), "trajectories": len(rows), "bus_limit_bytes": BUS_LIMIT_BYTES}
+    for form in rows[0]:
+        sizes = [r[form] for r in rows]
+        out[form] = {
+            "mean_bytes": round(statistics.fmean(sizes)),
+            "max_bytes": max(sizes),
+            "over_bus_limit": sum(s > BUS_LIMIT_BYTES for s in sizes),
+        }
+    out["mean_steps"] = round(statistics.fmean(steps), 2)
+    out["max_prompt_images_per_step"] = max(per_step, default=0)
+    out["distinct_images_read"] = len(images._bytes)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--limit", type=int, default=None, help="read only the first N stored trajectories")
+    args = parser.parse_args()
+    result = measure(args.run_dir, args.limit)
+    for form in ("by_reference", "prompt_images_inline", "all_inline"):
+        f = result[form]
+        print(
+            f"{form}: mean {f['mean_bytes']:,} B, largest {f['max_bytes']:,} B per trajectory, "
+            f"{f['over_bus_limit']} of {result['trajectories']} over the bus limit"
+        )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
