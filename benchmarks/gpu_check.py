@@ -187,7 +187,8 @@ def _dart_run(args: argparse.Namespace, work: Path, log: Path, timeout_s: float)
         json.dumps(
             {
                 "extends": str(ROOT / "examples" / "smoke.yaml"),
-                "run": {"name": "gpu-check-smoke", "rl_duration_s": args.smoke_rl_s},
+                # One GPU for the engine and the trainer (the plan gives each process GPUs of its own otherwise).
+                "run": {"name": "gpu-check-smoke", "rl_duration_s": args.smoke_rl_s, "share_gpus": True},
                 "rollout": {"engine": {"kind": "hf", "model_path": "", "device": args.device}},
                 "train": {"device": args.device},
             }

@@ -53,6 +53,8 @@ SECRET_VARS = [
 """Variables the service holds secrets in (the store keys, bus and hub credentials, a proxy with a token)."""
 SECRET_FILES = ["nats-rollout.password", "nats-env.password", "nats-trainer.password"]
 """A run's bus password files (``<run_dir>/secrets/nats-<role>.password``)."""
+SOURCE_MARK = f"/nonexistent/dart-source-{uuid.uuid4().hex}"
+"""A directory the service's PYTHONPATH names: the server keeps it, the desktop's commands must not see it."""
 DONE = "probe-done"
 """The probe's last line."""
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root service runs its desktop as another user")
@@ -81,6 +83,8 @@ def desk() -> Iterator[XDesktop]:
     with pytest.MonkeyPatch.context() as mp:
         for name in SECRET_VARS:
             mp.setenv(name, f"http://user:{MARK}@proxy:3128" if name.endswith("PROXY") else f"{MARK}-{name}")
+        # DART run from source: the desktop's server imports through the service's PYTHONPATH.
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), SOURCE_MARK])))
         desktop = XDesktop(DesktopConfig(width=1024, height=600))
         desktop.start()
         yield desktop  # the secrets stay in the environment while the desktop runs, as in a service
@@ -147,8 +151,16 @@ def test_task_commands_see_no_secret(desk: XDesktop, secret_files: list[Path]) -
         shown = f"{answer.get('output')} {answer.get('error')} {answer.get('message')}"
         assert "HOME" in shown, (route, answer)
         assert MARK not in shown, route
+        assert SOURCE_MARK not in shown, route
         if os.geteuid() == 0 and route != "/run_python":
             assert all(f"cat: {path}: Permission denied" in shown for path in secret_files), route
+
+
+def test_the_server_imports_through_the_services_python_path(desk: XDesktop) -> None:
+    assert desk._server is not None
+    environ = Path(f"/proc/{desk._server.pid}/environ").read_bytes().decode().split("\0")
+    paths = next(e for e in environ if e.startswith("PYTHONPATH=")).removeprefix("PYTHONPATH=")
+    assert SOURCE_MARK in paths.split(os.pathsep)
 
 
 def test_the_desktop_python_is_the_services_with_its_packages(desk: XDesktop) -> None:

@@ -217,7 +217,7 @@ class XDesktop:
                 stdin=subprocess.PIPE,  # the token, on a pipe: not in argv or environ, which the desktop user reads
                 stdout=subprocess.PIPE,
                 stderr=log if cfg.server_log == "file" else None,
-                env=dict(env, DISPLAY=display),
+                env=dict(env, DISPLAY=display, **_own_imports()),
                 start_new_session=True,
             )
         assert self._server.stdout is not None and self._server.stdin is not None
@@ -323,3 +323,11 @@ class XDesktop:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _own_imports() -> dict[str, str]:
+    """The server is this service's own code and must import what it imports: ``PYTHONPATH`` where DART runs
+    from source (a machine without it installed). The commands the server runs get the desktop's environment
+    (:func:`~dart.env.desktop.sandbox.desktop_environment`), which drops it."""
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": path} if path else {}
