@@ -13,8 +13,8 @@ Usage::
     python benchmarks/desktop_1080p.py [--config FILE] [--model DIR | --no-init] [--out DIR] [--set KEY=VALUE ...]
 
 Prints the run's figures; the last line is one JSON object (the summary's figures, the bus bytes, the phases).
-``--out`` also gets ``summary.json``, ``bytes.json``, the run's service logs' tails and one screenshot and one
-fed prompt image of the run.
+``--out`` also gets ``summary.json``, ``bytes.json``, the tails of the services' logs (``service-logs.txt``) and
+the run's largest and median stored image.
 """
 
 from __future__ import annotations
@@ -78,9 +78,11 @@ def run(config: Path, runs_root: Path, overrides: dict[str, str]) -> dict[str, A
 
 
 def keep_samples(run_dir: Path, out: Path) -> None:
-    """The logs' tails, one 1920x1080 screenshot and one fed prompt image of the run, into ``out``."""
-    for log in sorted((run_dir / "logs").glob("*.log"))[:3]:
-        (out / f"log-{log.name}").write_text("".join(log.read_text(errors="replace").splitlines(True)[-200:]))
+    """The tails of the services' logs (one file), the run's largest and median stored image, into ``out``."""
+    tails = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        tails.append(f"==> {log.name} <==\n" + "".join(log.read_text(errors="replace").splitlines(True)[-100:]))
+    (out / "service-logs.txt").write_text("\n".join(tails))
     images = sorted((run_dir / "artifacts").rglob("*.png"), key=lambda p: p.stat().st_size)
     if images:
         shutil.copy(images[-1], out / "largest-image.png")
