@@ -62,7 +62,7 @@ from typing import Any
 import yaml
 from efficiency import figures, machine, run_mode
 
-from dart.protocol.telemetry import read_jsonl
+from dart.runtime.telemetry import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 ROLLOUTS = 4

@@ -26,9 +26,9 @@ from typing import Literal
 
 from dart.embedded.nats import EmbeddedNats
 from dart.embedded.s3 import EmbeddedS3
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import Message
-from dart.protocol.store import S3Store
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import S3Store
 
 
 class Blob(Message):

@@ -52,7 +52,7 @@ from typing import Any
 import yaml
 from efficiency import machine
 
-from dart.protocol.telemetry import read_jsonl
+from dart.runtime.telemetry import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 MIN_GAP_S = 25.0

@@ -63,7 +63,7 @@ from typing import Any
 import yaml
 
 from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
-from dart.protocol.telemetry import busy_ns, gpu_summary, read_jsonl
+from dart.runtime.telemetry import busy_ns, gpu_summary, read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("coupled", "decoupled")

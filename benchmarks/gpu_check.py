@@ -23,7 +23,7 @@ Phases (``--phases``, in this order; each in its own process with its own timeou
   trainer on ``--device`` (the tiny policy, ``--smoke-rl-s`` seconds of RL): its summary and the
   services' own GPU samples.
 
-GPU utilization: this process samples NVML every second (``dart.protocol.telemetry.gpu.GpuSampler``)
+GPU utilization: this process samples NVML every second (``dart.runtime.telemetry.gpu.GpuSampler``)
 for the whole check; each phase reports the samples of its window (mean / max utilization, the
 utilization series, peak memory). With no GPU the reason is recorded instead.
 
@@ -81,8 +81,8 @@ class NvmlSampling:
     def start(self) -> None:
         import asyncio
 
-        from dart.protocol.telemetry.gpu import GpuSampler
-        from dart.protocol.telemetry.setup import TelemetryConfig, setup_telemetry
+        from dart.runtime.telemetry.gpu import GpuSampler
+        from dart.runtime.telemetry.setup import TelemetryConfig, setup_telemetry
 
         telemetry = setup_telemetry(
             "gpu-check", version="0", run_id="gpu-check", config=TelemetryConfig(jsonl_path=self.jsonl)
@@ -111,7 +111,7 @@ class NvmlSampling:
 
     def window(self, start_ns: int, end_ns: int) -> dict[str, Any]:
         """The samples between two instants: summary and the utilization series (one value a second)."""
-        from dart.protocol.telemetry import read_jsonl
+        from dart.runtime.telemetry import read_jsonl
 
         if self.unavailable:
             return {"samples": 0, "unavailable": self.unavailable}
@@ -203,7 +203,7 @@ def _dart_run(args: argparse.Namespace, work: Path, log: Path, timeout_s: float)
     if summary is not None:
         keys = ("versions_published", "trajectories_produced", "trajectories_lost", "error", "wall_s")
         result["summary"] = {k: summary.get(k) for k in keys if k in summary}
-    from dart.protocol.telemetry.gpu import gpu_summary
+    from dart.runtime.telemetry.gpu import gpu_summary
 
     for telemetry in runs.glob("*/telemetry"):
         for service in ("rollout", "train"):

@@ -42,8 +42,8 @@ from dart.embedded.postgres import EmbeddedPostgres, postgres_available
 from dart.embedded.s3 import EmbeddedS3
 from dart.protocol import messages as m
 from dart.protocol.messages import encode
-from dart.protocol.store import ArtifactStore, LocalStore, S3Store
-from dart.protocol.testing import TASK
+from dart.runtime.store import ArtifactStore, LocalStore, S3Store
+from dart.runtime.testing import TASK
 
 WIDTH, HEIGHT = 1920, 1080
 

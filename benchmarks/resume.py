@@ -41,8 +41,8 @@ from typing import Any
 
 from efficiency import machine
 
-from dart.protocol.telemetry import read_jsonl
-from dart.protocol.testing import kill_process_tree
+from dart.runtime.telemetry import read_jsonl
+from dart.runtime.testing import kill_process_tree
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "smoke.yaml"

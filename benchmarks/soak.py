@@ -41,8 +41,8 @@ from chaos import children
 from efficiency import machine
 
 from dart.env.service.health import processes_rss_mib
-from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.topology import durable_name
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.topology import durable_name
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("env", "data", "train", "rollout")

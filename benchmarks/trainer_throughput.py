@@ -100,8 +100,8 @@ def image_samples(
     from PIL import Image
     from transformers import AutoProcessor
 
-    from dart.protocol.store import LocalStore
     from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
+    from dart.runtime.store import LocalStore
     from dart.train.testing import store_png
 
     rng, pixels = random.Random(seed), np.random.default_rng(seed)

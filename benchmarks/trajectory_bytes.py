@@ -30,7 +30,7 @@ import yaml
 
 from dart.protocol.messages import ImageRef, InlineImage, Trajectory
 from dart.protocol.messages.codec import decode, encode
-from dart.protocol.store import resolve_uri
+from dart.runtime.store import resolve_uri
 
 BUS_LIMIT_BYTES = 8 * 1024 * 1024
 """nats-server's largest message by default (``max_payload``), which ``dart run``'s embedded server keeps."""

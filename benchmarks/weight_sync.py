@@ -293,8 +293,8 @@ async def run_one(
 ) -> dict[str, Any]:
     """One pass of the weight path for ``state`` (an adapter's, when ``adapter`` is its spec) through
     ``store_kind`` as ``version``; the figures."""
-    from dart.protocol.store import LocalStore, S3Store, StoreConfig
     from dart.rollout.service.fetch import fetch_weights
+    from dart.runtime.store import LocalStore, S3Store, StoreConfig
     from dart.train.publish import WeightPublisher
 
     row: dict[str, Any] = {"shape": shape, "store": store_kind, "dtype": publish.dtype or "as held"}

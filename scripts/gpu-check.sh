@@ -76,7 +76,7 @@ workspace = {p["name"] for p in lock["package"] if p.get("source", {}).get("edit
 roots = set()
 for name in workspace:
     roots |= deps(name)
-roots.add("dart-protocol[tensorboard]")  # dart-cli's extra: the smoke run's TensorBoard tracker
+roots.add("dart-runtime[tensorboard]")  # dart-cli's extra: the smoke run's TensorBoard tracker
 roots.add("megatron-core")  # dart-train's extra: the megatron phase
 # Not below what the machine has: its packages come with their own dependencies. Everything else
 # DART's packages need is carried, even where the machine may have it, since its versions are unknown.

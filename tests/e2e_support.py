@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dart.protocol.telemetry import read_jsonl
+from dart.runtime.telemetry import read_jsonl
 
 
 def wait_for(run: subprocess.Popen[str], condition: Callable[[], Any], what: str, *, limit_s: float) -> Any:

@@ -17,13 +17,13 @@ from PIL import Image
 
 from dart.env.osworld import load_local_suite
 from dart.env.service import EnvService, EnvServiceConfig
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ImageRef
 from dart.protocol.messages.codec import encode
-from dart.protocol.store import LocalStore
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient
 from dart.rollout.service.images import ImageCache
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import LocalStore
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from PIL import Image
 
 from dart.protocol.messages import ImageRef, Trajectory, TrajectoryStatus
 from dart.protocol.messages.codec import decode
-from dart.protocol.store import resolve_uri
 from dart.rollout.model.screen import ResizeRule
+from dart.runtime.store import resolve_uri
 
 pytestmark = pytest.mark.e2e
 

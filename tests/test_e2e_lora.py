@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from dart.protocol.telemetry import read_jsonl
 from dart.protocol.weights import WeightManifest, adapter_spec_of
+from dart.runtime.telemetry import read_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
 

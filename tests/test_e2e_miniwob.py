@@ -19,7 +19,7 @@ from dart.env.miniwob import SOLVERS, MiniWoBEnv
 from dart.env.miniwob.browser import find_binary
 from dart.env.miniwob.catalog import BUILTIN_SUITES, load_builtin_suite
 from dart.protocol.errors import ConfigError
-from dart.protocol.telemetry import read_jsonl
+from dart.runtime.telemetry import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "miniwob.yaml"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dart.protocol.telemetry import read_jsonl
+from dart.runtime.telemetry import read_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1300)]
 

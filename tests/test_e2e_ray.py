@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from dart.protocol.telemetry import read_jsonl
-from dart.protocol.testing import kill_process_tree
+from dart.runtime.telemetry import read_jsonl
+from dart.runtime.testing import kill_process_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_support  # the end-to-end tests' shared helpers, beside them

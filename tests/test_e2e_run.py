@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dart.protocol.telemetry import read_jsonl
+from dart.runtime.telemetry import read_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_support  # the end-to-end tests' shared helpers, beside them

@@ -25,7 +25,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from dart.cli.view.artifacts import RunArtifacts
 from dart.cli.view.source import open_run
 from dart.protocol.messages import Click, Trajectory
-from dart.protocol.store import open_store
+from dart.runtime.store import open_store
 
 pytestmark = pytest.mark.e2e
 

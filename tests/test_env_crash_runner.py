@@ -31,7 +31,6 @@ from dart.env.osworld.providers import LocalDesktopProvider
 from dart.env.osworld.suites import load_local_suite, local_solutions
 from dart.env.service import EnvService, EnvServiceConfig, SlotState
 from dart.env.sim.catalog import sim_task
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import Sampling, TaskSpec, TrajectoryStatus, Wait, WorkItem
 from dart.rollout.action_grammar import format_action
 from dart.rollout.errors import EnvFailed
@@ -40,6 +39,7 @@ from dart.rollout.service.env_client import EnvClient
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.scripted import ScriptedEngine
+from dart.runtime.bus import Bus, BusConfig
 
 pytestmark = pytest.mark.integration
 

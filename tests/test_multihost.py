@@ -27,10 +27,11 @@ import yaml
 from dart.cli.stack.secrets import write_bus_credentials
 from dart.embedded.nats import EmbeddedNats, NatsUser
 from dart.embedded.s3 import EmbeddedS3
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
-from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.topology import durable_name, ensure_topology
 
 pytestmark = pytest.mark.e2e
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-from dart.protocol.telemetry import read_jsonl
+from dart.runtime.telemetry import read_jsonl
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dart-protocol", "dart-env", "dart-rollout", "dart-data", "dart-train")
+PACKAGES = ("dart-protocol", "dart-runtime", "dart-env", "dart-rollout", "dart-data", "dart-train")
 SERVICE_PACKAGES = ("dart-env", "dart-data", "dart-rollout", "dart-train")
 
 READY_TIMEOUT_S = 600.0
@@ -57,7 +57,7 @@ def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             venv = tmp_path_factory.mktemp(f"venv-{name}")
             subprocess.run([_uv(), "venv", "-q", "-p", sys.executable, str(venv)], check=True)
             # Sibling DART wheels are offered through --find-links so a package gets its declared DART
-            # dependencies (always dart-protocol) from the same build, and nothing else of the workspace.
+            # dependencies (the contract and the runtime) from the same build, and nothing else of the workspace.
             python = str(venv / "bin" / "python")
             # The DART wheels are rebuilt every run under the same version: --refresh-package keeps uv from
             # installing an older build of them from its cache.
@@ -100,8 +100,11 @@ def test_wheel_installs_and_imports_every_module_alone(
     listed = subprocess.run(
         [_uv(), "pip", "list", "--python", str(venv / "bin" / "python")], capture_output=True, text=True, check=True
     ).stdout
-    others = {p for p in PACKAGES if p != name and p != "dart-protocol"}
+    foundation = {"dart-protocol"} if name in ("dart-protocol", "dart-runtime") else {"dart-protocol", "dart-runtime"}
+    others = {p for p in PACKAGES if p != name and p not in foundation}
     assert not [p for p in others if p in listed], f"{name} pulled in another service: {listed}"
+    if name == "dart-protocol":  # the contract alone: no bus, store or telemetry client
+        assert not {"nats-py", "minio", "opentelemetry-sdk"} & set(listed.split()), listed
     if name in ("dart-env", "dart-data"):
         assert "torch" not in listed.split(), f"{name} installs torch: {listed}"
 

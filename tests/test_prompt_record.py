@@ -25,16 +25,16 @@ from dart.data.config import BatchingConfig
 from dart.data.groups import ReadyGroup
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ImageRef, InlineImage, Sampling, TrajectoryStatus, WorkItem
 from dart.protocol.messages.codec import encode
-from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.model.tiny import write_tiny_checkpoint
 from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig

@@ -42,9 +42,7 @@ from dart.data.config import BatchingConfig
 from dart.data.groups import ReadyGroup
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ImageRef, Sampling, TrainingSample, TrajectoryStatus, WorkItem
-from dart.protocol.store import LocalStore, resolve_uri
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
@@ -56,6 +54,8 @@ from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import LocalStore, resolve_uri
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig

@@ -238,3 +238,36 @@ def test_no_config_module_imports_torch() -> None:
     out = _run(sys.executable, "-c", code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", f"importing the config modules imported {out.stdout.strip()}"
+
+
+CONTRACT_FORBIDDEN = ("dart.runtime", "nats", "minio", "opentelemetry", "urllib3", "prometheus_client")
+"""What dart-protocol (the contract) never imports, anywhere in a module (function bodies included): the runtime
+and the clients it wraps. Every service depends on both packages; a tool that only reads or writes messages
+needs the contract alone."""
+
+
+def _all_imports(tree: ast.Module, package: str) -> Iterator[str]:
+    """Every module a file imports, at any depth (relative imports resolved against ``package``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            yield base
+
+
+def test_the_contract_imports_no_runtime_and_no_client() -> None:
+    found = []
+    sources = sorted((ROOT / "packages/dart-protocol/src").rglob("*.py"))
+    assert any(p.name == "topology.py" for p in sources)
+    for path in sources:
+        package = ".".join(path.relative_to(ROOT / "packages/dart-protocol/src").with_suffix("").parts[:-1])
+        for name in _all_imports(ast.parse(path.read_text()), package):
+            if any(name == bad or name.startswith(bad + ".") for bad in CONTRACT_FORBIDDEN):
+                found.append(f"{path.relative_to(ROOT)}: {name}")
+    assert found == [], "dart-protocol is the contract; these belong in dart-runtime:\n" + "\n".join(found)
+    # Its declared dependencies say the same.
+    declared = (ROOT / "packages/dart-protocol/pyproject.toml").read_text()
+    assert all(client.replace("_", "-") not in declared for client in ("nats-py", "minio", "opentelemetry"))

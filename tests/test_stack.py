@@ -59,11 +59,12 @@ from minio import Minio
 from minio.error import S3Error
 
 from dart.cli.stack.compose_store import COMPOSE_STORE_ROLES, access_key, secret_variable
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion
-from dart.protocol.ports import free_ports
-from dart.protocol.store.grants import StoreRole
-from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, ROLES
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.ports import free_ports
+from dart.runtime.store.grants import StoreRole
+from dart.runtime.topology import durable_name, ensure_topology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 

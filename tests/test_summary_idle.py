@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dart.cli.stack.summary import build_summary, resource_counts
-from dart.protocol.telemetry import BusyTracker, TelemetryConfig, setup_telemetry
+from dart.runtime.telemetry import BusyTracker, TelemetryConfig, setup_telemetry
 
 pytestmark = pytest.mark.unit
 

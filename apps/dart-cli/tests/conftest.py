@@ -16,8 +16,8 @@ from PIL import Image
 from dart.data.blobs import StoredTrajectory, TrajectoryBlobs
 from dart.data.index import TrajectoryIndex, trajectory_row
 from dart.protocol import messages as m
-from dart.protocol.store import LocalStore
-from dart.protocol.telemetry import BusyTracker, Telemetry, TelemetryConfig, setup_telemetry
+from dart.runtime.store import LocalStore
+from dart.runtime.telemetry import BusyTracker, Telemetry, TelemetryConfig, setup_telemetry
 
 SCREEN = (320, 180)
 """Observation screenshots' size (the screen the env acted on)."""

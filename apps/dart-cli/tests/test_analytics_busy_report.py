@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dart.cli.analytics import resource_utilization
-from dart.protocol.telemetry import TelemetryConfig, setup_telemetry
+from dart.runtime.telemetry import TelemetryConfig, setup_telemetry
 
 pytestmark = pytest.mark.unit
 

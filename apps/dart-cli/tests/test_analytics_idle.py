@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dart.cli.analytics import idle_breakdown, idle_breakdown_from_dir
-from dart.protocol.telemetry import BusyInterval, BusyTracker, TelemetryConfig, setup_telemetry
+from dart.runtime.telemetry import BusyInterval, BusyTracker, TelemetryConfig, setup_telemetry
 
 pytestmark = pytest.mark.unit
 

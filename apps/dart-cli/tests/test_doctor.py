@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dart.cli.doctor import check_browsers, check_python
 from dart.cli.main import app
-from dart.protocol.ports import free_port
+from dart.runtime.ports import free_port
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,16 @@ def run_doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict
 def test_json_summary_has_every_check() -> None:
     code, summary, out = run_doctor(env={"DART_S3_ENDPOINT": ""})
     checks = summary["checks"]
-    expected = {"python", "dart-protocol", "dart-env", "dart-rollout", "dart-data", "dart-train", "dart-embedded"}
+    expected = {
+        "python",
+        "dart-protocol",
+        "dart-runtime",
+        "dart-env",
+        "dart-rollout",
+        "dart-data",
+        "dart-train",
+        "dart-embedded",
+    }
     expected |= {"dart-cli", "nats-server", "torch", "cuda", "chromium", "chromedriver", "desktop", "s3", "nats"}
     assert expected <= set(checks)
     assert all(c["status"] in {"ok", "warn", "fail", "skip"} for c in checks.values())

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dart.cli.main import app
-from dart.protocol.store import open_store
+from dart.runtime.store import open_store
 
 pytestmark = pytest.mark.integration
 

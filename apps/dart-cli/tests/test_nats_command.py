@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from dart.protocol.ports import free_port
+from dart.runtime.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -106,10 +106,10 @@ async def test_exits_non_zero_when_the_server_dies() -> None:
 
 
 async def test_users_dir_admits_only_per_service_users(tmp_path: Path) -> None:
-    from dart.protocol.bus import Bus, BusConfig
     from dart.protocol.errors import BusAuthError, PermissionDeniedError
-    from dart.protocol.testing import all_messages
-    from dart.protocol.topology import ensure_topology, open_topology
+    from dart.runtime.bus import Bus, BusConfig
+    from dart.runtime.testing import all_messages
+    from dart.runtime.topology import ensure_topology, open_topology
 
     users_dir = tmp_path / "users"
     proc, url, _, _ = await start_dart_nats("--port", "0", "--users-dir", str(users_dir), "--run", "r1")

@@ -17,7 +17,7 @@ from dart.cli.main import app
 from dart.cli.stack.config import load_run_config
 from dart.cli.stack.placement import demand
 from dart.protocol.errors import ConfigError
-from dart.protocol.ports import free_port
+from dart.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE_RAY = ROOT / "examples" / "smoke-ray.yaml"

@@ -20,7 +20,7 @@ from dart.cli.report.load import load_run
 from dart.cli.report.plots import Plot, kind_timeline, plot_utilization, rolling_rate
 from dart.cli.stack.summary import utilization_by_kind
 from dart.data.schema import migrate, trajectories
-from dart.protocol.telemetry import BusyInterval, observed_window
+from dart.runtime.telemetry import BusyInterval, observed_window
 
 pytestmark = pytest.mark.unit
 

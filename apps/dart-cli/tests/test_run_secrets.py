@@ -18,12 +18,13 @@ from dart.cli.stack.secrets import service_environment, write_bus_credentials
 from dart.cli.stack.services import serve
 from dart.embedded.nats import EmbeddedNats, NatsUser
 from dart.embedded.s3 import EmbeddedS3
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.config import dump_config
 from dart.protocol.errors import BusAuthError, StoreError
 from dart.protocol.permissions import service_permissions
-from dart.protocol.store import open_store
-from dart.protocol.topology import ROLES, ensure_topology
+from dart.protocol.topology import ROLES
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import open_store
+from dart.runtime.topology import ensure_topology
 
 pytestmark = pytest.mark.integration
 

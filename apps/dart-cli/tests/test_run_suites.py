@@ -10,9 +10,9 @@ import pytest
 from dart.cli.stack.config import RunConfig, load_run_config, load_tasks
 from dart.env.osworld.suites import load_local_suite
 from dart.env.osworld.support import provider_features
-from dart.protocol.capabilities import runnable_tasks
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import EnvCapabilities
+from dart.runtime.capabilities import runnable_tasks
 
 pytestmark = pytest.mark.unit
 

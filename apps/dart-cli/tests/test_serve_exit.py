@@ -89,15 +89,15 @@ def test_the_packages_know_every_section_of_a_run_config() -> None:
     """A service package's command accepts a whole run config and refuses other top-level keys: its list
     of the run config's sections is this one."""
     from dart.cli.stack.config import RunConfig
-    from dart.protocol.serving import RUN_CONFIG_SECTIONS
+    from dart.runtime.serving import RUN_CONFIG_SECTIONS
 
     assert set(RunConfig.model_fields) == RUN_CONFIG_SECTIONS
 
 
 STUCK_SERVICE = """
 import asyncio, logging, sys, threading
-from dart.protocol.bus import BusConfig
-from dart.protocol.serving import ServeConfig, ServeRunSection, serve
+from dart.runtime.bus import BusConfig
+from dart.runtime.serving import ServeConfig, ServeRunSection, serve
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 

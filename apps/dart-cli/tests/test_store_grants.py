@@ -19,8 +19,8 @@ from dart.cli.stack.embedded_store import embedded_s3_server, embedded_s3_store
 from dart.cli.stack.store_credentials import StoreKeyFiles, as_store_role
 from dart.embedded.s3 import EmbeddedS3
 from dart.protocol.errors import ArtifactNotFoundError, StoreAuthError
-from dart.protocol.store import ArtifactStore, open_store
-from dart.protocol.store.grants import STORE_ROLES, StoreRole
+from dart.runtime.store import ArtifactStore, open_store
+from dart.runtime.store.grants import STORE_ROLES, StoreRole
 
 pytestmark = pytest.mark.integration
 

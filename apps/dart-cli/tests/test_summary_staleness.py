@@ -9,7 +9,7 @@ import pytest
 
 from dart.cli.stack.config import load_run_config
 from dart.cli.stack.summary import build_summary, staleness_figures
-from dart.protocol.telemetry import TelemetryConfig, setup_telemetry
+from dart.runtime.telemetry import TelemetryConfig, setup_telemetry
 
 pytestmark = pytest.mark.unit
 

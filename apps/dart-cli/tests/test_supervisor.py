@@ -15,9 +15,9 @@ import pytest
 
 from dart.cli.stack.supervisor import ServiceSupervisor
 from dart.embedded.nats import EmbeddedNats
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import Sampling, TaskSpec, WorkItem
-from dart.protocol.topology import ensure_topology
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.topology import ensure_topology
 
 WORK = WorkItem(
     work_id="w-1",

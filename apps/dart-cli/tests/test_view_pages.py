@@ -21,7 +21,7 @@ from dart.cli.view.figures import QUIET_S
 from dart.cli.view.source import open_run
 from dart.data.advantages import group_advantages
 from dart.protocol import messages as m
-from dart.protocol.telemetry import observed_window
+from dart.runtime.telemetry import observed_window
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.testing import SHA, TASK, tiny_png
-from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.testing import SHA, TASK, tiny_png
+from dart.runtime.topology import ensure_topology
 
 MakeTraj = Callable[..., m.Trajectory]
 

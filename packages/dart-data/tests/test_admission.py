@@ -16,12 +16,13 @@ from dart.data.config import BatchingConfig, CurationConfig, DataConfig, Decoupl
 from dart.data.service import DataService
 from dart.embedded.nats import EmbeddedNats, NatsUser
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.permissions import service_permissions
-from dart.protocol.store import LocalStore
-from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.protocol.testing import TASK, wait_until
-from dart.protocol.topology import ROLES, Role, durable_name, ensure_topology
+from dart.protocol.topology import ROLES, Role
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import LocalStore
+from dart.runtime.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.runtime.testing import TASK, wait_until
+from dart.runtime.topology import durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
 

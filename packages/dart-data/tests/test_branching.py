@@ -30,10 +30,10 @@ from dart.env.interface import ENV_BACKENDS
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus
-from dart.protocol.store import LocalStore
-from dart.protocol.testing import TASK, tiny_png, wait_until
-from dart.protocol.topology import durable_name
+from dart.runtime.bus import Bus
+from dart.runtime.store import LocalStore
+from dart.runtime.testing import TASK, tiny_png, wait_until
+from dart.runtime.topology import durable_name
 
 R2 = math.sqrt(2.0)
 

@@ -18,11 +18,12 @@ from dart.data.config import (
 )
 from dart.data.service import DataService
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus, Delivery
-from dart.protocol.store import LocalStore
-from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.protocol.testing import SHA, TASK, wait_until
-from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.runtime.bus import Bus, Delivery
+from dart.runtime.store import LocalStore
+from dart.runtime.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.runtime.testing import SHA, TASK, wait_until
+from dart.runtime.topology import durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from dart.data.tasks import load_task_suite
 from dart.data.work import OutstandingWork, WorkPlanner
 from dart.protocol import messages as m
 from dart.protocol.errors import SuiteError
-from dart.protocol.store import LocalStore
-from dart.protocol.testing import SHA, TASK
+from dart.runtime.store import LocalStore
+from dart.runtime.testing import SHA, TASK
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ import pytest
 from dart.data.config import GroupingConfig
 from dart.data.groups import GroupAssembler
 from dart.protocol import messages as m
-from dart.protocol.testing import TASK
+from dart.runtime.testing import TASK
 
 pytestmark = pytest.mark.unit
 

@@ -22,10 +22,11 @@ from dart.data.config import (
 )
 from dart.data.service import DataService
 from dart.protocol import messages as m
-from dart.protocol.bus import Bus, BusConfig, KeyValueStore
-from dart.protocol.store import ArtifactStore, LocalStore
-from dart.protocol.testing import SHA, TASK, tiny_png, wait_until
-from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.runtime.bus import Bus, BusConfig, KeyValueStore
+from dart.runtime.store import ArtifactStore, LocalStore
+from dart.runtime.testing import SHA, TASK, tiny_png, wait_until
+from dart.runtime.topology import durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
 

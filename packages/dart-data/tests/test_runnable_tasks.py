@@ -16,11 +16,11 @@ import pytest
 from dart.data.config import DataConfig, EmissionConfig
 from dart.data.service import DataService
 from dart.data.tasks import runnable_on_pool
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import EnvPoolUnreachableError, NoRunnableTaskError
 from dart.protocol.messages import CapabilitiesRequest, EnvCapabilities, TaskSpec
-from dart.protocol.store import LocalStore
-from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import LocalStore
+from dart.runtime.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 
 pytestmark = pytest.mark.integration
 

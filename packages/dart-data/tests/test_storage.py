@@ -16,7 +16,7 @@ from dart.data.index import TrajectoryIndex, trajectory_row
 from dart.data.schema import LATEST_VERSION, current_version, migrate
 from dart.data.stats import TaskStats
 from dart.protocol import messages as m
-from dart.protocol.store import LocalStore
+from dart.runtime.store import LocalStore
 
 pytestmark = pytest.mark.unit
 

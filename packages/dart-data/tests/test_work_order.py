@@ -9,7 +9,7 @@ import pytest
 from dart.data.config import CurationConfig, EmissionConfig
 from dart.data.work import WorkPlanner
 from dart.protocol import messages as m
-from dart.protocol.testing import TASK
+from dart.runtime.testing import TASK
 
 pytestmark = pytest.mark.unit
 

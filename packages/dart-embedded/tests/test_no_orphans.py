@@ -57,7 +57,7 @@ def test_plain_child_dies_with_its_killed_parent() -> None:
     parent, pids = _start_parent(
         """
         import json, subprocess, time
-        from dart.protocol.lifetime import die_with_parent
+        from dart.runtime.lifetime import die_with_parent
         child = subprocess.Popen(["sleep", "600"], start_new_session=True, preexec_fn=die_with_parent())
         print(json.dumps({"child": child.pid}), flush=True)
         time.sleep(600)
@@ -131,7 +131,7 @@ def test_a_reaped_group_dies_with_its_killed_parent_grandchildren_included() -> 
     parent, pids = _start_parent(
         """
         import json, subprocess, time
-        from dart.protocol.lifetime import reap_group_with_this_process
+        from dart.runtime.lifetime import reap_group_with_this_process
         launcher = subprocess.Popen(["sh", "-c", "sleep 600 & exec sleep 600"], start_new_session=True)
         reap_group_with_this_process(launcher.pid)
         print(json.dumps({"group": launcher.pid}), flush=True)
@@ -150,7 +150,7 @@ def test_a_released_group_is_left_alone() -> None:
     parent, pids = _start_parent(
         """
         import json, subprocess, time
-        from dart.protocol.lifetime import reap_group_with_this_process, release_group
+        from dart.runtime.lifetime import reap_group_with_this_process, release_group
         child = subprocess.Popen(["sleep", "600"], start_new_session=True)
         reap_group_with_this_process(child.pid)
         release_group(child.pid)

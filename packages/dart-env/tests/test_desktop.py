@@ -25,7 +25,7 @@ from PIL import Image
 
 from dart.env.desktop import DesktopConfig, DesktopError, XDesktop
 from dart.env.desktop.windows import NS
-from dart.protocol.testing import wait_for
+from dart.runtime.testing import wait_for
 
 pytestmark = [
     pytest.mark.integration,

@@ -28,7 +28,7 @@ import requests
 from dart.env.desktop import DesktopConfig, DesktopError, XDesktop
 from dart.env.desktop.sandbox import desktop_environment
 from dart.env.desktop.windows import NS
-from dart.protocol.testing import wait_for
+from dart.runtime.testing import wait_for
 
 pytestmark = [
     pytest.mark.integration,

@@ -15,7 +15,6 @@ import pytest
 from dart.env.miniwob import MiniWoBEnv, miniwob_task
 from dart.env.miniwob.browser import find_binary
 from dart.env.service import EnvService, EnvServiceConfig
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import RemoteError
 from dart.protocol.messages import (
     Action,
@@ -35,6 +34,7 @@ from dart.protocol.messages import (
     StepRequest,
     TaskSpec,
 )
+from dart.runtime.bus import Bus, BusConfig
 
 pytestmark = [
     pytest.mark.integration,

@@ -14,7 +14,7 @@ import pytest
 from dart.env.errors import EnvError
 from dart.env.osworld.client import VMServerClient
 from dart.env.osworld.errors import OSWorldVMError
-from dart.protocol.ports import free_port
+from dart.runtime.ports import free_port
 
 pytestmark = pytest.mark.unit
 

@@ -26,8 +26,6 @@ from dart.env.osworld.errors import ProviderError
 from dart.env.osworld.providers import RemoteProviderConfig
 from dart.env.osworld.support import VMImage, platform_features
 from dart.env.service import EnvService, EnvServiceConfig
-from dart.protocol.bus import Bus, BusConfig
-from dart.protocol.capabilities import request_capabilities, runnable_tasks
 from dart.protocol.errors import EnvPoolUnreachableError, RemoteError
 from dart.protocol.messages import (
     ErrorCode,
@@ -42,7 +40,9 @@ from dart.protocol.messages import (
     TaskSpec,
 )
 from dart.protocol.suite import TaskSuite, dump_suite
-from dart.protocol.testing import wait_until
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.capabilities import request_capabilities, runnable_tasks
+from dart.runtime.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -34,9 +34,9 @@ from dart.env.osworld.support import (
     step_support,
     task_requirements,
 )
-from dart.protocol.capabilities import runnable_tasks
 from dart.protocol.errors import NoRunnableTaskError
 from dart.protocol.messages import EnvCapabilities
+from dart.runtime.capabilities import runnable_tasks
 
 pytestmark = pytest.mark.unit
 

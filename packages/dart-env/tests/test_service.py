@@ -22,7 +22,6 @@ from dart.env.service import (
     SpareStats,
 )
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import ConfigError, NoRespondersError, RemoteError
 from dart.protocol.messages import (
     Action,
@@ -46,7 +45,8 @@ from dart.protocol.messages import (
     Wait,
 )
 from dart.protocol.messages.observation import MetadataValue
-from dart.protocol.telemetry import TelemetryConfig, load_busy_intervals, read_jsonl, setup_telemetry
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.telemetry import TelemetryConfig, load_busy_intervals, read_jsonl, setup_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -497,7 +497,7 @@ async def test_failures_replacements_and_instance_counters_reach_telemetry(bus: 
 
 async def test_large_screenshots_travel_by_reference_stored_once(bus: Bus, tmp_path: Path) -> None:
     from dart.protocol.messages import ImageRef, InlineImage
-    from dart.protocol.store import LocalStore, get_by_uri
+    from dart.runtime.store import LocalStore, get_by_uri
 
     store = LocalStore(tmp_path / "artifacts", fsync=False)
     sim = SimConfig(width=640, height=360, latency=LatencyConfig(scale=0.0))
@@ -536,8 +536,8 @@ async def test_a_screenshot_handed_out_is_never_older_than_the_refresh_period(tm
     would hand out once its last write is older than ``refresh_s``, whoever wrote it."""
     from dart.env.service.screenshots import ScreenshotOffload
     from dart.protocol.messages import ImageRef, InlineImage, Observation
-    from dart.protocol.store import LocalStore
-    from dart.protocol.testing import tiny_png
+    from dart.runtime.store import LocalStore
+    from dart.runtime.testing import tiny_png
 
     store = LocalStore(tmp_path / "artifacts", fsync=False)
     now = [time.time()]

@@ -15,7 +15,6 @@ from dart.env.serve import EnvServeConfig
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.service.pool_tasks import altered_fields
 from dart.env.sim import BUILTIN_SUITES, LatencyConfig, SimConfig, load_builtin_suite, sim_task, sim_task_from_id
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import ConfigError, RemoteError
 from dart.protocol.messages import (
     ErrorCode,
@@ -30,7 +29,8 @@ from dart.protocol.messages import (
     TaskSpec,
 )
 from dart.protocol.suite import TaskSuite, dump_suite
-from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 
 pytestmark = pytest.mark.integration
 

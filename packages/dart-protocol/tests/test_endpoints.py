@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from dart.embedded.nats import EmbeddedNats, NatsUser
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.endpoints import ENDPOINTS, Endpoint
 from dart.protocol.errors import PermissionDeniedError, SubjectError
 from dart.protocol.messages import Message
 from dart.protocol.messages.codec import decode, encode
 from dart.protocol.permissions import service_permissions
 from dart.protocol.subjects import ENDPOINT_SUBJECTS, Subjects
-from dart.protocol.testing import all_messages
 from dart.protocol.topology import ROLES, Role
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.testing import all_messages
 
 PREFIX = "dart.v1"
 RUN = "endpoints"

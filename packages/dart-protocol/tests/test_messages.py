@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from dart.protocol import messages as m
 from dart.protocol.errors import MessageValidationError
-from dart.protocol.testing import ACTIONS, OBS, TASK, all_messages, step, tiny_png
+from dart.runtime.testing import ACTIONS, OBS, TASK, all_messages, step, tiny_png
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import pytest
 
 from dart.protocol.messages.observation import PNG_SIGNATURE
 from dart.protocol.png import MAX_IMAGE_PIXELS, check_png, png_size
-from dart.protocol.testing import png_header, tiny_png
+from dart.runtime.testing import png_header, tiny_png
 
 pytestmark = pytest.mark.unit
 

@@ -21,11 +21,11 @@ import pytest
 
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import StepReply, Wait
-from dart.protocol.testing import wait_until
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.testing import wait_until
 
 FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
 

@@ -17,7 +17,6 @@ import pytest
 
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
-from dart.protocol.bus import Bus
 from dart.protocol.messages import Fail, Sampling, TaskSpec
 from dart.rollout.action_grammar import format_output
 from dart.rollout.engine.interface import GenerationRequest
@@ -25,6 +24,7 @@ from dart.rollout.eval import EvalReport, difference_interval, evaluate, pass_at
 from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
+from dart.runtime.bus import Bus
 
 FAST_SIM = SimConfig(latency=LatencyConfig(scale=0.0))
 

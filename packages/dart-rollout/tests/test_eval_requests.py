@@ -19,13 +19,14 @@ import torch
 from safetensors.torch import save_file
 
 from dart.env.sim import sim_task
-from dart.protocol.bus import Bus
 from dart.protocol.errors import RemoteError
 from dart.protocol.messages import EvalRequest, EvalResult, Message, ModelVersion, Sampling, TaskSpec, Trajectory
-from dart.protocol.testing import wait_until
-from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.rollout.service import RolloutConfig, RolloutService, RunnerConfig
 from dart.rollout.service.scripted import ScriptedEngine
+from dart.runtime.bus import Bus
+from dart.runtime.testing import wait_until
+from dart.runtime.topology import durable_name, ensure_topology
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
 from dart.protocol.messages import ModelVersion, Sampling
-from dart.protocol.store import LocalStore, S3Store, StoreConfig
 from dart.protocol.weights import WeightManifest, WeightShard, shard_files
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
@@ -26,6 +25,7 @@ from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.fetch import cache_usage
 from dart.rollout.service.sync import WeightSyncController, fetch_weights
+from dart.runtime.store import LocalStore, S3Store, StoreConfig
 from dart.train.config import PublishConfig
 from dart.train.publish import WeightPublisher
 

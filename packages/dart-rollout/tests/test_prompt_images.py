@@ -10,13 +10,13 @@ import pytest
 from PIL import Image, ImageDraw
 
 from dart.protocol.messages import ImageRef, InlineImage
-from dart.protocol.store import LocalStore
-from dart.protocol.store.images import ImageOffload
-from dart.protocol.testing import png_header, tiny_png
 from dart.rollout.errors import ImageFetchError, ImageStoreError
 from dart.rollout.model.prompt import HistoryStep, build_prompt, prompt_image
 from dart.rollout.model.screen import ResizeRule
 from dart.rollout.service.images import ImageCache, PromptImages
+from dart.runtime.store import LocalStore
+from dart.runtime.store.images import ImageOffload
+from dart.runtime.testing import png_header, tiny_png
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
-from dart.protocol.bus import Bus
 from dart.protocol.messages import (
     BranchOrigin,
     BranchSpec,
@@ -27,7 +26,6 @@ from dart.protocol.messages import (
     WorkItem,
 )
 from dart.protocol.messages.codec import decode, encode
-from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.errors import EngineError
@@ -37,6 +35,8 @@ from dart.rollout.service.config import PromptConfig, RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.scripted import ScriptedEngine
+from dart.runtime.bus import Bus
+from dart.runtime.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
 
 pytestmark = pytest.mark.integration
 

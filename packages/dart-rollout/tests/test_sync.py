@@ -11,11 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save, save_file
 
-from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion
-from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.protocol.testing import wait_until
-from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import EngineState, GenerationRequest
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
@@ -24,6 +21,10 @@ from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
 from dart.rollout.service.sync import EngineUpdate, WeightSyncController, max_concurrent_updates
+from dart.runtime.bus import Bus
+from dart.runtime.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.runtime.testing import wait_until
+from dart.runtime.topology import ensure_topology
 
 REQUEST = GenerationRequest(ChatPrompt("hi"), max_new_tokens=4)
 

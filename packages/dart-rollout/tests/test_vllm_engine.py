@@ -24,9 +24,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from dart.protocol.bus import Bus
 from dart.protocol.messages import Sampling, TrajectoryStatus, WorkItem
-from dart.protocol.store import LocalStore
 from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
@@ -40,6 +38,8 @@ from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.fetch import fetch_weights
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
+from dart.runtime.bus import Bus
+from dart.runtime.store import LocalStore
 from dart.train.config import PublishConfig
 from dart.train.loss import behaviour_logprobs
 from dart.train.publish import WeightPublisher

@@ -21,9 +21,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from dart.protocol.bus import Bus
 from dart.protocol.messages import ModelVersion, Sampling
-from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
@@ -33,6 +32,8 @@ from dart.rollout.model.loading import load_policy
 from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.sync import WeightSyncController
+from dart.runtime.bus import Bus
+from dart.runtime.topology import ensure_topology
 from dart.train.loss import behaviour_logprobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -10,11 +10,11 @@ import pytest
 from PIL import Image
 
 from dart.protocol.messages import Sampling, TrainingSample
-from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.rollout.model.tiny import write_tiny_checkpoint
+from dart.runtime.store import LocalStore
 from dart.train.testing import sample_of, store_png
 
 

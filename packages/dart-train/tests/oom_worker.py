@@ -31,8 +31,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from dart.protocol.lifetime import exit_with_parent
 from dart.protocol.messages import TrainingSample
+from dart.runtime.lifetime import exit_with_parent
 from dart.train.batching import ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.distributed import follow

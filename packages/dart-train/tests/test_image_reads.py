@@ -9,9 +9,9 @@ import pytest
 
 from dart.protocol.errors import StoreError
 from dart.protocol.messages import ImageRef, TrainingSample
-from dart.protocol.retry import RetryPolicy
-from dart.protocol.store import ArtifactStore, LocalStore, StoreConfig, file_uri, parse_uri
-from dart.protocol.testing import png_header, tiny_png
+from dart.runtime.retry import RetryPolicy
+from dart.runtime.store import ArtifactStore, LocalStore, StoreConfig, file_uri, parse_uri
+from dart.runtime.testing import png_header, tiny_png
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource, decode_screenshot
 from dart.train.config import TrainerConfig
@@ -19,7 +19,7 @@ from dart.train.errors import ImageCorruptError, ImageFetchError, ImageMissingEr
 
 pytestmark = pytest.mark.unit
 
-# No waiting between tries: the backoff itself is tested in dart-protocol's test_retry.py.
+# No waiting between tries: the backoff itself is tested in dart-runtime's test_retry.py.
 RETRY = RetryPolicy(attempts=4, initial_delay_s=0.0, jitter=0.0)
 
 

@@ -13,7 +13,6 @@ import torch
 from PIL import Image
 
 from dart.protocol.messages import Sampling, TrainingSample
-from dart.protocol.store import LocalStore
 from dart.protocol.weights import AdapterSpec, WeightManifest, adapter_spec_of, set_adapter_state
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest, GenerationResult
@@ -21,6 +20,7 @@ from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig, VLLMLoraConfig
 from dart.rollout.errors import WeightUpdateError
 from dart.rollout.model.prompt import build_prompt
+from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import LANGUAGE_MODEL_ATTENTION, LoraSettings, TrainerConfig

@@ -31,11 +31,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
-from dart.protocol.ports import free_port
-from dart.protocol.store import LocalStore
-from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.ports import free_port
+from dart.runtime.store import LocalStore
+from dart.runtime.topology import ensure_topology
 from dart.train.config import FsdpBackendSettings, MegatronBackendSettings
 from dart.train.serve import torchrun_argv
 

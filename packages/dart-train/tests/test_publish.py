@@ -17,11 +17,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dart.protocol.messages import Sampling, TrainingBatch, TrainingSample
-from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.service.fetch import fetch_weights
+from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.config import PublishConfig, TrainerConfig
 from dart.train.publish import WeightManifest, WeightPublisher, weights_file
@@ -155,9 +155,10 @@ async def test_an_announcement_rides_out_a_broker_restart(tmp_path: Path, caplog
     import signal
 
     from dart.embedded.nats import EmbeddedNats
-    from dart.protocol.bus import Bus, BusConfig
     from dart.protocol.messages import ModelVersion
-    from dart.protocol.topology import LATEST_MODEL_KEY, ensure_topology
+    from dart.protocol.topology import LATEST_MODEL_KEY
+    from dart.runtime.bus import Bus, BusConfig
+    from dart.runtime.topology import ensure_topology
 
     with EmbeddedNats(store_dir=tmp_path / "nats") as nats:
         config = BusConfig(url=nats.url, run="announce", request_timeout_s=2.0, connect_timeout_s=2.0)

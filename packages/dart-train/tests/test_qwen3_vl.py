@@ -16,7 +16,6 @@ from PIL import Image
 
 from dart.protocol.messages import Sampling, TrainingSample
 from dart.protocol.models import family_of
-from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.architectures import get_architecture
@@ -26,6 +25,7 @@ from dart.rollout.model.random_init import write_checkpoint
 from dart.rollout.model.screen import ResizeRule
 from dart.rollout.model.tiny import write_tiny_checkpoint
 from dart.rollout.model.tiny_spec import TinyModelSpec
+from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource
 from dart.train.config import TrainerConfig

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dart.protocol.store import LocalStore
+from dart.runtime.store import LocalStore
 from dart.train.config import RetentionConfig, TrainerConfig
 from dart.train.retention import prune_checkpoints, prune_weights, published_versions, versions_to_delete
 

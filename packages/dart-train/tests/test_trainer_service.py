@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from dart.protocol.bus import Bus, BusConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
-from dart.protocol.store import LocalStore, StoreConfig
-from dart.protocol.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
-from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, STATE_BUCKET
+from dart.runtime.bus import Bus, BusConfig
+from dart.runtime.store import LocalStore, StoreConfig
+from dart.runtime.telemetry import TelemetryConfig, read_jsonl, setup_telemetry
+from dart.runtime.topology import durable_name, ensure_topology
 from dart.train.backend import TorchBackend
 from dart.train.config import TrainerConfig
 from dart.train.publish import WeightPublisher

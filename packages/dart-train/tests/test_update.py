@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 
 from dart.protocol.messages import Sampling, SamplingParams, TrainingSample
-from dart.protocol.store import LocalStore
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.model.prompt import build_prompt
+from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.batching import ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig

@@ -4,7 +4,7 @@ import sys
 
 if sys.argv[1:2] == ["serve"]:
     # Before the imports, which take seconds on a slow machine: a service stopped while starting exits 0.
-    from dart.protocol.lifetime import stop_signals_end_startup
+    from dart.runtime.lifetime import stop_signals_end_startup
 
     stop_signals_end_startup()
 

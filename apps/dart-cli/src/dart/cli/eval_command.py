@@ -139,7 +139,7 @@ async def _on_bus(
     from dart.cli.evaluation import EvalEnv, evaluate_policy, start_engine
     from dart.cli.stack.config import store_config
     from dart.data.tasks import runnable_on_pool
-    from dart.protocol.bus import Bus
+    from dart.runtime.bus import Bus
 
     bus_config = config.bus.model_copy(update={"url": url, "run": config.run.name, "name": "dart-eval"})
     bus = await Bus.connect(bus_config)

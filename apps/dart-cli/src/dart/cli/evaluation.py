@@ -28,10 +28,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from dart.protocol.bus import Bus
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, Sampling, TaskSpec
-from dart.protocol.store import ArtifactStore, StoreConfig, open_store, resolve_uri
+from dart.runtime.bus import Bus
+from dart.runtime.store import ArtifactStore, StoreConfig, open_store, resolve_uri
 
 if TYPE_CHECKING:
     from dart.cli.stack.config import RunConfig

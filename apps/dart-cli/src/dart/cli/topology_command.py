@@ -18,8 +18,9 @@ import typer
 
 
 async def _create(config: Any) -> dict[str, Any]:
-    from dart.protocol.bus import Bus
-    from dart.protocol.topology import STREAMS, durable_name, ensure_topology
+    from dart.protocol.topology import STREAMS
+    from dart.runtime.bus import Bus
+    from dart.runtime.topology import durable_name, ensure_topology
 
     bus_config = config.bus.model_copy(update={"run": config.run.name, "name": "dart-topology"})
     async with await Bus.connect(bus_config) as bus:
@@ -40,7 +41,7 @@ def topology_command(
 ) -> None:
     """Create (or confirm) the run's NATS streams, consumers and state bucket, as the config's bus user."""
     from dart.protocol.errors import BusError, ConfigError
-    from dart.protocol.serving import ServeConfig, load_serve_config
+    from dart.runtime.serving import ServeConfig, load_serve_config
 
     try:
         config = load_serve_config(ServeConfig, config_path, overrides or ())

@@ -7,6 +7,7 @@ from importlib import metadata
 
 DART_PACKAGES: dict[str, str] = {
     "dart-protocol": "dart.protocol",
+    "dart-runtime": "dart.runtime",
     "dart-env": "dart.env",
     "dart-rollout": "dart.rollout",
     "dart-data": "dart.data",

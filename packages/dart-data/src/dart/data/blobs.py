@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dart.protocol.messages import ImageRef, InlineImage, Trajectory
-from dart.protocol.store import ArtifactStore
-from dart.protocol.store.uri import is_valid_key
+from dart.runtime.store import ArtifactStore
+from dart.runtime.store.uri import is_valid_key
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 

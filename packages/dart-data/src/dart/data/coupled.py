@@ -26,8 +26,8 @@ from dart.data.emit import publish_work
 from dart.data.former import BatchFormer
 from dart.data.state import DataState
 from dart.data.work import OutstandingWork, WorkPlanner
-from dart.protocol.bus import Bus
-from dart.protocol.waiting import wait_event
+from dart.runtime.bus import Bus
+from dart.runtime.waiting import wait_event
 
 log = logging.getLogger("dart.data")
 

@@ -17,11 +17,11 @@ from typing import Protocol
 from dart.data.config import EmissionConfig
 from dart.data.state import DataState
 from dart.data.work import OutstandingWork, WorkPlanner, min_policy_version
-from dart.protocol.bus import Bus
 from dart.protocol.errors import JetStreamError
 from dart.protocol.messages import WorkItem
-from dart.protocol.topology import durable_name
-from dart.protocol.waiting import wait_event
+from dart.runtime.bus import Bus
+from dart.runtime.topology import durable_name
+from dart.runtime.waiting import wait_event
 
 log = logging.getLogger("dart.data")
 

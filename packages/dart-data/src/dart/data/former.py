@@ -20,8 +20,8 @@ from dart.data.batches import BatchAssembler
 from dart.data.config import GroupingConfig
 from dart.data.groups import GroupAssembler, ReadyGroup
 from dart.data.state import DataState
-from dart.protocol.bus import Bus
 from dart.protocol.messages import TrainingBatch, Trajectory
+from dart.runtime.bus import Bus
 
 log = logging.getLogger("dart.data")
 

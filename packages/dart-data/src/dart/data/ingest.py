@@ -27,9 +27,9 @@ from dart.data.former import BatchFormer
 from dart.data.index import trajectory_row
 from dart.data.state import DataState
 from dart.data.stats import TaskStats
-from dart.protocol.bus import Delivery, PullConsumer
 from dart.protocol.errors import MessageValidationError
 from dart.protocol.messages import TaskSpec, Trajectory
+from dart.runtime.bus import Delivery, PullConsumer
 
 log = logging.getLogger("dart.data")
 

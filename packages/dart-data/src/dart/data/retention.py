@@ -27,7 +27,7 @@ The index row stays, with ``pruned_at`` set: statistics and reports keep every t
 an object that no stored trajectory refers to and that was last written more than ``image_grace_s`` ago. Why
 that cannot pull an image from under a trajectory still on its way: a service rewrites an image it hands out
 if its last write is older than its refresh period (the env's ``screenshot_refresh_s``, the rollout's
-``prompt_images.refresh_s``; :class:`dart.protocol.store.images.ImageOffload`), so a reference handed out at
+``prompt_images.refresh_s``; :class:`dart.runtime.store.images.ImageOffload`), so a reference handed out at
 time t names an object written at or after ``t - refresh``; with ``image_grace_s`` above that plus the time
 from observation to ingestion, the object outlives the trajectory's arrival, and from then on its reference
 protects it. Episodes longer than the grace period are covered too: where this data manager emits the run's
@@ -52,10 +52,10 @@ from itertools import islice
 
 from dart.data.config import RetentionConfig
 from dart.data.state import DataState
-from dart.protocol.bus import Bus
 from dart.protocol.errors import ArtifactNotFoundError
-from dart.protocol.store import ArtifactInfo
-from dart.protocol.topology import durable_name
+from dart.runtime.bus import Bus
+from dart.runtime.store import ArtifactInfo
+from dart.runtime.topology import durable_name
 
 log = logging.getLogger("dart.data")
 

@@ -1,6 +1,6 @@
 """``dart-data serve --config FILE``: the data manager alone (this package's dependencies only).
 
-Reads the run config's shared sections, ``data`` and ``suite`` (see :mod:`dart.protocol.serving` and
+Reads the run config's shared sections, ``data`` and ``suite`` (see :mod:`dart.runtime.serving` and
 :func:`dart.data.tasks.resolve_tasks`); where the suite's tasks name requirements, the env pool
 ``data.env_pool`` is asked which it runs (:func:`dart.data.tasks.runnable_on_pool`).
 """
@@ -17,10 +17,10 @@ from dart.data import __version__
 from dart.data.config import DataConfig
 from dart.data.service import DataService
 from dart.data.tasks import resolve_tasks, runnable_on_pool
-from dart.protocol.bus import Bus
-from dart.protocol.serving import ServeConfig, serve_until_stopped, service_main
-from dart.protocol.store import open_store
-from dart.protocol.telemetry import Telemetry
+from dart.runtime.bus import Bus
+from dart.runtime.serving import ServeConfig, serve_until_stopped, service_main
+from dart.runtime.store import open_store
+from dart.runtime.telemetry import Telemetry
 
 
 class DataServeConfig(ServeConfig):

@@ -36,14 +36,15 @@ from dart.data.retention import Retention
 from dart.data.state import DataState
 from dart.data.stats import TaskStats
 from dart.data.work import WorkPlanner, min_policy_version
-from dart.protocol.bus import Bus, KeyValueStore, PullConsumer
-from dart.protocol.capabilities import request_capabilities
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import ModelVersion, TaskSpec, Trajectory
-from dart.protocol.store import ArtifactStore
-from dart.protocol.telemetry import Telemetry
-from dart.protocol.topology import LATEST_MODEL_KEY, durable_name, open_topology
-from dart.protocol.waiting import cancel_and_wait
+from dart.protocol.topology import LATEST_MODEL_KEY
+from dart.runtime.bus import Bus, KeyValueStore, PullConsumer
+from dart.runtime.capabilities import request_capabilities
+from dart.runtime.store import ArtifactStore
+from dart.runtime.telemetry import Telemetry
+from dart.runtime.topology import durable_name, open_topology
+from dart.runtime.waiting import cancel_and_wait
 
 log = logging.getLogger("dart.data")
 
@@ -92,7 +93,7 @@ class DataStats:
         tasks: Tasks work is emitted for (the suite's, less those the env pool does not run).
         tasks_excluded: The suite's tasks left out because the env pool does not run them.
         tasks_excluded_by: Requirement the env pool lacks -> tasks it kept out (a task lacking several
-            counts under each), most first (see :mod:`dart.protocol.capabilities`).
+            counts under each), most first (see :mod:`dart.runtime.capabilities`).
     """
 
     received: int = 0

@@ -25,8 +25,8 @@ from dart.data.config import DataConfig
 from dart.data.curation import ExperiencePool
 from dart.data.index import TrajectoryIndex
 from dart.data.stats import TaskStats
-from dart.protocol.store import ArtifactStore
-from dart.protocol.telemetry import Telemetry
+from dart.runtime.store import ArtifactStore
+from dart.runtime.telemetry import Telemetry
 
 log = logging.getLogger("dart.data")
 

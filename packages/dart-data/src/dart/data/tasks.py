@@ -16,10 +16,10 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from dart.protocol.bus import Bus
-from dart.protocol.capabilities import RunnableTasks, needs_capabilities, request_capabilities, runnable_tasks
 from dart.protocol.messages import TaskSpec
 from dart.protocol.suite import load_suite, resolve_suite
+from dart.runtime.bus import Bus
+from dart.runtime.capabilities import RunnableTasks, needs_capabilities, request_capabilities, runnable_tasks
 
 log = logging.getLogger("dart.data")
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary
 from dart.protocol.permissions import Permissions
-from dart.protocol.ports import free_ports
+from dart.runtime.ports import free_ports
 
 BCRYPT_ROUNDS = 10
 """bcrypt cost of stored password hashes (Go's default): the server pays it once per connection."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dart.embedded.process import EmbeddedServerError, ManagedProcess, as_user_kwargs
-from dart.protocol.ports import free_port
+from dart.runtime.ports import free_port
 
 SUPERUSER = "dart"
 """Role created by ``initdb``; owns every database created here."""

@@ -5,7 +5,7 @@ check passes or raises :class:`EmbeddedServerError` with the tail of the server'
 ``running -> stopped`` on :meth:`ManagedProcess.stop` (SIGTERM to the process group, SIGKILL
 after a grace period). An ``atexit`` hook stops anything still running, so a crashed test run
 leaves no server behind; a parent killed outright (SIGKILL) takes its servers along through
-:func:`dart.protocol.lifetime.die_with_parent`.
+:func:`dart.runtime.lifetime.die_with_parent`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dart.protocol.lifetime import die_with_parent
+from dart.runtime.lifetime import die_with_parent
 
 _LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
 

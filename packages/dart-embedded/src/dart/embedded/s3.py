@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any
 
 from dart.embedded.process import EmbeddedServerError, ManagedProcess, find_binary
-from dart.protocol.ports import free_ports
+from dart.runtime.ports import free_ports
 
 _PORT_NAMES = (
     "master",

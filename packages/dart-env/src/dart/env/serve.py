@@ -1,6 +1,6 @@
 """``dart-env serve --config FILE``: the env service alone (this package's dependencies only).
 
-Reads the run config's shared sections and ``env`` (see :mod:`dart.protocol.serving`).
+Reads the run config's shared sections and ``env`` (see :mod:`dart.runtime.serving`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pydantic import Field
 
 from dart.env import __version__
 from dart.env.service import EnvService, EnvServiceConfig
-from dart.protocol.bus import Bus
-from dart.protocol.serving import ServeConfig, serve_until_stopped, service_main
-from dart.protocol.store import open_store
-from dart.protocol.telemetry import Telemetry
+from dart.runtime.bus import Bus
+from dart.runtime.serving import ServeConfig, serve_until_stopped, service_main
+from dart.runtime.store import open_store
+from dart.runtime.telemetry import Telemetry
 
 
 class EnvServeConfig(ServeConfig):

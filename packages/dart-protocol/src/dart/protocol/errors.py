@@ -216,7 +216,7 @@ class ServiceError(BusError):
     """Raised by a request handler to answer with a typed error reply instead of a result.
 
     The bus turns it into an ``ErrorReply`` carrying the same fields; the caller's
-    :meth:`~dart.protocol.bus.Bus.request` then raises :class:`RemoteError` with them.
+    :meth:`~dart.runtime.bus.Bus.request` then raises :class:`RemoteError` with them.
 
     Attributes:
         code: An :class:`~dart.protocol.messages.base.ErrorCode` value (``not_found``, ...).

@@ -39,7 +39,7 @@ role's replies.
 
 Only the ``run`` role (``dart run``'s supervisor, ``dart topology`` in a deployment) may create and
 update the run's streams, consumers and bucket (nobody may delete or purge them); the services only
-find and bind to them (:func:`dart.protocol.topology.open_topology`), so no service can add a subject
+find and bind to them (:func:`dart.runtime.topology.open_topology`), so no service can add a subject
 it publishes on to a stream another role consumes, or change a consumer another role reads from.
 Roles are per service, not per process: two rollout replicas share a user. The control-plane subjects
 (``P.ctl.*``) are granted to nobody until an endpoint declares them.

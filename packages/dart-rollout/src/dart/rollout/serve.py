@@ -1,6 +1,6 @@
 """``dart-rollout serve --config FILE``: the rollout service alone (this package's dependencies only).
 
-Reads the run config's shared sections and ``rollout`` (see :mod:`dart.protocol.serving`). Once its
+Reads the run config's shared sections and ``rollout`` (see :mod:`dart.runtime.serving`). Once its
 engines are up it records ``service.ready`` (``dart run`` starts its RL clock there).
 """
 
@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from dart.protocol.bus import Bus
-from dart.protocol.serving import ServeConfig, serve_until_stopped, service_main
-from dart.protocol.telemetry import Telemetry
 from dart.rollout import __version__
 from dart.rollout.service import RolloutService
 from dart.rollout.service.config import RolloutConfig
+from dart.runtime.bus import Bus
+from dart.runtime.serving import ServeConfig, serve_until_stopped, service_main
+from dart.runtime.telemetry import Telemetry
 
 
 class RolloutServeConfig(ServeConfig):

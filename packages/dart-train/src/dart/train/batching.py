@@ -33,9 +33,9 @@ from dart.protocol.errors import (
 )
 from dart.protocol.messages import ImageRef
 from dart.protocol.png import check_png
-from dart.protocol.retry import RetryPolicy, retry_call
-from dart.protocol.store import StoreConfig
-from dart.protocol.store.cache import ArtifactCache, StoreOpener
+from dart.runtime.retry import RetryPolicy, retry_call
+from dart.runtime.store import StoreConfig
+from dart.runtime.store.cache import ArtifactCache, StoreOpener
 from dart.train.errors import ImageCorruptError, ImageFetchError, ImageMissingError, SampleError
 
 ImageSource = Callable[[ImageRef], bytes]

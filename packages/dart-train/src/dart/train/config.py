@@ -11,7 +11,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from dart.protocol.config import ConfigModel
 from dart.protocol.registry import Registry
-from dart.protocol.retry import RetryPolicy
+from dart.runtime.retry import RetryPolicy
 
 Objective = Literal["tis", "decoupled"]
 

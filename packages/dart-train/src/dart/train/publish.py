@@ -33,11 +33,8 @@ from pathlib import Path
 
 import torch
 
-from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.errors import JetStreamError, StoreError
 from dart.protocol.messages import ModelVersion
-from dart.protocol.retry import Backoff, retry
-from dart.protocol.store import ArtifactStore
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.protocol.weights import (
     ADAPTER_METADATA_KEY,
@@ -49,6 +46,9 @@ from dart.protocol.weights import (
     WeightShard,
     shard_name,
 )
+from dart.runtime.bus import Bus, KeyValueStore
+from dart.runtime.retry import Backoff, retry
+from dart.runtime.store import ArtifactStore
 from dart.train.config import PublishConfig
 from dart.train.errors import CheckpointError
 from dart.train.shards import plan_shards, published_dtype, shard_stream
@@ -71,7 +71,7 @@ class WeightPublisher:
     Args:
         store: The artifact store weights go to.
         bus: The bus to announce on; None only writes to the store (offline use, tests).
-        state: The ``state`` KV bucket (from :func:`~dart.protocol.topology.ensure_topology`); None skips the KV.
+        state: The ``state`` KV bucket (from :func:`~dart.runtime.topology.ensure_topology`); None skips the KV.
         prefix: Key prefix of weight versions in the store.
         announce_retry_s: How long an announcement is retried while the broker does not answer (a
             restart), seconds; then the error is raised.
@@ -294,7 +294,7 @@ def _hashed(chunks: Iterator[bytes], digest: hashlib._Hash) -> Iterator[bytes]:
 def weights_file(model: ModelVersion) -> Path:
     """Local path of a ``file://`` version (what an engine's ``update_weights`` takes on one machine): the
     file of a one-shard version, the directory of a sharded one."""
-    from dart.protocol.store import parse_uri
+    from dart.runtime.store import parse_uri
 
     path = Path(os.fspath(parse_uri(model.uri).path))
     return path.parent if model.shards > 1 else path

@@ -18,7 +18,7 @@ import re
 import shutil
 from pathlib import Path
 
-from dart.protocol.store import ArtifactStore
+from dart.runtime.store import ArtifactStore
 from dart.train.config import RetentionConfig
 
 _VERSION = re.compile(r"^v(\d+)$")

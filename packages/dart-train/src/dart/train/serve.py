@@ -1,6 +1,6 @@
 """``dart-train serve --config FILE``: the trainer alone (this package's dependencies only).
 
-Reads the run config's shared sections and ``train`` (see :mod:`dart.protocol.serving`). A backend with
+Reads the run config's shared sections and ``train`` (see :mod:`dart.runtime.serving`). A backend with
 ``world_size`` > 1 (FSDP2, megatron-core) is served as that many torchrun ranks: the command launches
 this machine's share of them (each runs this module again), global rank 0 serves the trainer, the others
 follow it in the backend's collectives; the exit code is the ranks' own. With ``train.backend.nnodes`` > 1
@@ -21,10 +21,10 @@ from pathlib import Path
 
 from pydantic import Field
 
-from dart.protocol.bus import Bus
-from dart.protocol.lifetime import exit_with_parent
-from dart.protocol.serving import ServeConfig, serve_or_exit, service_main
-from dart.protocol.telemetry import Telemetry
+from dart.runtime.bus import Bus
+from dart.runtime.lifetime import exit_with_parent
+from dart.runtime.serving import ServeConfig, serve_or_exit, service_main
+from dart.runtime.telemetry import Telemetry
 from dart.train import __version__
 from dart.train.config import NodeSettings, TrainerConfig
 
@@ -39,7 +39,7 @@ class TrainServeConfig(ServeConfig):
 
 async def run_train(config: TrainServeConfig, bus: Bus, telemetry: Telemetry, stop: asyncio.Event) -> None:
     """Train until ``stop`` is set; a training crash surfaces as the exception it is."""
-    from dart.protocol.store import open_store
+    from dart.runtime.store import open_store
     from dart.train.service import TrainerService
 
     store = config.store_config()

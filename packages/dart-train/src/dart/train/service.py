@@ -19,13 +19,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dart.protocol.bus import Bus, Delivery, KeyValueStore, PullConsumer
 from dart.protocol.errors import ConfigError, DartError
 from dart.protocol.messages import ModelVersion, TrainingBatch, TrainingSample
-from dart.protocol.store import ArtifactStore, StoreConfig
-from dart.protocol.telemetry import BusyTracker, GpuSampler, Telemetry
-from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS, durable_name, open_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, STREAMS
 from dart.protocol.weights import AdapterSpec
+from dart.runtime.bus import Bus, Delivery, KeyValueStore, PullConsumer
+from dart.runtime.store import ArtifactStore, StoreConfig
+from dart.runtime.telemetry import BusyTracker, GpuSampler, Telemetry
+from dart.runtime.topology import durable_name, open_topology
 from dart.train.batching import StoreImageSource
 from dart.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dart.train.config import TrainerConfig

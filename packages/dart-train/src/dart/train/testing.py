@@ -14,8 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dart.protocol.messages import ImageRef, TrainingSample
 
 if TYPE_CHECKING:
-    from dart.protocol.store import ArtifactStore
     from dart.rollout.engine.interface import GenerationResult
+    from dart.runtime.store import ArtifactStore
 
 
 def store_png(store: ArtifactStore, key: str, image: Image.Image) -> ImageRef:

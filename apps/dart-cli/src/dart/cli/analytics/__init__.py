@@ -1,5 +1,5 @@
 """Run analytics read back from telemetry JSONL files, used by ``dart run``'s summary, ``dart
-report`` and the benchmarks (not by the services, so they live here rather than in dart-protocol).
+report`` and the benchmarks (not by the services, so they live here rather than in dart-runtime).
 
 :mod:`.busy_report`: per-resource utilization; :mod:`.idle`: where each resource's time went.
 """

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dart.protocol.telemetry import BusyInterval, busy_ns, load_busy_intervals, observed_window
+from dart.runtime.telemetry import BusyInterval, busy_ns, load_busy_intervals, observed_window
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dart.protocol.telemetry.busy import BusyInterval, Span, busy_ns
-from dart.protocol.telemetry.jsonl import read_jsonl
+from dart.runtime.telemetry.busy import BusyInterval, Span, busy_ns
+from dart.runtime.telemetry.jsonl import read_jsonl
 
 RUNNER_LEASED = frozenset({"leased", "pick", "generate", "env_call"})
 """Runner activities during which the runner holds an env lease."""

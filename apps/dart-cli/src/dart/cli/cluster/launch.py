@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from dart.cli.cluster.commands import serve_argv
 from dart.cli.stack.config import ServiceName
 from dart.cli.stack.placement import Placement, ProcessPlacement
-from dart.protocol.lifetime import die_with_parent
-from dart.protocol.stacks import DUMP_SIGNAL
+from dart.runtime.lifetime import die_with_parent
+from dart.runtime.stacks import DUMP_SIGNAL
 
 log = logging.getLogger(__name__)
 

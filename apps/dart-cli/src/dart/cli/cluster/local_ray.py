@@ -28,8 +28,8 @@ from pathlib import Path
 from dart.cli.cluster.config import LocalRaySection
 from dart.cli.cluster.ray_cluster import ClusterError, Node
 from dart.cli.cluster.ray_host import NODE_NAME_PREFIX
-from dart.protocol.lifetime import die_with_parent
-from dart.protocol.ports import free_ports
+from dart.runtime.lifetime import die_with_parent
+from dart.runtime.ports import free_ports
 
 HOST = "127.0.0.1"
 STARTED = b"Ray runtime started."

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from dart.cli.cluster.commands import serve_argv
-from dart.protocol.lifetime import die_with_parent, reap_group_with_this_process, release_group
-from dart.protocol.ports import free_port
+from dart.runtime.lifetime import die_with_parent, reap_group_with_this_process, release_group
+from dart.runtime.ports import free_port
 
 NODE_NAME_PREFIX = "dart_node_"
 """A custom resource ``dart_node_<name>`` names a node (``--ray local`` gives each of its nodes one)."""

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from dart.cli.view.errors import NotARunError
-from dart.protocol.telemetry import BusyInterval, load_busy_intervals, observed_window, read_jsonl
+from dart.runtime.telemetry import BusyInterval, load_busy_intervals, observed_window, read_jsonl
 
 TRAINABLE_STATUSES = frozenset({"ok", "truncated"})
 """Trajectory statuses whose outcome counts towards success rates (aborted/failed are infra losses)."""

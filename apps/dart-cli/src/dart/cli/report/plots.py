@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dart.cli.report.load import Event, RunData
-from dart.protocol.telemetry import BusyInterval, utilization_timeline
+from dart.runtime.telemetry import BusyInterval, utilization_timeline
 
 RESOURCE_KINDS = ("env", "engine", "trainer")
 """Busy resource kinds plotted, in legend order."""

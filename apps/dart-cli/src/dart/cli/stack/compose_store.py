@@ -1,5 +1,5 @@
 """The store identities of the compose stack (deploy/docker-compose.yml): one per role, each bounded by the
-IAM policy its grants (:mod:`dart.protocol.store.grants`) give it in the stack's run config.
+IAM policy its grants (:mod:`dart.runtime.store.grants`) give it in the stack's run config.
 
 The S3 server admits ``dart-<role>`` with the secret ``DART_S3_<ROLE>_SECRET_KEY`` of ``deploy/.env`` and
 the policy in ``deploy/s3/policies/<role>.json``; each container gets its own role's secret only. Those
@@ -19,8 +19,8 @@ from typing import Any
 from dart.cli.stack.config import RunConfig
 from dart.cli.stack.embedded_store import run_store_prefixes
 from dart.protocol.config import load_config
-from dart.protocol.store.grants import StoreRole, s3_policy
-from dart.protocol.store.uri import parse_store_uri
+from dart.runtime.store.grants import StoreRole, s3_policy
+from dart.runtime.store.uri import parse_store_uri
 
 COMPOSE_STORE_ROLES: tuple[StoreRole, ...] = ("env", "rollout", "data", "train", "view")
 """The stack's store identities: its four services and ``dart view`` run against it."""

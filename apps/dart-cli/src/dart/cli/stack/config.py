@@ -16,17 +16,17 @@ from pydantic import Field, field_validator, model_validator
 from dart.cli.cluster.config import ClusterSection
 from dart.data.config import DataConfig
 from dart.env.service.config import EnvServiceConfig
-from dart.protocol.bus import BusConfig
 from dart.protocol.config import ConfigModel, command_line_overrides, load_config
 from dart.protocol.errors import ConfigError, SuiteError
 from dart.protocol.messages import Sampling, TaskSpec
 from dart.protocol.models import MODEL_FAMILIES
-from dart.protocol.serving import store_or_local
-from dart.protocol.store import StoreConfig
-from dart.protocol.telemetry import TelemetryConfig
 from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLoraConfig
 from dart.rollout.service.config import EngineConfig, RolloutConfig
+from dart.runtime.bus import BusConfig
+from dart.runtime.serving import store_or_local
+from dart.runtime.store import StoreConfig
+from dart.runtime.telemetry import TelemetryConfig
 from dart.train.config import LoraSettings, TrainerConfig
 
 _STOP_MARGIN_S = 5.0

@@ -4,7 +4,7 @@ starts it for the run, and ``dart view``, which starts it again on the same data
 Its data lies in ``<run_dir>/s3``; the server picks fresh ports and a fresh admin key at every start and
 admits one key pair per store role (``<run_dir>/secrets/s3-<role>.*``, see
 :mod:`dart.cli.stack.store_credentials`), each bounded by its role's grants
-(:mod:`dart.protocol.store.grants`). The admin key never leaves the server's process and its 0600 config;
+(:mod:`dart.runtime.store.grants`). The admin key never leaves the server's process and its 0600 config;
 a run's config.yaml names an endpoint that is gone once the run ended: readers start their own server.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dart.cli.stack.store_credentials import StoreKeyFiles, store_identities, write_store_keys
-from dart.protocol.store import StoreConfig
-from dart.protocol.store.grants import DEFAULT_PREFIXES, STORE_ROLES, StorePrefixes, StoreRole
-from dart.protocol.store.uri import parse_store_uri
+from dart.runtime.store import StoreConfig
+from dart.runtime.store.grants import DEFAULT_PREFIXES, STORE_ROLES, StorePrefixes, StoreRole
+from dart.runtime.store.uri import parse_store_uri
 
 if TYPE_CHECKING:
     from dart.cli.stack.config import RunConfig

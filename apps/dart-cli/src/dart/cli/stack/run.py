@@ -50,13 +50,14 @@ from dart.cli.stack.summary import build_summary, phase_times
 from dart.cli.stack.supervisor import Server, ServiceSupervisor
 from dart.cli.stack.validation import HeldOutValidator, heldout_summary, learning_line, train_summary
 from dart.cli.stack.warmstart_guard import WarmStartGuard, warm_start_row
-from dart.protocol.bus import Bus, BusConfig, KeyValueStore
 from dart.protocol.config import dump_config
 from dart.protocol.messages import ModelVersion
 from dart.protocol.permissions import service_permissions
-from dart.protocol.store import StoreConfig
-from dart.protocol.store.grants import StoreRole
-from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role, durable_name, ensure_topology
+from dart.protocol.topology import LATEST_MODEL_KEY, ROLES, Role
+from dart.runtime.bus import Bus, BusConfig, KeyValueStore
+from dart.runtime.store import StoreConfig
+from dart.runtime.store.grants import StoreRole
+from dart.runtime.topology import durable_name, ensure_topology
 
 if TYPE_CHECKING:
     from dart.cli.cluster.ray_launch import RaySession
@@ -324,7 +325,7 @@ async def create_topology(bus_config: BusConfig) -> None:
 async def _wait_rollout_ready(config: RunConfig, supervisor: ServiceSupervisor, since_ns: int) -> str | None:
     """Wait for the rollout service's ``service.ready`` event written after ``since_ns`` (its engines are
     serving; a resumed run's file holds the first part's too); why not, if not."""
-    from dart.protocol.telemetry import read_jsonl
+    from dart.runtime.telemetry import read_jsonl
 
     run_dir = config.run.run_dir
     assert run_dir is not None
@@ -561,7 +562,7 @@ def store_usage(config: StoreConfig, weights_prefix: str = "weights") -> dict[st
     ``store_weights_bytes`` (published weights, after retention) and ``store_bytes_by_kind`` (bytes per
     top-level prefix: ``weights``, ``screenshots``, ``trajectories``, ...)."""
     from dart.protocol.errors import ConfigError, StoreError
-    from dart.protocol.store import open_store
+    from dart.runtime.store import open_store
 
     try:
         with open_store(config) as store:

@@ -14,8 +14,8 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from dart.protocol.bus import BusConfig
 from dart.protocol.topology import Role
+from dart.runtime.bus import BusConfig
 
 PASSWORD_BYTES = 32
 """Entropy of each generated password (256 bits, URL-safe base64 encoded)."""

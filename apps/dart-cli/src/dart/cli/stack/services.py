@@ -2,7 +2,7 @@
 
 ``dart serve <service> --config FILE`` validates the whole run config, then hands the file to the
 service package's own command (``dart-env serve``, ``dart-data serve``, ``dart-rollout serve``,
-``dart-train serve``; see :mod:`dart.protocol.serving`), so a service behaves the same under ``dart run``,
+``dart-train serve``; see :mod:`dart.runtime.serving`), so a service behaves the same under ``dart run``,
 ``dart serve`` and its package's command on a host that has only that package.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dart.cli.stack.config import RunConfig, ServiceName
-from dart.protocol.serving import ServeConfig, ServeRunSection
-from dart.protocol.serving import serve as serve_service
+from dart.runtime.serving import ServeConfig, ServeRunSection
+from dart.runtime.serving import serve as serve_service
 
 
 def service_command(service: ServiceName) -> Callable[[Sequence[str] | None], int]:

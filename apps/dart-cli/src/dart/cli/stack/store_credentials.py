@@ -2,7 +2,7 @@
 
 Lifecycle: created under ``<run_dir>/secrets/`` (0700; files ``s3-<role>.access`` / ``s3-<role>.secret``,
 0600) before the embedded S3 server starts; the server admits each pair with its role's policy
-(:mod:`dart.protocol.store.grants`), each ``dart serve`` child gets the paths of its own pair
+(:mod:`dart.runtime.store.grants`), each ``dart serve`` child gets the paths of its own pair
 (``DART_STORE__ACCESS_KEY_FILE`` / ``DART_STORE__SECRET_KEY_FILE`` in its environment), the supervisor
 and ``dart view`` read theirs. No key is in ``config.yaml``, a command line or an environment variable.
 They stay with the run directory, so ``dart view`` restarts the server on the run's data with the same
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dart.embedded.s3 import S3Identity
-from dart.protocol.store import StoreConfig
-from dart.protocol.store.grants import StorePrefixes, StoreRole, s3_policy
-from dart.protocol.store.uri import parse_store_uri
+from dart.runtime.store import StoreConfig
+from dart.runtime.store.grants import StorePrefixes, StoreRole, s3_policy
+from dart.runtime.store.uri import parse_store_uri
 
 _KEY_ALPHABET = string.ascii_uppercase + string.digits
 

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from dart.cli.analytics import idle_breakdown_from_dir, resource_utilization
-from dart.protocol.telemetry import gpu_summary, read_jsonl
+from dart.runtime.telemetry import gpu_summary, read_jsonl
 
 
 def trajectory_outcomes(db_path: Path) -> list[tuple[float, bool, int]]:

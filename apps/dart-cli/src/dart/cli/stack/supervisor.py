@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from dart.cli.cluster.launch import ServiceProcess
-from dart.protocol.retry import Backoff
+from dart.runtime.retry import Backoff
 
 log = logging.getLogger(__name__)
 

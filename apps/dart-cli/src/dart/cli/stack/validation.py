@@ -56,13 +56,13 @@ from rich.console import Console
 from dart.cli.evaluation import EvalEnv, Policy, evaluate_policy, load_version, published_version, start_engine
 from dart.cli.stack.config import RunConfig, load_tasks, store_config
 from dart.data.tasks import runnable_on_pool
-from dart.protocol.bus import Bus, KeyValueStore
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import EvalRequest, EvalResult, ModelVersion, TaskSpec
-from dart.protocol.telemetry import Telemetry, setup_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
-from dart.protocol.waiting import wait_event
 from dart.rollout.eval import EvalReport
+from dart.runtime.bus import Bus, KeyValueStore
+from dart.runtime.telemetry import Telemetry, setup_telemetry
+from dart.runtime.waiting import wait_event
 
 if TYPE_CHECKING:
     from dart.rollout.engine.interface import InferenceEngine

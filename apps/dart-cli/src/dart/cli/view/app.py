@@ -41,8 +41,8 @@ from dart.cli.view.source import RunSource
 from dart.cli.view.tokens import TokenText
 from dart.data.advantages import group_advantages
 from dart.protocol.messages import TRAINABLE_STATUSES, TrajectoryStatus
-from dart.protocol.store import open_store
 from dart.rollout.eval.stats import wilson_interval
+from dart.runtime.store import open_store
 
 T = TypeVar("T")
 

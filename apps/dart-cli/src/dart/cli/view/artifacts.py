@@ -16,7 +16,7 @@ from dart.cli.view.errors import NotFoundError, UnreadableError
 from dart.data.blobs import TrajectoryBlobs
 from dart.protocol.errors import ArtifactNotFoundError, InvalidURIError, StoreError
 from dart.protocol.messages import Image, ImageRef, Trajectory
-from dart.protocol.store import ArtifactStore, validate_key
+from dart.runtime.store import ArtifactStore, validate_key
 
 IMAGES_PRUNED = "retention deletes the images of old trajectories"
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from dart.cli.stack.run_record import RL_WINDOW_FILE
 from dart.cli.stack.summary import staleness_figures, utilization_by_kind
-from dart.protocol.telemetry import observed_window, read_jsonl
+from dart.runtime.telemetry import observed_window, read_jsonl
 
 RESOURCE_KINDS = ("env", "engine", "trainer")
 """The resource kinds whose utilization the overview shows (the summary's three)."""

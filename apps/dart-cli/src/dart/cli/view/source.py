@@ -32,8 +32,8 @@ from dart.cli.view.tokens import policy_checkpoint
 from dart.data.config import BatchingConfig
 from dart.data.serve import DataServeConfig
 from dart.protocol.errors import ConfigError
-from dart.protocol.serving import load_serve_config
-from dart.protocol.store import StoreConfig
+from dart.runtime.serving import load_serve_config
+from dart.runtime.store import StoreConfig
 
 NO_BUS_CREDENTIALS = ("bus.password_env=null", "bus.password_file=null")
 """Overrides that drop a config's NATS credentials, which a deployment's services take from their own

@@ -26,7 +26,7 @@ from selenium.webdriver.common.keys import Keys
 
 from dart.env.miniwob.dom import SNAPSHOT_JS, DomSnapshot
 from dart.env.miniwob.errors import BrowserError
-from dart.protocol.lifetime import reap_group_with_this_process, release_group
+from dart.runtime.lifetime import reap_group_with_this_process, release_group
 
 TASK_WIDTH = 160
 """Width of the MiniWoB++ task area (instruction bar and task), CSS pixels."""

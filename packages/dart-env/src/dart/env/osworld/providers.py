@@ -41,8 +41,8 @@ from pydantic import Field, model_validator
 
 from dart.env.osworld.errors import ProviderError
 from dart.protocol.config import ConfigModel
-from dart.protocol.ports import free_ports
-from dart.protocol.retry import Backoff
+from dart.runtime.ports import free_ports
+from dart.runtime.retry import Backoff
 
 log = logging.getLogger("dart.env.osworld")
 

@@ -12,8 +12,8 @@ from dart.env.service.health import RecycleConfig
 from dart.env.sim import SimConfig
 from dart.protocol.config import ConfigModel
 from dart.protocol.permissions import ENV_OP_TIMEOUT_MAX_S
-from dart.protocol.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S
 from dart.protocol.subjects import Subjects
+from dart.runtime.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S
 
 
 class EnvServiceConfig(ConfigModel):

@@ -11,7 +11,7 @@ from dart.env.interface import EnvBackend
 from dart.env.service.health import InstanceHealth
 from dart.env.service.lease import Lease
 from dart.protocol.messages import StepReply
-from dart.protocol.telemetry import BusyTracker
+from dart.runtime.telemetry import BusyTracker
 
 
 class SlotState(StrEnum):

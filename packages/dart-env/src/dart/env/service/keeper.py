@@ -22,9 +22,9 @@ from dart.env.service.instance import InstanceSlot, SlotState
 from dart.env.service.lease import EndReason
 from dart.env.service.lease_book import LeaseBook
 from dart.env.service.spares import SparePool, start_or_close
-from dart.protocol.retry import Backoff, pause
-from dart.protocol.telemetry import Telemetry
-from dart.protocol.waiting import cancel_and_wait
+from dart.runtime.retry import Backoff, pause
+from dart.runtime.telemetry import Telemetry
+from dart.runtime.waiting import cancel_and_wait
 
 log = logging.getLogger("dart.env.service")
 

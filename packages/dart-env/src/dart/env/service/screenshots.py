@@ -1,4 +1,4 @@
-"""Large screenshots leave the env service by reference (see :mod:`dart.protocol.store.images`).
+"""Large screenshots leave the env service by reference (see :mod:`dart.runtime.store.images`).
 
 Screenshots above ``env.inline_max_bytes`` are written once to ``<screenshot_prefix>/<sha256>.png`` and
 the observation carries an :class:`~dart.protocol.messages.ImageRef`; smaller ones stay inline.
@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 
 from dart.protocol.messages import InlineImage, Observation
-from dart.protocol.store.images import ImageOffload
+from dart.runtime.store.images import ImageOffload
 
 
 class ScreenshotOffload(ImageOffload):
-    """An :class:`~dart.protocol.store.images.ImageOffload` for observations' screenshots."""
+    """An :class:`~dart.runtime.store.images.ImageOffload` for observations' screenshots."""
 
     async def observation(self, observation: Observation) -> Observation:
         """``observation`` with its screenshot by reference when it is above the threshold.

@@ -31,7 +31,6 @@ from dart.env.service.lease_book import LeaseBook
 from dart.env.service.pool_tasks import PoolTasks
 from dart.env.service.screenshots import ScreenshotOffload
 from dart.env.service.spares import SpareStats
-from dart.protocol.bus import Bus, Service
 from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError, ServiceError
 from dart.protocol.messages import (
     CapabilitiesRequest,
@@ -53,9 +52,10 @@ from dart.protocol.messages import (
     StepRequest,
     TaskSpec,
 )
-from dart.protocol.store import ArtifactStore
-from dart.protocol.telemetry import BusyTracker, Telemetry
-from dart.protocol.waiting import cancel_and_wait
+from dart.runtime.bus import Bus, Service
+from dart.runtime.store import ArtifactStore
+from dart.runtime.telemetry import BusyTracker, Telemetry
+from dart.runtime.waiting import cancel_and_wait
 
 log = logging.getLogger("dart.env.service")
 

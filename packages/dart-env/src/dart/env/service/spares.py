@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from dart.env.interface import BackendFactory, EnvBackend
 from dart.env.service.config import EnvServiceConfig
-from dart.protocol.retry import Backoff, pause
+from dart.runtime.retry import Backoff, pause
 
 log = logging.getLogger("dart.env.service")
 

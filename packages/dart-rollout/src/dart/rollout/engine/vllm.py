@@ -42,8 +42,6 @@ from typing import Any
 import httpx
 
 from dart.protocol.messages import SamplingParams
-from dart.protocol.retry import Backoff, pause, retry_async
-from dart.protocol.telemetry import current_telemetry
 from dart.protocol.weights import AdapterSpec, adapter_spec_of
 from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.interface import (
@@ -66,6 +64,8 @@ from dart.rollout.errors import (
     EngineUnavailableError,
     WeightUpdateError,
 )
+from dart.runtime.retry import Backoff, pause, retry_async
+from dart.runtime.telemetry import current_telemetry
 
 log = logging.getLogger("dart.rollout.vllm")
 # httpx logs every request at INFO: thousands of lines per run in the rollout log; failures are ours to report.

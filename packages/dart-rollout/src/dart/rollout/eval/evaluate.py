@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dart.protocol.bus import Bus
 from dart.protocol.messages import EvalResult, EvalTaskOutcome, Sampling, TaskSpec, Trajectory, WorkItem
 from dart.protocol.messages.trajectory import TrajectoryStatus
 from dart.rollout.eval.stats import pass_at_k, pass_ks, wilson_interval
@@ -30,6 +29,7 @@ from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
+from dart.runtime.bus import Bus
 
 _COUNTED = frozenset({TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED})
 

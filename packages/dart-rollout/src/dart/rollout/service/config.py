@@ -20,14 +20,14 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from dart.protocol.config import ConfigModel
 from dart.protocol.errors import ConfigError
 from dart.protocol.models import DEFAULT_FAMILY, MODEL_FAMILIES, Coordinates, ModelFamily, family_of
-from dart.protocol.store import ArtifactStore
-from dart.protocol.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S, ImageOffload
 from dart.protocol.topology import STREAMS
 from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.interface import PluginEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig
 from dart.rollout.model.formats import PROMPT_FORMATS, PromptFormat
 from dart.rollout.model.screen import ImageSizing, ResizeRule
+from dart.runtime.store import ArtifactStore
+from dart.runtime.store.images import DEFAULT_PREFIX, DEFAULT_REFRESH_S, ImageOffload
 
 
 def _engine_kind(value: Any) -> str:
@@ -252,7 +252,7 @@ class SyncConfig(ConfigModel):
 
 
 class PromptImagesConfig(ConfigModel):
-    """Which resized prompt images go by reference, and where (see :mod:`dart.protocol.store.images`).
+    """Which resized prompt images go by reference, and where (see :mod:`dart.runtime.store.images`).
 
     They are stored beside the env service's screenshots and swept by the same retention, so ``dart run``
     fills in the env's prefix and refresh period where these are None.

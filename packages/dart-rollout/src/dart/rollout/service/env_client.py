@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from dart.protocol.bus import Bus
 from dart.protocol.errors import NoRespondersError, RemoteError, RequestTimeoutError
 from dart.protocol.messages import (
     Action,
@@ -57,10 +56,11 @@ from dart.protocol.messages import (
     StepRequest,
     TaskSpec,
 )
-from dart.protocol.retry import Backoff, retry
 from dart.protocol.subjects import EnvOp
 from dart.rollout.errors import EnvFailed, ForkRefused
 from dart.rollout.service.config import RunnerConfig
+from dart.runtime.bus import Bus
+from dart.runtime.retry import Backoff, retry
 
 log = logging.getLogger("dart.rollout.env_client")
 

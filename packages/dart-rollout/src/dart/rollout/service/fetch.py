@@ -44,9 +44,9 @@ from pydantic import ValidationError
 
 from dart.protocol.errors import ArtifactNotFoundError, ConfigError, StoreAuthError, StoreError
 from dart.protocol.messages import ModelVersion
-from dart.protocol.store import StoreConfig, resolve_uri
 from dart.protocol.weights import INDEX_NAME, WeightManifest, read_index
 from dart.rollout.errors import WeightFetchError
+from dart.runtime.store import StoreConfig, resolve_uri
 
 log = logging.getLogger("dart.rollout.sync")
 

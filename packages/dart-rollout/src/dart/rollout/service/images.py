@@ -10,7 +10,7 @@ location (a bucket, a directory) that is kept open and reused.
 the RGB pixels handed to the processor and the record of exactly those pixels that the step stores
 (``StepRecord.prompt_images``). A resized image is a new PNG; above ``rollout.prompt_images.inline_max_bytes``
 it is stored content-addressed beside the env's screenshots and the step records a reference
-(:mod:`dart.protocol.store.images`), so long episodes at 1920x1080 stay far below the bus's message limit.
+(:mod:`dart.runtime.store.images`), so long episodes at 1920x1080 stay far below the bus's message limit.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from dataclasses import replace
 from dart.protocol.errors import ConfigError, StoreError
 from dart.protocol.messages import Image, ImageRef, InlineImage
 from dart.protocol.png import check_png
-from dart.protocol.store import StoreConfig
-from dart.protocol.store.cache import ArtifactCache
-from dart.protocol.store.images import ImageOffload
 from dart.rollout.errors import ImageFetchError, ImageStoreError
 from dart.rollout.model.prompt import PromptImage, prompt_image
 from dart.rollout.model.screen import ImageSizing
+from dart.runtime.store import StoreConfig
+from dart.runtime.store.cache import ArtifactCache
+from dart.runtime.store.images import ImageOffload
 
 
 class ImageCache:

@@ -6,9 +6,9 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from dart.protocol.telemetry import BusySection, BusyTracker, Telemetry
 from dart.rollout.engine.interface import EngineState, InferenceEngine
 from dart.rollout.errors import NoEngineError
+from dart.runtime.telemetry import BusySection, BusyTracker, Telemetry
 
 
 class EngineRouter:
@@ -20,7 +20,7 @@ class EngineRouter:
     serving, :meth:`pick` waits until one is. Ties go round-robin so idle engines share work.
 
     Engine busy time (any request in flight) is accounted per engine with a
-    :class:`~dart.protocol.telemetry.BusyTracker`; wrap each generate call in :meth:`busy`.
+    :class:`~dart.runtime.telemetry.BusyTracker`; wrap each generate call in :meth:`busy`.
 
     Example::
 

@@ -20,7 +20,7 @@ prompt at that step, and the steps sampled from there are numbered from the bran
 (``Trajectory.branch``). A refused fork (:class:`~dart.rollout.errors.ForkRefused`) leaves the lease held:
 the work is answered as a normal rollout from the task's start, with ``Trajectory.branch_refused`` saying why.
 
-Runner time is accounted with a :class:`~dart.protocol.telemetry.BusyTracker` of kind ``runner``
+Runner time is accounted with a :class:`~dart.runtime.telemetry.BusyTracker` of kind ``runner``
 (the idle breakdown reads it): ``lease_wait`` (asking the pool), ``leased`` (from lease grant until
 the release is done), refined by ``pick`` (waiting for a serving engine), ``generate`` (the engine
 call) and ``env_call`` (reset/step/evaluate round trips).
@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from dart.protocol.bus import Bus
 from dart.protocol.messages import (
     BranchOrigin,
     Fail,
@@ -55,8 +54,6 @@ from dart.protocol.messages import (
     WorkItem,
 )
 from dart.protocol.messages.trajectory import TrajectoryStatus
-from dart.protocol.store.images import ImageOffload
-from dart.protocol.telemetry import BusyTracker, Telemetry
 from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.interface import GenerationRequest, GenerationResult
 from dart.rollout.errors import EngineError, EnvFailed, ForkRefused, ImageFetchError, ImageStoreError, NoEngineError
@@ -66,6 +63,9 @@ from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient
 from dart.rollout.service.images import ImageCache, PromptImages
 from dart.rollout.service.router import EngineRouter
+from dart.runtime.bus import Bus
+from dart.runtime.store.images import ImageOffload
+from dart.runtime.telemetry import BusyTracker, Telemetry
 
 log = logging.getLogger("dart.rollout.runner")
 tracer = trace.get_tracer("dart.rollout")

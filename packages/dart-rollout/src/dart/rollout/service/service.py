@@ -23,14 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from dart.protocol.bus import Bus, Delivery, PullConsumer, Service
 from dart.protocol.errors import DartError, JetStreamError, ServiceError
 from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, ModelVersion, Trajectory, WorkItem
-from dart.protocol.retry import Backoff, retry
-from dart.protocol.store import StoreConfig, open_store
-from dart.protocol.telemetry import GpuSampler, Telemetry
-from dart.protocol.topology import announced_version, durable_name, open_topology
-from dart.protocol.waiting import cancel_and_wait
 from dart.rollout.engine.interface import ENGINES, InferenceEngine
 from dart.rollout.errors import EngineError, NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import RolloutConfig, resolve_runner
@@ -38,6 +32,12 @@ from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.sync import WeightSyncController
+from dart.runtime.bus import Bus, Delivery, PullConsumer, Service
+from dart.runtime.retry import Backoff, retry
+from dart.runtime.store import StoreConfig, open_store
+from dart.runtime.telemetry import GpuSampler, Telemetry
+from dart.runtime.topology import announced_version, durable_name, open_topology
+from dart.runtime.waiting import cancel_and_wait
 
 log = logging.getLogger("dart.rollout.service")
 

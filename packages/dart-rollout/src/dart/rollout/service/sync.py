@@ -40,17 +40,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dart.protocol.bus import KeyValueStore
 from dart.protocol.messages import ModelVersion
-from dart.protocol.retry import Backoff, pause
-from dart.protocol.store import StoreConfig
-from dart.protocol.telemetry import Telemetry, current_telemetry
 from dart.protocol.topology import LATEST_MODEL_KEY
-from dart.protocol.waiting import cancel_and_wait
 from dart.rollout.engine.interface import EngineState, InferenceEngine
 from dart.rollout.errors import EngineError, NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.fetch import cache_root, cache_usage, fetch_weights
+from dart.runtime.bus import KeyValueStore
+from dart.runtime.retry import Backoff, pause
+from dart.runtime.store import StoreConfig
+from dart.runtime.telemetry import Telemetry, current_telemetry
+from dart.runtime.waiting import cancel_and_wait
 
 __all__ = ["EngineUpdate", "WeightSyncController", "fetch_weights", "max_concurrent_updates"]
 
