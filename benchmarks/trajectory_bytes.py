@@ -26,14 +26,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dart.protocol.messages import ImageRef, InlineImage, Trajectory
+from dart.cli.stack.config import load_run_config
+from dart.protocol.messages import Image, ImageRef, InlineImage, Trajectory
 from dart.protocol.messages.codec import decode, encode
 from dart.runtime.store import resolve_uri
 
 BUS_LIMIT_BYTES = 8 * 1024 * 1024
 """nats-server's largest message by default (``max_payload``), which ``dart run``'s embedded server keeps."""
+UNBOUNDED = 1 << 62
+"""An inline threshold no image reaches."""
 
 
 class Images:
@@ -42,70 +43,81 @@ class Images:
     def __init__(self) -> None:
         self._bytes: dict[str, bytes] = {}
 
-    def inline(self, ref: ImageRef) -> InlineImage:
+    def png(self, ref: ImageRef) -> bytes:
         if ref.uri not in self._bytes:
             store, key = resolve_uri(ref.uri)
             with store:
                 self._bytes[ref.uri] = store.get(key)
-        return InlineImage(png=self._bytes[ref.uri], width=ref.width, height=ref.height)
+        return self._bytes[ref.uri]
+
+    @property
+    def read(self) -> int:
+        """Distinct images read so far."""
+        return len(self._bytes)
 
 
 def forms(trajectory: Trajectory, images: Images, thresholds: tuple[int, int]) -> dict[str, int]:
     """Encoded bytes of ``trajectory`` as it travelled, with its prompt images inline, and all inline;
     ``thresholds``: (screenshots', prompt images') largest inline size, bytes."""
 
+    def inline_upto(image: Image | None, limit: int) -> Image | None:
+        if isinstance(image, ImageRef) and len(png := images.png(image)) <= limit:
+            return InlineImage(png=png, width=image.width, height=image.height)
+        return image
+
     def rebuilt(inline_screens: int, inline_prompt: int) -> int:
-        steps = []
-        for step in trajectory.steps:
-            shot = step.observation.screenshot
-            if isinstance(shot, ImageRef) and len(images.inline(shot).png) <= inline_screens:
-                shot = images.inline(shot)
-            prompt = [
-                images.inline(i) if isinstance(i, ImageRef) and len(images.inline(i).png) <= inline_prompt else i
-                for i in step.prompt_images
-            ]
-            observation = step.observation.model_copy(update={"screenshot": shot})
-            steps.append(step.model_copy(update={"observation": observation, "prompt_images": prompt}))
+        steps = [
+            step.model_copy(
+                update={
+                    "observation": step.observation.model_copy(
+                        update={"screenshot": inline_upto(step.observation.screenshot, inline_screens)}
+                    ),
+                    "prompt_images": [inline_upto(i, inline_prompt) for i in step.prompt_images],
+                }
+            )
+            for step in trajectory.steps
+        ]
         return len(encode(trajectory.model_copy(update={"steps": steps})))
 
     screens, prompt = thresholds
-    unbounded = 1 << 62
     return {
         "by_reference": rebuilt(screens, prompt),
-        "prompt_images_inline": rebuilt(screens, unbounded),
-        "all_inline": rebuilt(unbounded, unbounded),
+        "prompt_images_inline": rebuilt(screens, UNBOUNDED),
+        "all_inline": rebuilt(UNBOUNDED, UNBOUNDED),
     }
 
 
 def thresholds_of(run_dir: Path) -> tuple[int, int]:
-    """(env.inline_max_bytes, rollout.prompt_images.inline_max_bytes) of the run's config (None: all inline)."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    unbounded = 1 << 62
-    screens = config.get("env", {}).get("inline_max_bytes", 16384)
-    prompt = config.get("rollout", {}).get("prompt_images", {}).get("inline_max_bytes", 16384)
-    return (unbounded if screens is None else int(screens), unbounded if prompt is None else int(prompt))
+    """(``env.inline_max_bytes``, ``rollout.prompt_images.inline_max_bytes``) of the run's resolved config (None,
+    every image inline, as unbounded)."""
+    config = load_run_config(run_dir / "config.yaml")
+    screens, prompt = config.env.inline_max_bytes, config.rollout.prompt_images.inline_max_bytes
+    return (UNBOUNDED if screens is None else screens, UNBOUNDED if prompt is None else prompt)
 
 
-def measure(run_dir: Path, limit: int | None = None) -> dict[str, Any]:
-    """The figures of the module docstring for the run in ``run_dir``."""
+def stored_trajectories(run_dir: Path, limit: int | None = None) -> list[Trajectory]:
+    """The run's stored trajectories (every image by reference), in order of finish; the first ``limit``."""
     con = sqlite3.connect(f"file:{run_dir / 'data.sqlite3'}?mode=ro", uri=True)
     try:
         uris = [r[0] for r in con.execute("SELECT blob_uri FROM trajectories ORDER BY finished_at")]
     finally:
         con.close()
-    uris = uris[:limit] if limit else uris
-    if not uris:
+    out = []
+    for uri in uris[:limit] if limit else uris:
+        store, key = resolve_uri(uri)
+        with store:
+            out.append(decode(store.get(key), Trajectory))
+    return out
+
+
+def measure(run_dir: Path, limit: int | None = None) -> dict[str, Any]:
+    """The figures of the module docstring for the run in ``run_dir``."""
+    trajectories = stored_trajectories(run_dir, limit)
+    if not trajectories:
         raise SystemExit(f"no stored trajectory in {run_dir}")
     thresholds = thresholds_of(run_dir)
     images = Images()
-    rows, steps, per_step = [], [], []
-    for uri in uris:
-        store, key = resolve_uri(uri)
-        with store:
-            trajectory = decode(store.get(key), Trajectory)
-        rows.append(forms(trajectory, images, thresholds))
-        steps.append(len(trajectory.steps))
-        per_step += [len(s.prompt_images) for s in trajectory.steps]
+    rows = [forms(t, images, thresholds) for t in trajectories]
     out: dict[str, Any] = {"run_dir": str(run_dir), "trajectories": len(rows), "bus_limit_bytes": BUS_LIMIT_BYTES}
     for form in rows[0]:
         sizes = [r[form] for r in rows]
@@ -114,9 +126,9 @@ def measure(run_dir: Path, limit: int | None = None) -> dict[str, Any]:
             "max_bytes": max(sizes),
             "over_bus_limit": sum(s > BUS_LIMIT_BYTES for s in sizes),
         }
-    out["mean_steps"] = round(statistics.fmean(steps), 2)
-    out["max_prompt_images_per_step"] = max(per_step, default=0)
-    out["distinct_images_read"] = len(images._bytes)
+    out["mean_steps"] = round(statistics.fmean(len(t.steps) for t in trajectories), 2)
+    out["max_prompt_images_per_step"] = max((len(s.prompt_images) for t in trajectories for s in t.steps), default=0)
+    out["distinct_images_read"] = images.read
     return out
 
 

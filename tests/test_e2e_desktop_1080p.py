@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import sqlite3
 import statistics
 import sys
 from collections.abc import Callable
@@ -19,8 +18,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from dart.protocol.messages import ImageRef, Trajectory, TrajectoryStatus
-from dart.protocol.messages.codec import decode
+from dart.protocol.messages import ImageRef, TrajectoryStatus
 from dart.rollout.model.screen import ResizeRule
 from dart.runtime.store import resolve_uri
 
@@ -41,20 +39,6 @@ needs_desktop = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def desktop_run(dart_run: Callable[..., tuple[dict[str, Any], Path]]) -> tuple[dict[str, Any], Path]:
     return dart_run(CONFIG)
-
-
-def _stored(run_dir: Path) -> list[Trajectory]:
-    con = sqlite3.connect(f"file:{run_dir / 'data.sqlite3'}?mode=ro", uri=True)
-    try:
-        uris = [r[0] for r in con.execute("SELECT blob_uri FROM trajectories ORDER BY finished_at")]
-    finally:
-        con.close()
-    out = []
-    for uri in uris:
-        store, key = resolve_uri(uri)
-        with store:
-            out.append(decode(store.get(key), Trajectory))
-    return out
 
 
 def _png(ref: ImageRef) -> Image.Image:
@@ -79,7 +63,7 @@ def test_the_desktop_run_trains_two_versions_with_nothing_lost_and_small_message
     desktop = config["env"]["osworld"]["desktop"]
     assert (desktop["width"], desktop["height"]) == (1920, 1080)
 
-    trajectories = _stored(run_dir)
+    trajectories = trajectory_bytes.stored_trajectories(run_dir)
     assert len(trajectories) == summary["trajectories_stored"]
     ended = [t for t in trajectories if t.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)]
     steps = [len(t.steps) for t in ended]
@@ -99,7 +83,7 @@ def test_every_step_holds_references_to_the_1080p_screen_and_the_history_it_was_
     )
     fed = rule.size(1920, 1080)
     shown: set[str] = set()
-    for trajectory in _stored(run_dir):
+    for trajectory in trajectory_bytes.stored_trajectories(run_dir):
         first = trajectory.steps[0].index if trajectory.steps else 0
         for step in trajectory.steps:
             shot = step.observation.screenshot
