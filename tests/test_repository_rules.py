@@ -135,19 +135,25 @@ def _dart_modules() -> dict[str, tuple[Path, bool]]:
     return modules
 
 
+def _imported(node: ast.Import | ast.ImportFrom, package: str) -> Iterator[str]:
+    """The modules one import statement of a module in ``package`` names (relative ones resolved)."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+        return
+    levels = package.split(".")
+    base = levels[: len(levels) - node.level + 1] if node.level else []
+    module = ".".join([*base, *([node.module] if node.module else [])])
+    yield module
+    yield from (f"{module}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+
+
 def _module_level_imports(tree: ast.Module, package: str) -> Iterator[str]:
     """What a module imports when it is imported, ``if TYPE_CHECKING:`` blocks included (functions not)."""
     stack: list[ast.stmt] = list(tree.body)
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            levels = package.split(".")
-            base = levels[: len(levels) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            yield module
-            yield from (f"{module}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield from _imported(node, package)
         elif isinstance(node, ast.If | ast.With):
             stack.extend([*node.body, *getattr(node, "orelse", [])])
         elif isinstance(node, ast.Try):
@@ -246,25 +252,14 @@ and the clients it wraps. Every service depends on both packages; a tool that on
 needs the contract alone."""
 
 
-def _all_imports(tree: ast.Module, package: str) -> Iterator[str]:
-    """Every module a file imports, at any depth (relative imports resolved against ``package``)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
-            yield base
-
-
 def test_the_contract_imports_no_runtime_and_no_client() -> None:
     found = []
     sources = sorted((ROOT / "packages/dart-protocol/src").rglob("*.py"))
     assert any(p.name == "topology.py" for p in sources)
     for path in sources:
         package = ".".join(path.relative_to(ROOT / "packages/dart-protocol/src").with_suffix("").parts[:-1])
-        for name in _all_imports(ast.parse(path.read_text()), package):
+        statements = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import | ast.ImportFrom)]
+        for name in (m for node in statements for m in _imported(node, package)):
             if any(name == bad or name.startswith(bad + ".") for bad in CONTRACT_FORBIDDEN):
                 found.append(f"{path.relative_to(ROOT)}: {name}")
     assert found == [], "dart-protocol is the contract; these belong in dart-runtime:\n" + "\n".join(found)
