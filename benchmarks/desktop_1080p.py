@@ -14,7 +14,7 @@ Usage::
 
 Prints the run's figures; the last line is one JSON object (the summary's figures, the bus bytes, the phases).
 ``--out`` also gets ``summary.json``, ``bytes.json``, the tails of the services' logs (``service-logs.txt``) and
-the run's largest and median stored image.
+the run's largest and median stored image; a failed run leaves its logs' tails and images there too.
 """
 
 from __future__ import annotations
@@ -111,7 +111,14 @@ def main() -> None:
         overrides.setdefault("DART_MODEL__PATH", str(args.model))
     runs_root = Path(tempfile.mkdtemp(prefix="desktop-1080p-"))
     began = time.monotonic()
-    summary = run(args.config, runs_root, overrides)
+    try:
+        summary = run(args.config, runs_root, overrides)
+    except SystemExit:
+        if args.out is not None:  # what the services said, for the failed run too
+            args.out.mkdir(parents=True, exist_ok=True)
+            for run_dir in runs_root.iterdir():
+                keep_samples(run_dir, args.out)
+        raise
     phases["dart_run_s"] = round(time.monotonic() - began, 1)
     run_dir = Path(summary["run_dir"])
     figures = trajectory_bytes.measure(run_dir)
