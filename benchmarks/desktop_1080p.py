@@ -126,7 +126,7 @@ def main() -> None:
         f"{summary['versions_published']} versions, {summary['trajectories_stored']} trajectories stored, "
         f"{summary['trajectories_lost']} lost, {summary['mean_steps_per_trajectory']} steps each on average"
     )
-    for form in ("by_reference", "prompt_images_inline", "all_inline"):
+    for form in ("by_reference", "by_reference_json", "prompt_images_inline", "all_inline"):
         f = figures[form]
         print(
             f"{form}: mean {f['mean_bytes']:,} B, largest {f['max_bytes']:,} B per trajectory, "

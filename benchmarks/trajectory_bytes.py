@@ -1,7 +1,8 @@
 """What a run's trajectories cost the bus: each stored trajectory's message as it travelled (every image above
-its inline threshold by reference) against the same message with the images its prompts were fed inline (what a
-trajectory weighed before resized prompt images went by reference; screenshots above ``env.inline_max_bytes``
-went by reference then too) and with every image inline.
+its inline threshold by reference, compressed as the codec compresses a large message) against the same message
+as plain JSON (what it weighed before large messages travelled compressed), with the images its prompts were fed
+inline (before resized prompt images went by reference; screenshots above ``env.inline_max_bytes`` went by
+reference then too) and with every image inline.
 
 Reads the run's index (``<run_dir>/data.sqlite3``) and its stored trajectories (the artifact store the index
 names: a local store, or S3 with the environment's credentials). A stored trajectory holds every image by
@@ -57,15 +58,15 @@ class Images:
 
 
 def forms(trajectory: Trajectory, images: Images, thresholds: tuple[int, int]) -> dict[str, int]:
-    """Encoded bytes of ``trajectory`` as it travelled, with its prompt images inline, and all inline;
-    ``thresholds``: (screenshots', prompt images') largest inline size, bytes."""
+    """Encoded bytes of ``trajectory`` as it travelled, as plain JSON, with its prompt images inline, and all
+    inline; ``thresholds``: (screenshots', prompt images') largest inline size, bytes."""
 
     def inline_upto(image: Image | None, limit: int) -> Image | None:
         if isinstance(image, ImageRef) and len(png := images.png(image)) <= limit:
             return InlineImage(png=png, width=image.width, height=image.height)
         return image
 
-    def rebuilt(inline_screens: int, inline_prompt: int) -> int:
+    def rebuilt(inline_screens: int, inline_prompt: int) -> Trajectory:
         steps = [
             step.model_copy(
                 update={
@@ -77,13 +78,15 @@ def forms(trajectory: Trajectory, images: Images, thresholds: tuple[int, int]) -
             )
             for step in trajectory.steps
         ]
-        return len(encode(trajectory.model_copy(update={"steps": steps})))
+        return trajectory.model_copy(update={"steps": steps})
 
     screens, prompt = thresholds
+    as_sent = rebuilt(screens, prompt)
     return {
-        "by_reference": rebuilt(screens, prompt),
-        "prompt_images_inline": rebuilt(screens, UNBOUNDED),
-        "all_inline": rebuilt(UNBOUNDED, UNBOUNDED),
+        "by_reference": len(encode(as_sent)),
+        "by_reference_json": len(as_sent.model_dump_json().encode()),
+        "prompt_images_inline": len(encode(rebuilt(screens, UNBOUNDED))),
+        "all_inline": len(encode(rebuilt(UNBOUNDED, UNBOUNDED))),
     }
 
 

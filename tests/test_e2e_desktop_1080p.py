@@ -19,6 +19,7 @@ import yaml
 from PIL import Image
 
 from dart.protocol.messages import ImageRef, TrajectoryStatus
+from dart.protocol.messages.codec import COMPRESS_ABOVE_BYTES
 from dart.rollout.model.screen import ResizeRule
 from dart.runtime.store import resolve_uri
 
@@ -108,6 +109,9 @@ def test_the_benchmark_counts_what_the_images_would_weigh_inline(desktop_run: tu
     assert figures["trajectories"] == summary["trajectories_stored"]
     # The stored trajectory rebuilt as it travelled weighs what the bus counted (its own encoding of it).
     assert abs(figures["by_reference"]["max_bytes"] - summary["largest_trajectory_message_bytes"]) < 1024
+    # Its JSON is above the codec's threshold: it travelled compressed.
+    assert figures["by_reference_json"]["max_bytes"] > COMPRESS_ABOVE_BYTES
+    assert figures["by_reference"]["max_bytes"] < figures["by_reference_json"]["max_bytes"] // 2
     assert figures["by_reference"]["mean_bytes"] < figures["prompt_images_inline"]["mean_bytes"]
     assert figures["prompt_images_inline"]["mean_bytes"] < figures["all_inline"]["mean_bytes"]
     assert figures["max_prompt_images_per_step"] == 3

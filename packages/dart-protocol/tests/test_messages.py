@@ -174,6 +174,59 @@ def test_messages_are_frozen() -> None:
         msg.lease_id = "other"  # type: ignore[misc]
 
 
+# --- the compressed wire form ---------------------------------------------------------------------
+
+
+def _long_trajectory(steps: int, image_tokens: int) -> m.Trajectory:
+    """A trajectory shaped like a real-size episode: every step's prompt repeats the last one's and adds to it,
+    with runs of image-pad ids, as a 1920x1080 screen gives."""
+    sample = next(x for x in MESSAGES if isinstance(x, m.Trajectory))
+    base = sample.steps[0]
+    records, prompt = [], [151644, 8948, 198]
+    for i in range(steps):
+        prompt = [*prompt, 151652, *([151655] * image_tokens), 151653, *range(1000 + 40 * i, 1040 + 40 * i)]
+        records.append(base.model_copy(update={"index": i, "prompt_token_ids": list(prompt)}))
+    version = base.policy_version
+    return sample.model_copy(update={"steps": records, "min_policy_version": version, "max_policy_version": version})
+
+
+def test_a_small_message_stays_plain_json() -> None:
+    msg = MESSAGES[0]
+    data = m.encode(msg)
+    assert len(msg.model_dump_json()) <= m.codec.COMPRESS_ABOVE_BYTES
+    assert data == msg.model_dump_json().encode()
+
+
+def test_a_large_message_travels_compressed_and_decodes_to_the_same() -> None:
+    traj = _long_trajectory(steps=20, image_tokens=2691)
+    plain = traj.model_dump_json().encode()
+    data = m.encode(traj)
+    assert data.startswith(m.codec.XZ_MAGIC)
+    assert len(plain) > 20 * len(data)  # repeated prompts and image-pad runs are what compresses
+    assert m.decode(data, m.Trajectory) == traj
+    assert m.decode(data, m.ANY_MESSAGE) == traj
+    assert m.codec.wire_json(data) == plain
+    assert m.decode(plain, m.Trajectory) == traj  # plain JSON of any size still reads
+
+
+def test_a_damaged_compressed_message_is_a_typed_error() -> None:
+    data = m.encode(_long_trajectory(steps=4, image_tokens=2691))
+    assert data.startswith(m.codec.XZ_MAGIC)
+    middle = len(data) // 2
+    flipped = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+    for bad, why in ((data[:-10], "truncated"), (flipped, "corrupt"), (data + b"{}", "bytes after")):
+        with pytest.raises(MessageValidationError, match=why):
+            m.decode(bad, m.Trajectory)
+
+
+def test_a_compressed_message_that_expands_beyond_the_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    traj = _long_trajectory(steps=4, image_tokens=2691)
+    data = m.encode(traj)
+    monkeypatch.setattr(m.codec, "MAX_DECODED_BYTES", len(traj.model_dump_json()) - 1)
+    with pytest.raises(MessageValidationError, match="expands beyond"):
+        m.decode(data, m.Trajectory)
+
+
 # --- fuzzing: whatever arrives, the decoder raises only MessageValidationError --------------------
 
 json_values = st.recursive(
@@ -203,6 +256,12 @@ def _decode_only_typed_error(data: bytes | str) -> None:
 @given(st.binary(max_size=512))
 def test_fuzz_random_bytes(data: bytes) -> None:
     _decode_only_typed_error(data)
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.binary(max_size=512))
+def test_fuzz_random_bytes_after_the_compressed_magic(data: bytes) -> None:
+    _decode_only_typed_error(m.codec.XZ_MAGIC + data)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -177,6 +177,25 @@ async def test_failed_publish_naks_the_work_item_for_redelivery(bus: Bus, nats_u
     assert await work_left(bus) == 1  # never acked
 
 
+async def test_a_trajectory_too_large_for_the_bus_is_published_as_failed_and_settled(bus: Bus) -> None:
+    """Running the episode again would make the same oversized message: it is answered once, as failed."""
+    env = await start_env(bus, instances=1)
+    engine = ScriptedEngine(["Action: wait()"])
+    config = RolloutConfig(runners=1, runner=RunnerConfig(pool=env.config.pool), fetch_timeout_s=0.2)
+    limited = bus.config.model_copy(update={"max_message_bytes": 4096})  # below 3 steps' inline screenshots
+    try:
+        async with await Bus.connect(limited) as small, RolloutService(config, small, engines={"s": engine}) as service:
+            await publish_work(bus, 1, max_steps=3)
+            (trajectory,) = await collect_trajectories(bus, 1, timeout_s=20)
+            await stats_reach(lambda: service.stats.trajectories == {"failed": 1})
+            assert service.stats.publish_failures == 1
+    finally:
+        await env.stop()
+    assert trajectory.status is TrajectoryStatus.FAILED and trajectory.steps == []
+    assert trajectory.error is not None and "3 steps dropped" in trajectory.error and "bus limit" in trajectory.error
+    assert await work_left(bus) == 0  # acked: not run again
+
+
 async def test_a_publish_refused_for_a_moment_is_tried_again_and_stored(
     bus: Bus, nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

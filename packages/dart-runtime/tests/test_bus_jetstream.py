@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Literal
@@ -103,7 +105,7 @@ async def test_js_publish_without_stream_fails_clearly(bus: Bus) -> None:
 async def test_js_publish_of_an_oversized_message_fails_typed(bus: Bus, nats_server: EmbeddedNats) -> None:
     await bus.ensure_stream("work")
     with pytest.raises(PayloadTooLargeError):
-        big = Work(item_id="x" * (nats_server.max_payload + 1))
+        big = Work(item_id=base64.b64encode(os.urandom(nats_server.max_payload + 4096)).decode())  # even compressed
         await bus.js_publish(bus.subjects.stream_subject("work"), big, msg_id="big")
 
 
@@ -339,3 +341,10 @@ async def test_census_counts_messages_sizes_and_replays(bus: Bus) -> None:
     census = await bus.census("work", "item_id")
     assert (census.messages, census.largest_bytes) == (3, len(encode(big)))
     assert (census.distinct, census.duplicates) == (2, 1)
+    huge = Work(item_id="h" * 200_000)  # travels compressed: counted by its bytes on the bus, read by its id
+    for msg_id in ("m3", "m4"):  # and replayed once
+        await bus.js_publish(bus.subjects.stream_subject("work"), huge, msg_id=msg_id)
+    census = await bus.census("work", "item_id")
+    assert len(encode(huge)) < len(encode(big))
+    assert (census.messages, census.largest_bytes) == (5, len(encode(big)))
+    assert (census.distinct, census.duplicates) == (3, 2)

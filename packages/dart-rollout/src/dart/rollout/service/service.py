@@ -23,8 +23,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from dart.protocol.errors import DartError, JetStreamError, ServiceError
-from dart.protocol.messages import ErrorCode, EvalRequest, EvalResult, ModelVersion, Trajectory, WorkItem
+from dart.protocol.errors import DartError, JetStreamError, PayloadTooLargeError, ServiceError
+from dart.protocol.messages import (
+    ErrorCode,
+    EvalRequest,
+    EvalResult,
+    ModelVersion,
+    Trajectory,
+    TrajectoryStatus,
+    WorkItem,
+)
 from dart.rollout.engine.interface import ENGINES, InferenceEngine
 from dart.rollout.errors import EngineError, NoEngineAtVersionError, WeightFetchError
 from dart.rollout.service.config import RolloutConfig, resolve_runner
@@ -315,6 +323,19 @@ class RolloutService:
                 timeout_s=self.config.publish_retry_s,
                 logger=log,
             )
+        except PayloadTooLargeError as exc:
+            # Running the episode again would make the same message: it is answered as failed, without its
+            # steps, so the work item settles and the data manager counts the failure.
+            self._stats.publish_failures += 1
+            log.error("trajectory %s is too large to publish, sending it as failed: %s", trajectory.trajectory_id, exc)
+            if trajectory.steps:
+                error = f"{len(trajectory.steps)} steps dropped: {exc}"
+                failed = trajectory.model_copy(update={"steps": [], "status": TrajectoryStatus.FAILED, "error": error})
+                await self._publish(failed, delivery)
+            else:
+                with contextlib.suppress(DartError):
+                    await delivery.nak()
+            return
         except DartError as exc:
             self._stats.publish_failures += 1
             log.error("publishing %s failed, handing its work item back: %s", trajectory.trajectory_id, exc)

@@ -30,12 +30,13 @@ from dart.protocol.errors import (
     SubjectError,
 )
 from dart.protocol.messages.base import ErrorReply, Message
-from dart.protocol.messages.codec import decode, encode
+from dart.protocol.messages.codec import decode
 from dart.protocol.subjects import Subjects
 from dart.runtime.bus.auth import DenialWatch
 from dart.runtime.bus.config import BusConfig
 from dart.runtime.bus.connection import open_connection
 from dart.runtime.bus.consumer import PullConsumer
+from dart.runtime.bus.encoding import encode_message
 from dart.runtime.bus.service import Service
 from dart.runtime.bus.stats import BusStats
 from dart.runtime.bus.streams import JetStreamMethods
@@ -166,7 +167,7 @@ class Bus(JetStreamMethods):
             BusConnectionError: The bus is closed.
         """
         timeout = self._config.request_timeout_s if timeout is None else timeout
-        data = self._encode(subject, msg)
+        data = await self._encode(subject, msg)
         with self._tracer.send("request", subject, SpanKind.CLIENT) as (_, headers):
             try:
                 reply = await self._denials.guard(
@@ -187,7 +188,7 @@ class Bus(JetStreamMethods):
             PayloadTooLargeError: The message exceeds ``config.max_message_bytes``.
             BusConnectionError: The bus is closed.
         """
-        data = self._encode(subject, msg)
+        data = await self._encode(subject, msg)
         with self._tracer.send("publish", subject, SpanKind.PRODUCER) as (_, headers):
             try:
                 await self._nc.publish(subject, data, headers=headers)
@@ -344,8 +345,8 @@ class Bus(JetStreamMethods):
         """Largest encoded message this client sends or replies with, bytes."""
         return self._config.max_message_bytes
 
-    def _encode(self, subject: str, msg: Message) -> bytes:
-        data = encode(msg)
+    async def _encode(self, subject: str, msg: Message) -> bytes:
+        data = await encode_message(msg)
         if len(data) > self._config.max_message_bytes:
             raise PayloadTooLargeError(subject, len(data), self._config.max_message_bytes)
         return data

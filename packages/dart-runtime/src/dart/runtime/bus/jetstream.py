@@ -31,7 +31,7 @@ from opentelemetry.trace import SpanKind
 
 from dart.protocol.errors import JetStreamError, PayloadTooLargeError
 from dart.protocol.messages.base import Message
-from dart.protocol.messages.codec import encode
+from dart.runtime.bus.encoding import encode_message
 from dart.runtime.bus.tracing import BusTracer
 
 log = logging.getLogger("dart.runtime.bus")
@@ -331,7 +331,7 @@ async def js_publish(
     """
     if not msg_id:
         raise ValueError("msg_id must be a non-empty id that is the same when the same message is retried")
-    data = encode(msg)
+    data = await encode_message(msg)
     if max_payload and len(data) > max_payload:
         raise PayloadTooLargeError(subject, len(data), max_payload)
     with tracer.send("publish", subject, SpanKind.PRODUCER) as (span, headers):

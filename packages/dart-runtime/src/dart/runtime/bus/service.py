@@ -24,6 +24,7 @@ from pydantic import BaseModel, TypeAdapter
 from dart.protocol.errors import MessageValidationError, PayloadTooLargeError, ServiceError
 from dart.protocol.messages.base import ErrorCode, ErrorReply, Message
 from dart.protocol.messages.codec import decode, encode
+from dart.runtime.bus.encoding import encode_message
 from dart.runtime.bus.stats import BusStats, EndpointStats
 from dart.runtime.bus.tracing import BusTracer
 
@@ -165,7 +166,7 @@ class Service:
                 return None
             if not isinstance(result, Message):
                 raise TypeError(f"handler returned {type(result).__name__}, expected a Message")
-            data = encode(result)
+            data = await encode_message(result)
             if len(data) > self._max_message_bytes:
                 # Checked here so the requester gets an error reply now instead of a timeout.
                 raise PayloadTooLargeError(msg.subject, len(data), self._max_message_bytes)

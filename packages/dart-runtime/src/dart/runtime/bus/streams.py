@@ -20,7 +20,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from dart.protocol.errors import JetStreamError, MessageValidationError
 from dart.protocol.messages.base import Message
-from dart.protocol.messages.codec import decode
+from dart.protocol.messages.codec import decode, wire_json
 from dart.protocol.subjects import StreamKind, Subjects
 from dart.runtime.bus.auth import DenialWatch
 from dart.runtime.bus.config import BusConfig
@@ -237,7 +237,7 @@ class JetStreamMethods:
             messages += 1
             largest = max(largest, len(data))
             try:
-                ids.add(str(json.loads(data)[id_field]))
+                ids.add(str(json.loads(wire_json(data))[id_field]))
             except (ValueError, KeyError, TypeError):  # not an object with the field: counts on its own
                 ids.add(f"\0seq:{seq}")
         return StreamCensus(messages=messages, largest_bytes=largest, distinct=len(ids))
