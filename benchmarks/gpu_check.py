@@ -4,7 +4,7 @@ of the smoke suite on the GPU, and NVML utilization samples, in under 9 minutes.
 Phases (``--phases``, in this order; each in its own process with its own timeout, all within ``--budget-s``):
 
 - ``checkpoint``: a random Qwen2.5-VL of ``--arch`` (default ``qwen2.5-vl-3b``, all 36 layers and 32 vision
-  blocks; ``--layers`` / ``--vision-blocks`` cut it) in bf16, written by ``dart.rollout.model.random_init``;
+  blocks; ``--layers`` / ``--vision-blocks`` cut it) in bf16, written by ``dart.policy.random_init``;
   ``--tiny``: the project's tiny checkpoint instead. ``--model DIR`` uses an existing checkpoint.
 - ``train-torch``, ``train-fsdp``, ``train-megatron``: ``--steps`` timed RL updates (after one warm-up) of
   ``--samples`` text samples of ``--prompt-len`` + ``--response-len`` tokens, bf16 on a GPU (float32 on

@@ -62,14 +62,14 @@ def write_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
 
     started = time.perf_counter()
     if args.tiny:
-        from dart.rollout.model.tiny import write_tiny_checkpoint
+        from dart.policy.tiny import write_tiny_checkpoint
 
         manifest: Any = write_tiny_checkpoint(args.model, seed=0)
     else:
         import torch
 
-        from dart.rollout.model.architectures import get_architecture
-        from dart.rollout.model.random_init import write_checkpoint as write_arch
+        from dart.policy.architectures import get_architecture
+        from dart.policy.random_init import write_checkpoint as write_arch
 
         arch = get_architecture(args.arch).cut(layers=args.layers, vision_blocks=args.vision_blocks)
         # On a GPU the random init runs there (seconds instead of a minute on the host's cores).
@@ -186,9 +186,9 @@ def train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 async def _generate(args: argparse.Namespace) -> dict[str, Any]:
     from PIL import Image
 
+    from dart.policy.prompt import build_prompt
     from dart.rollout.engine.hf import HFEngine, HFEngineConfig
     from dart.rollout.engine.interface import GenerationRequest
-    from dart.rollout.model.prompt import build_prompt
 
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     started = time.perf_counter()

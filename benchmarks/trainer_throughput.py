@@ -100,7 +100,7 @@ def image_samples(
     from PIL import Image
     from transformers import AutoProcessor
 
-    from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
+    from dart.policy.prompt import HistoryStep, build_prompt, encode_prompt
     from dart.runtime.store import LocalStore
     from dart.train.testing import store_png
 
@@ -321,7 +321,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         if not args.model:
-            from dart.rollout.model.tiny import write_tiny_checkpoint
+            from dart.policy.tiny import write_tiny_checkpoint
 
             args.model = str(Path(tmp) / "tiny")
             write_tiny_checkpoint(args.model, seed=0)

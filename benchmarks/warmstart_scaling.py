@@ -38,15 +38,15 @@ from dart.cli.stack.warmstart import record_demos
 from dart.env.service.config import EnvServiceConfig
 from dart.env.sim import SimEnv
 from dart.env.sim.catalog import generate_suite, load_builtin_suite
+from dart.policy.action_grammar import parse_action
+from dart.policy.config import PromptConfig
+from dart.policy.loading import load_policy
+from dart.policy.prompt import HistoryStep, build_prompt
+from dart.policy.tiny import write_tiny_checkpoint
+from dart.policy.tiny_spec import TinyModelSpec
 from dart.protocol.messages import Finished, Sampling, TaskSpec
-from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
-from dart.rollout.model.loading import load_policy
-from dart.rollout.model.prompt import HistoryStep, build_prompt
-from dart.rollout.model.tiny import write_tiny_checkpoint
-from dart.rollout.model.tiny_spec import TinyModelSpec
-from dart.rollout.service.config import PromptConfig
 from dart.train.batching import InputBuilder, ModelInputs
 
 SPECS: dict[str, TinyModelSpec] = {

@@ -73,7 +73,7 @@ SHARD_MIB = 2048.0
 
 
 def _arch(shape: str) -> Any:
-    from dart.rollout.model.architectures import get_architecture
+    from dart.policy.architectures import get_architecture
 
     if shape in ("3b", "7b"):
         return get_architecture(f"qwen2.5-vl-{shape}")
@@ -86,13 +86,13 @@ def write_shape(shape: str, path: Path, device: str = "cpu") -> None:
     """A random checkpoint of ``shape`` at ``path`` (bf16; the tiny policy in its own writer's dtype), its
     weights initialized on ``device`` (a 7B model's random init takes minutes on CPU, seconds on a GPU)."""
     if shape == "tiny":
-        from dart.rollout.model.tiny import write_tiny_checkpoint
+        from dart.policy.tiny import write_tiny_checkpoint
 
         write_tiny_checkpoint(path)
     else:
         import torch
 
-        from dart.rollout.model.random_init import write_checkpoint
+        from dart.policy.random_init import write_checkpoint
 
         with torch.device(device):
             write_checkpoint(path, _arch(shape), dtype="bfloat16")
@@ -102,7 +102,7 @@ def trainer_state(checkpoint: Path, device: str) -> dict[str, Any]:
     """What the trainer holds: the model's ``state_dict()`` in bf16 on ``device`` (tied aliases included)."""
     import torch
 
-    from dart.rollout.model.loading import load_policy
+    from dart.policy.loading import load_policy
 
     model, _ = load_policy(str(checkpoint), dtype=torch.bfloat16, device=device)
     state = model.state_dict()
@@ -180,8 +180,8 @@ class Engine:
 
     async def load(self, weights: Path, version: int, into: dict[str, float]) -> None:
         """Stage and load ``weights`` as ``version``; check with one request that it serves it."""
+        from dart.policy.prompt import ChatPrompt
         from dart.rollout.engine.interface import GenerationRequest
-        from dart.rollout.model.prompt import ChatPrompt
 
         if self.engine is None:
             return

@@ -33,12 +33,12 @@ from desktop_1080p import ROOT, init_model
 from PIL import Image as PILImage
 from transformers import AutoProcessor
 
+from dart.policy.formats import PROMPT_FORMATS
+from dart.policy.models import family_of
+from dart.policy.prompt import HistoryStep, build_prompt, encode_prompt
+from dart.policy.screen import ResizeRule
 from dart.protocol.messages import ImageRef, StepRecord, TrainingBatch, TrainingSample, Trajectory
 from dart.protocol.messages.codec import COMPRESS_ABOVE_BYTES, decode, encode
-from dart.protocol.models import family_of
-from dart.rollout.model.formats import PROMPT_FORMATS
-from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
-from dart.rollout.model.screen import ResizeRule
 from dart.runtime.testing import all_messages
 
 SCREEN = (1920, 1080)

@@ -52,7 +52,7 @@ uv build --quiet --all-packages --wheel --out-dir "$OUT/dist"
 # (pip evaluates the lock's markers here, so the host's Python must be the images': 3.11 on linux
 # x86_64), and the DART wheels it installs. No pip cache: the wheels directory is the cache.
 declare -A TOP=([dart]=dart-cli [env]=dart-env)
-declare -A OWN=([dart]="dart_protocol dart_runtime dart_env dart_rollout dart_data dart_train dart_embedded dart_cli" [env]="dart_protocol dart_runtime dart_env")
+declare -A OWN=([dart]="dart_protocol dart_runtime dart_policy dart_env dart_rollout dart_data dart_train dart_embedded dart_cli" [env]="dart_protocol dart_runtime dart_env")
 for image in env dart; do
     mkdir -p "$OUT/$image/third-party" "$OUT/$image/dist"
     uv export --quiet --frozen --no-dev --no-emit-workspace --package "${TOP[$image]}" -o "$OUT/$image/requirements.txt"

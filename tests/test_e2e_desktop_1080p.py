@@ -18,9 +18,9 @@ import pytest
 import yaml
 from PIL import Image
 
+from dart.policy.screen import ResizeRule
 from dart.protocol.messages import ImageRef, TrajectoryStatus
 from dart.protocol.messages.codec import COMPRESS_ABOVE_BYTES
-from dart.rollout.model.screen import ResizeRule
 from dart.runtime.store import resolve_uri
 
 pytestmark = pytest.mark.e2e

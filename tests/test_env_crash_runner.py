@@ -31,8 +31,8 @@ from dart.env.osworld.providers import LocalDesktopProvider
 from dart.env.osworld.suites import load_local_suite, local_solutions
 from dart.env.service import EnvService, EnvServiceConfig, SlotState
 from dart.env.sim.catalog import sim_task
+from dart.policy.action_grammar import format_action
 from dart.protocol.messages import Sampling, TaskSpec, TrajectoryStatus, Wait, WorkItem
-from dart.rollout.action_grammar import format_action
 from dart.rollout.errors import EnvFailed
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient

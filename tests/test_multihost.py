@@ -105,7 +105,7 @@ async def _drained(url: str, password_file: Path, until: float) -> int:
 
 
 def test_four_hosts_that_share_only_nats_and_s3_run_the_job(tmp_path: Path, s3_server: EmbeddedS3) -> None:
-    from dart.rollout.model.tiny import write_tiny_checkpoint
+    from dart.policy.tiny import write_tiny_checkpoint
 
     secrets = tmp_path / "secrets"  # in a deployment each host gets only its own file
     credentials = write_bus_credentials(secrets, ROLES)

@@ -23,7 +23,17 @@ from dart.runtime.telemetry import read_jsonl
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dart-protocol", "dart-runtime", "dart-env", "dart-rollout", "dart-data", "dart-train")
+PACKAGES = ("dart-protocol", "dart-runtime", "dart-policy", "dart-env", "dart-rollout", "dart-data", "dart-train")
+FOUNDATION = {
+    "dart-protocol": set(),
+    "dart-runtime": {"dart-protocol"},
+    "dart-policy": {"dart-protocol"},
+    "dart-env": {"dart-protocol", "dart-runtime"},
+    "dart-data": {"dart-protocol", "dart-runtime"},
+    "dart-rollout": {"dart-protocol", "dart-runtime", "dart-policy"},
+    "dart-train": {"dart-protocol", "dart-runtime", "dart-policy"},
+}
+"""The DART packages each one stands on: the contract, the runtime, what the model sees and says."""
 SERVICE_PACKAGES = ("dart-env", "dart-data", "dart-rollout", "dart-train")
 
 READY_TIMEOUT_S = 600.0
@@ -100,10 +110,9 @@ def test_wheel_installs_and_imports_every_module_alone(
     listed = subprocess.run(
         [_uv(), "pip", "list", "--python", str(venv / "bin" / "python")], capture_output=True, text=True, check=True
     ).stdout
-    foundation = {"dart-protocol"} if name in ("dart-protocol", "dart-runtime") else {"dart-protocol", "dart-runtime"}
-    others = {p for p in PACKAGES if p != name and p not in foundation}
-    assert not [p for p in others if p in listed], f"{name} pulled in another service: {listed}"
-    if name == "dart-protocol":  # the contract alone: no bus, store or telemetry client
+    dart = {p for p in PACKAGES if p in listed.split()}
+    assert dart == FOUNDATION[name] | {name}, f"{name} pulled in {sorted(dart - FOUNDATION[name] - {name})}: {listed}"
+    if name in ("dart-protocol", "dart-policy"):  # no bus, store or telemetry client
         assert not {"nats-py", "minio", "opentelemetry-sdk"} & set(listed.split()), listed
     if name in ("dart-env", "dart-data"):
         assert "torch" not in listed.split(), f"{name} installs torch: {listed}"
@@ -111,7 +120,7 @@ def test_wheel_installs_and_imports_every_module_alone(
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dart.rollout.model.tiny import write_tiny_checkpoint
+    from dart.policy.tiny import write_tiny_checkpoint
 
     path = tmp_path_factory.mktemp("tiny") / "model"
     write_tiny_checkpoint(path, seed=0)

@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = """
 from dart.env.sim import SimConfig, SimEnv, sim_task
 from dart.protocol.errors import ConfigError
-from dart.protocol.models import ModelFamily
+from dart.policy.models import ModelFamily
 from dart.protocol.suite import TaskSuite
-from dart.rollout.model.families.qwen2_5_vl import tiny_config, tiny_processor
-from dart.rollout.model.formats import DartFormat
+from dart.policy.families.qwen2_5_vl import tiny_config, tiny_processor
+from dart.policy.formats import DartFormat
 from dart.rollout.service.scripted import ScriptedEngine
 from dart.train.backend import TorchBackend
 
@@ -122,8 +122,8 @@ def test_a_third_party_package_plugs_in_every_kind(tmp_path: Path) -> None:
         from dart.cli.stack.config import load_run_config, load_tasks
         from dart.env.interface import ENV_BACKENDS
         from dart.rollout.engine.interface import ENGINES, GenerationRequest
-        from dart.rollout.model.families import writer_of
-        from dart.rollout.model.prompt import ChatPrompt, build_prompt
+        from dart.policy.families import writer_of
+        from dart.policy.prompt import ChatPrompt, build_prompt
         from dart.train.interface import TRAINER_BACKENDS
 
         config = load_run_config({str(config)!r})

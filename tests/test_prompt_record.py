@@ -25,11 +25,12 @@ from dart.data.config import BatchingConfig
 from dart.data.groups import ReadyGroup
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
+from dart.policy.config import PromptConfig
+from dart.policy.tiny import write_tiny_checkpoint
 from dart.protocol.messages import ImageRef, InlineImage, Sampling, TrajectoryStatus, WorkItem
 from dart.protocol.messages.codec import encode
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.model.tiny import write_tiny_checkpoint
-from dart.rollout.service.config import PromptConfig, RunnerConfig
+from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner

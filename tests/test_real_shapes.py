@@ -42,15 +42,16 @@ from dart.data.config import BatchingConfig
 from dart.data.groups import ReadyGroup
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
+from dart.policy.architectures import get_architecture
+from dart.policy.config import PromptConfig
+from dart.policy.prompt import ChatPrompt, EncodedPrompt, build_prompt, encode_prompt
+from dart.policy.random_init import write_checkpoint
 from dart.protocol.messages import ImageRef, Sampling, TrainingSample, TrajectoryStatus, WorkItem
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
-from dart.rollout.model.architectures import get_architecture
-from dart.rollout.model.prompt import ChatPrompt, EncodedPrompt, build_prompt, encode_prompt
-from dart.rollout.model.random_init import write_checkpoint
-from dart.rollout.service.config import PromptConfig, RunnerConfig
+from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.images import ImageCache
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 STRICT_TYPED = [
     "packages/dart-protocol/src",
+    "packages/dart-runtime/src",
+    "packages/dart-policy/src",
     "packages/dart-data/src",
     "packages/dart-env/src",
     "packages/dart-rollout/src",
@@ -246,10 +248,13 @@ def test_no_config_module_imports_torch() -> None:
     assert out.stdout.strip() == "[]", f"importing the config modules imported {out.stdout.strip()}"
 
 
-CONTRACT_FORBIDDEN = ("dart.runtime", "nats", "minio", "opentelemetry", "urllib3", "prometheus_client")
+CONTRACT_FORBIDDEN = (
+    *("dart.runtime", "nats", "minio", "opentelemetry", "urllib3", "prometheus_client"),
+    *("dart.policy", "torch", "transformers", "peft"),
+)
 """What dart-protocol (the contract) never imports, anywhere in a module (function bodies included): the runtime
-and the clients it wraps. Every service depends on both packages; a tool that only reads or writes messages
-needs the contract alone."""
+and the clients it wraps, and what the model sees and says with the model libraries it needs. Every service
+depends on the contract and the runtime; a tool that only reads or writes messages needs the contract alone."""
 
 
 def test_the_contract_imports_no_runtime_and_no_client() -> None:
@@ -262,7 +267,47 @@ def test_the_contract_imports_no_runtime_and_no_client() -> None:
         for name in (m for node in statements for m in _imported(node, package)):
             if any(name == bad or name.startswith(bad + ".") for bad in CONTRACT_FORBIDDEN):
                 found.append(f"{path.relative_to(ROOT)}: {name}")
-    assert found == [], "dart-protocol is the contract; these belong in dart-runtime:\n" + "\n".join(found)
+    assert found == [], "dart-protocol is the contract; these belong in dart-runtime or dart-policy:\n" + "\n".join(
+        found
+    )
     # Its declared dependencies say the same.
     declared = (ROOT / "packages/dart-protocol/pyproject.toml").read_text()
     assert all(client.replace("_", "-") not in declared for client in ("nats-py", "minio", "opentelemetry"))
+
+
+def _dart_imports(paths: list[Path]) -> Iterator[tuple[Path, str]]:
+    """Every ``dart.*`` module the Python files ``paths`` import, anywhere in a module (function bodies and
+    ``if TYPE_CHECKING:`` blocks included), with the file that imports it."""
+    for path in paths:
+        parts = path.relative_to(ROOT).parts
+        package = ".".join(parts[parts.index("src") + 1 : -1]) if "src" in parts else ""
+        statements = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import | ast.ImportFrom)]
+        for name in (m for node in statements for m in _imported(node, package)):
+            if name == "dart" or name.startswith("dart."):
+                yield path, name
+
+
+def test_what_the_model_sees_and_says_stands_on_the_contract_alone() -> None:
+    # dart-policy (families and their writers, prompt formats, screen sizing, the action grammar) is shared by the
+    # rollout, the trainer and the CLI's warm start: it imports no runtime and no service.
+    allowed = ("dart.protocol", "dart.policy")
+    sources = sorted((ROOT / "packages/dart-policy/src").rglob("*.py"))
+    assert any(p.name == "action_grammar.py" for p in sources)
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path, name in _dart_imports(sources)
+        if not any(name == ok or name.startswith(ok + ".") for ok in allowed)
+    ]
+    assert found == [], "dart-policy imports only dart.protocol:\n" + "\n".join(found)
+
+
+def test_the_trainer_and_the_warm_start_import_no_rollout() -> None:
+    # What they share with the rollout is dart-policy's; a test that needs an engine beside a trainer lives in
+    # tests/engine_and_trainer.
+    files = sorted((ROOT / "packages/dart-train").rglob("*.py"))
+    files.append(ROOT / "apps/dart-cli/src/dart/cli/stack/warmstart.py")
+    assert len(files) > 30 and files[-1].is_file()
+    found = [
+        f"{path.relative_to(ROOT)}: {name}" for path, name in _dart_imports(files) if name.startswith("dart.rollout")
+    ]
+    assert found == [], "dart-train and the warm start import dart-policy, not dart-rollout:\n" + "\n".join(found)

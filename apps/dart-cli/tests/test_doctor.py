@@ -30,6 +30,7 @@ def test_json_summary_has_every_check() -> None:
         "python",
         "dart-protocol",
         "dart-runtime",
+        "dart-policy",
         "dart-env",
         "dart-rollout",
         "dart-data",

@@ -43,8 +43,8 @@ tasks:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run's directory: config.yaml, the version-0 checkpoint, version 3 in the store."""
-    from dart.rollout.model.loading import load_policy
-    from dart.rollout.model.tiny import write_tiny_checkpoint
+    from dart.policy.loading import load_policy
+    from dart.policy.tiny import write_tiny_checkpoint
     from dart.train.publish import WeightPublisher
 
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -105,7 +105,7 @@ def test_eval_of_a_weights_uri_needs_its_base_checkpoint(run_dir: Path) -> None:
 
 def test_eval_of_a_sharded_version_fetches_and_loads_every_shard(run_dir: Path, tmp_path: Path) -> None:
     """Named by its index URI, a version published in shards is rebuilt from its manifest and served."""
-    from dart.rollout.model.loading import load_policy
+    from dart.policy.loading import load_policy
     from dart.train.config import PublishConfig
     from dart.train.publish import WeightPublisher
 
@@ -127,7 +127,7 @@ def test_eval_of_an_adapter_version_serves_it_over_the_base(run_dir: Path, tmp_p
     """A LoRA run's version is an adapter: evaluated like any version, the engine applies it over the base."""
     import torch
 
-    from dart.rollout.model.loading import load_policy
+    from dart.policy.loading import load_policy
     from dart.train.config import LoraSettings
     from dart.train.lora import adapter_state, add_adapters, spec_of
     from dart.train.publish import WeightPublisher

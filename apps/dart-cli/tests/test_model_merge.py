@@ -13,11 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
+from dart.policy.prompt import build_prompt
+from dart.policy.tiny import write_tiny_checkpoint
 from dart.protocol.messages import Sampling, TrainingSample
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
-from dart.rollout.model.prompt import build_prompt
-from dart.rollout.model.tiny import write_tiny_checkpoint
 from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource

@@ -197,8 +197,8 @@ def test_trajectory_page_shows_every_step_with_its_action_drawn(client: TestClie
 
 
 def test_tokens_are_shown_as_the_policys_tokenizer_writes_them(tmp_path: Path, kit: Any) -> None:
-    from dart.rollout.model.loading import load_tokenizer
-    from dart.rollout.model.tiny import write_tiny_checkpoint
+    from dart.policy.loading import load_tokenizer
+    from dart.policy.tiny import write_tiny_checkpoint
 
     run = kit.new_run(tmp_path / "old-place")
     kit.fill_standard(run)

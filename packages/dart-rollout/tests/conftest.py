@@ -16,11 +16,11 @@ import pytest
 from dart.env.interface import ENV_BACKENDS
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
+from dart.policy.tiny import write_tiny_checkpoint
 from dart.protocol.messages import Action, Observation, Sampling, Wait, WorkItem
 from dart.protocol.messages.observation import MetadataValue
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess
-from dart.rollout.model.tiny import write_tiny_checkpoint
 from dart.runtime.bus import Bus, BusConfig
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,11 +17,12 @@ import pytest
 
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
+from dart.policy.action_grammar import format_output
+from dart.policy.config import PromptConfig
 from dart.protocol.messages import Fail, Sampling, TaskSpec
-from dart.rollout.action_grammar import format_output
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.eval import EvalReport, difference_interval, evaluate, pass_at_k, pass_ks, wilson_interval
-from dart.rollout.service.config import PromptConfig, RunnerConfig
+from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
 from dart.runtime.bus import Bus

@@ -14,14 +14,14 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
+from dart.policy.loading import load_policy
+from dart.policy.prompt import ChatPrompt
 from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.weights import WeightManifest, WeightShard, shard_files
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.engine.vllm_wire import safetensors_header, stage_weights, weights_header
 from dart.rollout.errors import WeightFetchError
-from dart.rollout.model.loading import load_policy
-from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.fetch import cache_usage
 from dart.rollout.service.sync import WeightSyncController, fetch_weights

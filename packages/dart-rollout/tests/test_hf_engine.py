@@ -11,11 +11,11 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from dart.policy.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
 from dart.protocol.messages import Sampling
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import EngineState, GenerationRequest
 from dart.rollout.errors import WeightUpdateError
-from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
 
 pytestmark = pytest.mark.unit
 

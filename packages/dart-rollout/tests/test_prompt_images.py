@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
+from dart.policy.prompt import HistoryStep, build_prompt, prompt_image
+from dart.policy.screen import ResizeRule
 from dart.protocol.messages import ImageRef, InlineImage
 from dart.rollout.errors import ImageFetchError, ImageStoreError
-from dart.rollout.model.prompt import HistoryStep, build_prompt, prompt_image
-from dart.rollout.model.screen import ResizeRule
 from dart.rollout.service.images import ImageCache, PromptImages
 from dart.runtime.store import LocalStore
 from dart.runtime.store.images import ImageOffload

@@ -14,10 +14,10 @@ import pytest
 
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
+from dart.policy.config import PromptConfig
 from dart.protocol.messages import Sampling, Trajectory, TrajectoryStatus, WorkItem
 from dart.rollout.engine.hf import HFEngineConfig
 from dart.rollout.service import RolloutConfig, RolloutService, RunnerConfig
-from dart.rollout.service.config import PromptConfig
 from dart.rollout.service.scripted import ScriptedEngine
 from dart.runtime.bus import Bus, BusConfig
 from dart.runtime.testing import wait_until

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from dart.policy.prompt import ChatPrompt
 from dart.rollout.engine.interface import EngineState, GenerationRequest
 from dart.rollout.errors import NoEngineError
-from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine
 

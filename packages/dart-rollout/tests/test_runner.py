@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 from dart.env.sim import LatencyConfig, SimConfig, sim_task
+from dart.policy.config import PromptConfig
+from dart.policy.prompt import ChatPrompt, encode_prompt
+from dart.policy.screen import ResizeRule
 from dart.protocol.messages import (
     BranchOrigin,
     BranchSpec,
@@ -29,9 +32,7 @@ from dart.protocol.messages.codec import decode, encode
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.rollout.errors import EngineError
-from dart.rollout.model.prompt import ChatPrompt, encode_prompt
-from dart.rollout.model.screen import ResizeRule
-from dart.rollout.service.config import PromptConfig, RunnerConfig
+from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.runner import TrajectoryRunner
 from dart.rollout.service.scripted import ScriptedEngine
@@ -225,7 +226,7 @@ async def test_a_policy_answering_in_the_ui_tars_format_clicks_what_it_means(
     the task succeeds; the second prompt shows the first answer with its point in box tokens, as UI-TARS-1.5
     was trained to see its history."""
     from dart.env.sim import SimEnv
-    from dart.rollout.action_grammar import format_output
+    from dart.policy.action_grammar import format_output
 
     screen = SimConfig(latency=LatencyConfig(scale=0.0), width=1280, height=720)
     pool = await env_pool(sim=screen)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import save, save_file
 
+from dart.policy.prompt import ChatPrompt
 from dart.protocol.messages import ModelVersion
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import EngineState, GenerationRequest
 from dart.rollout.errors import NoEngineAtVersionError, WeightFetchError
-from dart.rollout.model.prompt import ChatPrompt
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.router import EngineRouter
 from dart.rollout.service.scripted import ScriptedEngine

@@ -24,16 +24,16 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from dart.policy.loading import load_policy
+from dart.policy.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
+from dart.policy.tiny import write_tiny_checkpoint
+from dart.policy.tiny_spec import TinyModelSpec
 from dart.protocol.messages import Sampling, TrajectoryStatus, WorkItem
 from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult
 from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig, VLLMLaunchConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
 from dart.rollout.errors import EngineRequestError, EngineStartError, WeightUpdateError
-from dart.rollout.model.loading import load_policy
-from dart.rollout.model.prompt import ChatPrompt, HistoryStep, build_prompt, encode_prompt
-from dart.rollout.model.tiny import write_tiny_checkpoint
-from dart.rollout.model.tiny_spec import TinyModelSpec
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.fetch import fetch_weights
 from dart.rollout.service.router import EngineRouter

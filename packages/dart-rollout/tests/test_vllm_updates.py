@@ -21,6 +21,8 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
+from dart.policy.loading import load_policy
+from dart.policy.prompt import build_prompt, encode_prompt
 from dart.protocol.messages import ModelVersion, Sampling
 from dart.protocol.topology import LATEST_MODEL_KEY
 from dart.rollout.engine.interface import EngineState, GenerationRequest, GenerationResult
@@ -28,8 +30,6 @@ from dart.rollout.engine.vllm import VLLMEngine
 from dart.rollout.engine.vllm_config import VLLMAttachConfig, VLLMEngineConfig
 from dart.rollout.engine.vllm_server import VLLMServerProcess, bearer_headers
 from dart.rollout.errors import WeightUpdateError
-from dart.rollout.model.loading import load_policy
-from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.service.config import SyncConfig
 from dart.rollout.service.sync import WeightSyncController
 from dart.runtime.bus import Bus

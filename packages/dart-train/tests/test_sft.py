@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from dart.policy.action_grammar import format_output
+from dart.policy.prompt import build_prompt, encode_prompt
 from dart.protocol.messages import Click, Type
-from dart.rollout.action_grammar import format_output
-from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.train.backend import TorchBackend
 from dart.train.config import TrainerConfig
 from dart.train.sft import SftSample, sft_step

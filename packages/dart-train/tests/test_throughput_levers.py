@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
+from dart.policy.prompt import HistoryStep, build_prompt, encode_prompt
+from dart.policy.tiny import write_tiny_checkpoint
+from dart.policy.tiny_spec import TinyModelSpec
 from dart.protocol.messages import TrainingSample
-from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
-from dart.rollout.model.tiny import write_tiny_checkpoint
-from dart.rollout.model.tiny_spec import TinyModelSpec
 from dart.train.backend import TorchBackend
 from dart.train.batching import ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig

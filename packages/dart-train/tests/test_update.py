@@ -4,7 +4,6 @@ micro-batch applies nothing and an out-of-memory one runs again at half the size
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 
@@ -12,16 +11,15 @@ import pytest
 import torch
 from PIL import Image
 
+from dart.policy.loading import load_policy
+from dart.policy.prompt import build_prompt
 from dart.protocol.messages import Sampling, SamplingParams, TrainingSample
-from dart.rollout.engine.hf import HFEngine, HFEngineConfig
-from dart.rollout.engine.interface import GenerationRequest
-from dart.rollout.model.prompt import build_prompt
 from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.batching import ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig
 from dart.train.errors import RankFailureError
-from dart.train.testing import sample_of, store_png
+from dart.train.testing import sample_of, sample_response, store_png
 from dart.train.update import Retry, RLUpdate, select_high_entropy
 
 pytestmark = pytest.mark.unit
@@ -45,20 +43,16 @@ def test_clipping_acts_only_once_the_policy_has_moved(
     assert minis.optimizer_steps == 2 and minis.ratio_mean != pytest.approx(1.0, abs=1e-6)
 
 
-async def _tempered(checkpoint: Path, store: LocalStore) -> TrainingSample:
-    engine = await HFEngine.start(HFEngineConfig(model_path=str(checkpoint), batch_wait_s=0.0, num_threads=2))
-    try:
-        image = Image.new("RGB", (224, 224), (200, 40, 40))
-        prompt = build_prompt("Press the red button.", image, [], max_images=1)
-        result = await engine.generate(
-            GenerationRequest(prompt, max_new_tokens=16, sampling=Sampling(temperature=0.7, top_p=0.9), seed=3)
-        )
-    finally:
-        await engine.close()
-    assert result.sampling == SamplingParams(
-        temperature=0.7, top_p=0.9, excluded_token_ids=result.sampling.excluded_token_ids
+def _tempered(checkpoint: Path, store: LocalStore) -> TrainingSample:
+    model, processor = load_policy(checkpoint)
+    image = Image.new("RGB", (224, 224), (200, 40, 40))
+    prompt = build_prompt("Press the red button.", image, [], max_images=1)
+    sampling = Sampling(temperature=0.7, top_p=0.9)
+    drawn = sample_response(model, processor, prompt, max_new_tokens=16, sampling=sampling, seed=3)
+    assert drawn.sampling == SamplingParams(
+        temperature=0.7, top_p=0.9, excluded_token_ids=drawn.sampling.excluded_token_ids
     )
-    return sample_of(result, [store_png(store, "shots/tempered.png", image)], "tempered")
+    return sample_of(drawn, [store_png(store, "shots/tempered.png", image)], "tempered")
 
 
 class CountedForward:
@@ -99,19 +93,19 @@ def test_one_step_batches_take_logp_old_from_the_steps_own_forward_pass(
 
 
 def test_importance_weight_compares_the_sampled_distribution(tiny_checkpoint: Path, shot_store: LocalStore) -> None:
-    sample = asyncio.run(_tempered(tiny_checkpoint, shot_store))
+    sample = _tempered(tiny_checkpoint, shot_store)
     backend = _backend(tiny_checkpoint)
     rollout = torch.tensor(sample.rollout_logprobs)
     matched = float((backend.compute_logprobs([sample])[0] - rollout).abs().max())
     untempered = sample.model_copy(update={"sampling": SamplingParams()})
     ignored = float((backend.compute_logprobs([untempered])[0] - rollout).abs().max())
-    print(f"max |trainer - engine| at T=0.7, top_p=0.9: {matched:.2e}; ignoring the sampling params: {ignored:.2e}")
+    print(f"max |trainer - sampler| at T=0.7, top_p=0.9: {matched:.2e}; ignoring the sampling params: {ignored:.2e}")
     assert matched < 1e-4
     assert ignored > 1e-2
     metrics = backend.train_step([sample])
     assert metrics.rollout_mismatch < 1e-4 and metrics.tis_weight_mean == pytest.approx(1.0, abs=1e-3)
     assert metrics.rollout_mismatch_max == pytest.approx(matched, abs=1e-6)
-    # One token the engine got wrong by 0.5 nats: the worst token shows it, the token mean dilutes it.
+    # One token the rollout got wrong by 0.5 nats: the worst token shows it, the token mean dilutes it.
     wrong = sample.model_copy(
         update={"rollout_logprobs": [sample.rollout_logprobs[0] - 0.5, *sample.rollout_logprobs[1:]]}
     )

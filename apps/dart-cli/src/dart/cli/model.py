@@ -47,11 +47,11 @@ def init(
     """
     from dataclasses import replace
 
-    from dart.rollout.errors import ModelInitError
-    from dart.rollout.model.architectures import get_architecture
-    from dart.rollout.model.random_init import write_checkpoint
-    from dart.rollout.model.tiny import write_tiny_checkpoint
-    from dart.rollout.model.tiny_spec import TinyModelSpec
+    from dart.policy.architectures import get_architecture
+    from dart.policy.errors import ModelInitError
+    from dart.policy.random_init import write_checkpoint
+    from dart.policy.tiny import write_tiny_checkpoint
+    from dart.policy.tiny_spec import TinyModelSpec
 
     texts = _tokenizer_texts(suite, sim_suites)
     t0 = time.perf_counter()
@@ -85,8 +85,8 @@ def _tiny_family(arch: str) -> str:
     Raises:
         ModelInitError: No family of that name is registered.
     """
-    from dart.protocol.models import MODEL_FAMILIES
-    from dart.rollout.errors import ModelInitError
+    from dart.policy.errors import ModelInitError
+    from dart.policy.models import MODEL_FAMILIES
 
     family = arch.removeprefix("tiny-") if arch != "tiny" else "qwen2.5-vl"
     try:
@@ -107,9 +107,10 @@ def merge(
     import asyncio
 
     from dart.cli.evaluation import resolve_policy
+    from dart.policy.errors import ModelInitError
+    from dart.policy.export import export_checkpoint
     from dart.protocol.errors import ConfigError
     from dart.rollout.errors import RolloutError
-    from dart.rollout.model.export import export_checkpoint
     from dart.rollout.service.sync import fetch_weights
 
     t0 = time.perf_counter()
@@ -119,7 +120,7 @@ def merge(
             raise ConfigError("policy", "version", f"{policy} names version 0, the base checkpoint {chosen.base}")
         weights = asyncio.run(fetch_weights(chosen.weights, store_config=chosen.store))
         exported = export_checkpoint(chosen.base, weights, out)
-    except (ConfigError, RolloutError) as exc:
+    except (ConfigError, RolloutError, ModelInitError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     what = f"adapter (rank {exported.adapter.rank}) merged into" if exported.adapter else "full weights over"
@@ -138,7 +139,7 @@ def init_tiny(path: PathArg, seed: SeedOpt = 0, suite: SuiteOpt = None, sim_suit
 def _tokenizer_texts(suite: list[Path] | None, sim_suites: bool) -> list[str]:
     from dart.env.sim import BUILTIN_SUITES, load_builtin_suite
     from dart.env.suite import load_suite
-    from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS
+    from dart.policy.tiny import DEFAULT_INSTRUCTIONS
 
     texts = list(DEFAULT_INSTRUCTIONS)
     suites = [load_suite(p) for p in suite or []]

@@ -8,6 +8,7 @@ from importlib import metadata
 DART_PACKAGES: dict[str, str] = {
     "dart-protocol": "dart.protocol",
     "dart-runtime": "dart.runtime",
+    "dart-policy": "dart.policy",
     "dart-env": "dart.env",
     "dart-rollout": "dart.rollout",
     "dart-data": "dart.data",

@@ -3,8 +3,8 @@ families, prompt formats and task-suite sources are all found the same way.
 
 Each pluggable kind has one :class:`Registry`, kept by the package that defines the kind's interface
 (``dart.env.interface.ENV_BACKENDS``, ``dart.rollout.engine.interface.ENGINES``,
-``dart.train.interface.TRAINER_BACKENDS``, ``dart.protocol.models.MODEL_FAMILIES``,
-``dart.rollout.model.formats.PROMPT_FORMATS``, ``dart.protocol.suite.SUITE_SOURCES``). Implementations come
+``dart.train.interface.TRAINER_BACKENDS``, ``dart.policy.models.MODEL_FAMILIES``,
+``dart.policy.formats.PROMPT_FORMATS``, ``dart.protocol.suite.SUITE_SOURCES``). Implementations come
 in through Python entry points of the group ``dart.<kind>``: DART's own packages declare theirs in their
 ``pyproject.toml`` exactly as a third-party package would, so adding a backend never means editing DART::
 
@@ -160,8 +160,8 @@ def all_registries() -> list[Registry[object]]:
     for module, attr in (
         ("dart.env.interface", "ENV_BACKENDS"),
         ("dart.rollout.engine.interface", "ENGINES"),
-        ("dart.protocol.models", "MODEL_FAMILIES"),
-        ("dart.rollout.model.formats", "PROMPT_FORMATS"),
+        ("dart.policy.models", "MODEL_FAMILIES"),
+        ("dart.policy.formats", "PROMPT_FORMATS"),
         ("dart.train.interface", "TRAINER_BACKENDS"),
         ("dart.protocol.suite", "SUITE_SOURCES"),
     ):

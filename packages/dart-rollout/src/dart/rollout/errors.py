@@ -179,10 +179,3 @@ class EngineUnavailableError(EngineError):
 
 class EngineRequestError(EngineError):
     """The vLLM server refused or failed a request (HTTP error status, aborted or malformed answer)."""
-
-
-class ModelInitError(RolloutError, ValueError):
-    """A checkpoint cannot be written as asked (unknown architecture, a layer count out of range, a dtype).
-
-    The message names the setting and the values it may take.
-    """

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from PIL import Image
 
+from dart.policy.models import family_of
 from dart.protocol.messages import TrainingBatch, TrainingSample
-from dart.protocol.models import family_of
 from dart.protocol.weights import AdapterSpec
 from dart.train.batching import ImageSource, ModelInputs, StoreImageSource
 from dart.train.config import TrainerConfig

@@ -63,7 +63,7 @@ class FsdpBackend(TorchBackend):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoProcessor
 
-        from dart.protocol.models import family_of
+        from dart.policy.models import family_of
 
         settings = config.backend
         if not isinstance(settings, FsdpBackendSettings):

@@ -4,7 +4,7 @@ peft wraps the model: each adapted linear gets ``lora_A`` / ``lora_B`` parameter
 so step 0 is the base policy) and every other parameter is frozen, so the optimizer holds the adapters'
 parameters (and their float32 masters under a low-precision dtype) only. The adapters' tensors are named
 as peft saves them (``base_model.model.<module>.lora_A.weight``), the layout every peft-aware loader
-reads (:func:`dart.protocol.weights.set_adapter_state` sets them); :class:`~dart.protocol.weights.AdapterSpec`
+reads (:func:`dart.policy.adapters.set_adapter_state` sets them); :class:`~dart.protocol.weights.AdapterSpec`
 is what a loader needs besides them.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from dart.protocol.weights import AdapterSpec, with_adapters
+from dart.policy.adapters import with_adapters
+from dart.protocol.weights import AdapterSpec
 from dart.train.config import LoraSettings
 
 

@@ -16,10 +16,10 @@ from pydantic import Field, field_validator, model_validator
 from dart.cli.cluster.config import ClusterSection
 from dart.data.config import DataConfig
 from dart.env.service.config import EnvServiceConfig
+from dart.policy.models import MODEL_FAMILIES
 from dart.protocol.config import ConfigModel, command_line_overrides, load_config
 from dart.protocol.errors import ConfigError, SuiteError
 from dart.protocol.messages import Sampling, TaskSpec
-from dart.protocol.models import MODEL_FAMILIES
 from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLoraConfig
 from dart.rollout.service.config import EngineConfig, RolloutConfig

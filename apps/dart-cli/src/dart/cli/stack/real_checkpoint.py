@@ -89,7 +89,7 @@ def _screen_size(config: RunConfig) -> tuple[int, int] | None:
 
 def image_tokens(config: RunConfig) -> int | None:
     """Visual tokens of one screenshot as the runners size it (None when the screen size is not in the config)."""
-    from dart.rollout.model.screen import ResizeRule
+    from dart.policy.screen import ResizeRule
 
     screen = _screen_size(config)
     prompt = config.rollout.runner.prompt

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from dart.cli.stack.warmstart_guard import WarmStartGuard
 from dart.cli.stack.warmstart_threads import ThreadChooser
 from dart.env.service.config import EnvServiceConfig
+from dart.policy.config import PromptConfig
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import TaskSpec
-from dart.rollout.service.config import PromptConfig
 
 if TYPE_CHECKING:
     from dart.cli.stack.config import RunConfig
@@ -52,9 +52,9 @@ async def record_demos(
     """
     from dart.env.interface import ENV_BACKENDS
     from dart.env.sim import LatencyConfig
-    from dart.rollout.action_grammar import format_output
-    from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt, to_pil
-    from dart.rollout.model.screen import coordinate_scale
+    from dart.policy.action_grammar import format_output
+    from dart.policy.prompt import HistoryStep, build_prompt, encode_prompt, to_pil
+    from dart.policy.screen import coordinate_scale
     from dart.train.sft import SftSample
 
     quiet = env_config.model_copy(
@@ -113,8 +113,8 @@ async def record_demos(
 def write_tiny_policy(config: RunConfig, tasks: Sequence[TaskSpec], base: Path) -> None:
     """Write the tiny random checkpoint ``dart run`` starts from when ``model.path`` is unset into ``base``; its
     tokenizer is trained on the default instructions and ``tasks``' own."""
-    from dart.rollout.model.tiny import DEFAULT_INSTRUCTIONS, write_tiny_checkpoint
-    from dart.rollout.model.tiny_spec import TinyModelSpec
+    from dart.policy.tiny import DEFAULT_INSTRUCTIONS, write_tiny_checkpoint
+    from dart.policy.tiny_spec import TinyModelSpec
 
     texts = list(DEFAULT_INSTRUCTIONS) + [t.instruction for t in tasks if t.instruction]
     spec = TinyModelSpec(family=config.model.family)

@@ -37,7 +37,7 @@ class TokenText:
     def _load(self) -> Any:
         with self._lock:
             if self._tokenizer is None and not self.problem and self.path is not None:
-                from dart.rollout.model.loading import load_tokenizer
+                from dart.policy.loading import load_tokenizer
 
                 try:
                     self._tokenizer = load_tokenizer(self.path)

@@ -24,16 +24,12 @@ from typing import Any
 
 import torch
 
+from dart.policy.adapters import AdapterMismatchError, peft_config, set_adapter_state, with_adapters
+from dart.policy.loading import load_policy
+from dart.policy.models import BANNED_TOKENS, STOP_TOKENS
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import SamplingParams
-from dart.protocol.weights import (
-    AdapterMismatchError,
-    AdapterSpec,
-    adapter_spec_of,
-    set_adapter_state,
-    shard_files,
-    with_adapters,
-)
+from dart.protocol.weights import AdapterSpec, adapter_spec_of, shard_files
 from dart.rollout.engine.hf_config import HFEngineConfig
 from dart.rollout.engine.interface import (
     EngineState,
@@ -44,22 +40,8 @@ from dart.rollout.engine.interface import (
     start_all,
 )
 from dart.rollout.errors import EngineClosedError, WeightUpdateError
-from dart.rollout.model.loading import load_policy
 
 log = logging.getLogger("dart.rollout.hf")
-
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
-BANNED_TOKENS = (
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    "<|im_start|>",
-)
-"""Never sampled: a vision placeholder in a response would break the trainer's forward pass (image tokens
-must match images), and a new turn is not a valid response. They are recorded as the result's
-``SamplingParams.excluded_token_ids``, so the trainer masks them when it recomputes log-probs."""
 
 _INERT_GENERATION_FIELDS = frozenset(
     {
@@ -414,7 +396,7 @@ class HFEngine(InferenceEngine):
         if not isinstance(self._model, PeftModel):
             # Adapters in the served dtype, as the trainer's own are after it casts its model (peft would
             # otherwise keep bfloat16 models' adapters in float32).
-            self._model = with_adapters(self._model, spec.peft_config(), adapter_dtype_float32=False).eval()
+            self._model = with_adapters(self._model, peft_config(spec), adapter_dtype_float32=False).eval()
         try:
             set_adapter_state(self._model, state)
         except AdapterMismatchError as exc:

@@ -31,9 +31,9 @@ from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dart.policy.prompt import ChatPrompt
 from dart.protocol.messages import Sampling, SamplingParams
 from dart.protocol.registry import Registry
-from dart.rollout.model.prompt import ChatPrompt
 
 
 class EngineState(StrEnum):

@@ -41,9 +41,9 @@ from typing import Any
 
 import httpx
 
+from dart.policy.models import BANNED_TOKENS, STOP_TOKENS
 from dart.protocol.messages import SamplingParams
 from dart.protocol.weights import AdapterSpec, adapter_spec_of
-from dart.rollout.engine.hf import BANNED_TOKENS, STOP_TOKENS
 from dart.rollout.engine.interface import (
     EngineState,
     GenerationRequest,

@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dart.policy.prompt import IMAGE_PLACEHOLDER, ChatPrompt
 from dart.protocol.weights import INDEX_NAME, WEIGHTS_NAME, read_safetensors_header, shard_files
-from dart.rollout.model.prompt import IMAGE_PLACEHOLDER, ChatPrompt
 
 _NAME_FORMS = (("model.language_model.", "model."), ("model.visual.", "visual."))
 """transformers' module names (what the trainer publishes) -> checkpoint names (what ``save_pretrained``

@@ -6,7 +6,7 @@ screenshot is shown again in the next steps' prompts (``max_images``), so fetche
 one LRU cache per rollout service, bounded by bytes, read through one store client per store
 location (a bucket, a directory) that is kept open and reused.
 
-:meth:`PromptImages.prepare` turns a screenshot into a :class:`~dart.rollout.model.prompt.PromptImage`:
+:meth:`PromptImages.prepare` turns a screenshot into a :class:`~dart.policy.prompt.PromptImage`:
 the RGB pixels handed to the processor and the record of exactly those pixels that the step stores
 (``StepRecord.prompt_images``). A resized image is a new PNG; above ``rollout.prompt_images.inline_max_bytes``
 it is stored content-addressed beside the env's screenshots and the step records a reference
@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+from dart.policy.prompt import PromptImage, prompt_image
+from dart.policy.screen import ImageSizing
 from dart.protocol.errors import ConfigError, StoreError
 from dart.protocol.messages import Image, ImageRef, InlineImage
 from dart.protocol.png import check_png
 from dart.rollout.errors import ImageFetchError, ImageStoreError
-from dart.rollout.model.prompt import PromptImage, prompt_image
-from dart.rollout.model.screen import ImageSizing
 from dart.runtime.store import StoreConfig
 from dart.runtime.store.cache import ArtifactCache
 from dart.runtime.store.images import ImageOffload

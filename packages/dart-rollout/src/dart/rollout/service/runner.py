@@ -28,7 +28,7 @@ call) and ``env_call`` (reset/step/evaluate round trips).
 Every step records the policy version of the engine result that produced it, so a trajectory that
 spans a weight update carries both versions (``min_policy_version`` .. ``max_policy_version``), and
 the exact inputs of its prompt: token ids and the images fed (``prompt_images``, see
-:class:`~dart.rollout.model.prompt.PromptImage`). Screenshots the env sends by reference are read
+:class:`~dart.policy.prompt.PromptImage`). Screenshots the env sends by reference are read
 through the service's :class:`~dart.rollout.service.images.ImageCache`; one that cannot be read
 ends the episode as ENV_FAILED.
 """
@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from dart.policy.action_grammar import parse_action
+from dart.policy.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
+from dart.policy.screen import coordinate_scale
 from dart.protocol.messages import (
     BranchOrigin,
     Fail,
@@ -54,11 +57,8 @@ from dart.protocol.messages import (
     WorkItem,
 )
 from dart.protocol.messages.trajectory import TrajectoryStatus
-from dart.rollout.action_grammar import parse_action
 from dart.rollout.engine.interface import GenerationRequest, GenerationResult
 from dart.rollout.errors import EngineError, EnvFailed, ForkRefused, ImageFetchError, ImageStoreError, NoEngineError
-from dart.rollout.model.prompt import ChatPrompt, HistoryStep, PromptImage, build_prompt
-from dart.rollout.model.screen import coordinate_scale
 from dart.rollout.service.config import RunnerConfig
 from dart.rollout.service.env_client import EnvClient
 from dart.rollout.service.images import ImageCache, PromptImages

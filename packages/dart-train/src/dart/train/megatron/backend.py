@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dart.protocol.models import MODEL_FAMILIES, family_of
+from dart.policy.models import MODEL_FAMILIES, family_of
 from dart.train import collectives
 from dart.train.batching import ModelInputs
 from dart.train.config import MegatronBackendSettings, TrainerConfig

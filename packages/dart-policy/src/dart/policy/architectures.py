@@ -1,6 +1,6 @@
 """Published architectures of every registered model family, by name: the sizes ``dart model init`` writes.
 
-Each family's writer module keeps its own (:mod:`dart.rollout.model.families`); this is the one index over
+Each family's writer module keeps its own (:mod:`dart.policy.families`); this is the one index over
 them, so ``--arch`` accepts a plug-in family's sizes as it does DART's.
 
 Usage::
@@ -11,9 +11,9 @@ Usage::
 
 from __future__ import annotations
 
-from dart.protocol.models import MODEL_FAMILIES
-from dart.rollout.errors import ModelInitError
-from dart.rollout.model.families import FIRST_SPECIAL_ID, QWEN_VOCAB_SIZE, RealArchitecture, writer_of
+from dart.policy.errors import ModelInitError
+from dart.policy.families import FIRST_SPECIAL_ID, QWEN_VOCAB_SIZE, RealArchitecture, writer_of
+from dart.policy.models import MODEL_FAMILIES
 
 __all__ = ["FIRST_SPECIAL_ID", "QWEN_VOCAB_SIZE", "architectures", "get_architecture"]
 

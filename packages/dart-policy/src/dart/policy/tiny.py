@@ -20,6 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dart.policy.action_grammar import format_output
+from dart.policy.families import writer_of
+from dart.policy.formats import DART_ACTION_SPACE, DART_SYSTEM_PROMPT
+from dart.policy.models import MODEL_FAMILIES
+from dart.policy.tiny_spec import IMAGE_SIZE, TinyModelSpec
 from dart.protocol.messages import (
     Action,
     Click,
@@ -34,11 +39,6 @@ from dart.protocol.messages import (
     Type,
     Wait,
 )
-from dart.protocol.models import MODEL_FAMILIES
-from dart.rollout.action_grammar import format_output
-from dart.rollout.model.families import writer_of
-from dart.rollout.model.formats import DART_ACTION_SPACE, DART_SYSTEM_PROMPT
-from dart.rollout.model.tiny_spec import IMAGE_SIZE, TinyModelSpec
 
 MANIFEST_NAME = "dart_tiny_manifest.json"
 
@@ -301,7 +301,7 @@ def main() -> None:
 
     import torch
 
-    from dart.rollout.model.loading import load_policy
+    from dart.policy.loading import load_policy
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("path")

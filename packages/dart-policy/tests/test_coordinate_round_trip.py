@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from dart.policy.action_grammar import parse_action
+from dart.policy.formats import PROMPT_FORMATS
+from dart.policy.models import MODEL_FAMILIES
+from dart.policy.screen import ResizeRule, coordinate_scale
 from dart.protocol.messages import Click
-from dart.protocol.models import MODEL_FAMILIES
-from dart.rollout.action_grammar import parse_action
-from dart.rollout.model.formats import PROMPT_FORMATS
-from dart.rollout.model.screen import ResizeRule, coordinate_scale
 
 pytestmark = pytest.mark.unit
 

@@ -16,10 +16,10 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from dart.policy.prompt import build_prompt, encode_prompt
 from dart.protocol.messages import Sampling, TrainingBatch, TrainingSample
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
-from dart.rollout.model.prompt import build_prompt, encode_prompt
 from dart.rollout.service.fetch import fetch_weights
 from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dart.protocol.models import QWEN3_VL
-from dart.rollout.model.families import (
+from dart.policy.families import (
     QWEN_VOCAB_SIZE,
     check_count,
     rotary_sections,
@@ -24,7 +23,8 @@ from dart.rollout.model.families import (
     tiny_tower,
     vision_token_ids,
 )
-from dart.rollout.model.tiny_spec import TinyModelSpec
+from dart.policy.models import QWEN3_VL
+from dart.policy.tiny_spec import TinyModelSpec
 
 MIN_PIXELS = 65536
 """Smallest image area after the resize, as the published processor says (``size.shortest_edge``)."""
@@ -217,7 +217,7 @@ def _processor(tokenizer: Any, min_pixels: int, max_pixels: int, *, normalize: b
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    from dart.rollout.model.tiny import CHAT_TEMPLATE
+    from dart.policy.tiny import CHAT_TEMPLATE
 
     patch = QWEN3_VL.patch_size
     image: dict[str, Any] = {"min_pixels": min_pixels, "max_pixels": max_pixels, "patch_size": patch}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dart.protocol.models import MODEL_FAMILIES
-from dart.rollout.errors import ModelInitError
-from dart.rollout.model.architectures import architectures, get_architecture
-from dart.rollout.model.families import FIRST_SPECIAL_ID
-from dart.rollout.model.families.qwen2_5_vl import ARCHITECTURES
-from dart.rollout.model.families.qwen3_vl import Architecture as Qwen3Architecture
-from dart.rollout.model.tiny import SPECIAL_TOKENS
+from dart.policy.architectures import architectures, get_architecture
+from dart.policy.errors import ModelInitError
+from dart.policy.families import FIRST_SPECIAL_ID
+from dart.policy.families.qwen2_5_vl import ARCHITECTURES
+from dart.policy.families.qwen3_vl import Architecture as Qwen3Architecture
+from dart.policy.models import MODEL_FAMILIES
+from dart.policy.tiny import SPECIAL_TOKENS
 
 pytestmark = pytest.mark.unit
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from dart.policy.models import Coordinates
 from dart.protocol.errors import ConfigError
-from dart.protocol.models import Coordinates
 
 GRID = 1000
 """Side of the ``grid`` coordinate space."""

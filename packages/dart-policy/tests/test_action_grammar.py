@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dart.policy.action_grammar import format_action, format_output, parse_action
 from dart.protocol import messages as m
-from dart.rollout.action_grammar import format_action, format_output, parse_action
 
 pytestmark = pytest.mark.unit
 

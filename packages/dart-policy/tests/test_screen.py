@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from dart.policy.action_grammar import format_action, parse_action
+from dart.policy.architectures import get_architecture
+from dart.policy.formats import DART, DART_ACTION_SPACE
+from dart.policy.prompt import build_prompt
+from dart.policy.screen import ResizeRule, coordinate_scale, fit
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import Click, Drag
-from dart.rollout.action_grammar import format_action, parse_action
-from dart.rollout.model.architectures import get_architecture
-from dart.rollout.model.formats import DART, DART_ACTION_SPACE
-from dart.rollout.model.prompt import build_prompt
-from dart.rollout.model.screen import ResizeRule, coordinate_scale, fit
-from dart.rollout.service.config import PromptConfig, RunnerConfig, resolve_runner
 
 pytestmark = pytest.mark.unit
 
@@ -82,26 +81,6 @@ def test_the_rule_is_read_from_either_processor_file(tmp_path: Path) -> None:
     assert ResizeRule.of_checkpoint(saved) == ResizeRule(50176, 50176, 28)
     with pytest.raises(ConfigError, match="no image processor config"):
         ResizeRule.of_checkpoint(tmp_path)
-
-
-def test_resolve_runner_fills_the_checkpoint_bounds_and_pixels_need_a_known_image(tmp_path: Path) -> None:
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 3136, "max_pixels": 12845056}))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
-    runner = resolve_runner(RunnerConfig(prompt=PromptConfig(image_size="model", max_pixels=401_408)), tmp_path)
-    prompt = runner.prompt
-    assert (prompt.min_pixels, prompt.max_pixels, prompt.patch_factor) == (3136, 401_408, 28)
-    assert prompt.family == "qwen2.5-vl"  # the checkpoint's, which frames the chat
-    assert prompt.image_sizing() == ResizeRule(3136, 401_408, 28)
-    with pytest.raises(ConfigError, match="min_pixels and max_pixels"):
-        PromptConfig(image_size="model").image_sizing()
-    assert PromptConfig(image_size=224).resolved(None).image_sizing() == 224
-    with pytest.raises(ValueError, match="pixels"):
-        PromptConfig(image_size=None, coordinates="pixels")
-
-
-def test_prompt_settings_given_on_the_runner_say_where_they_moved() -> None:
-    with pytest.raises(ValueError, match=r"max_images moved to rollout.runner.prompt"):
-        RunnerConfig.model_validate({"pool": "sim", "max_images": 2})
 
 
 def test_pixel_coordinates_map_back_through_the_resize() -> None:

@@ -18,10 +18,10 @@ import pytest
 import torch
 from PIL import Image
 
+from dart.policy.prompt import HistoryStep, build_prompt
 from dart.protocol.messages import Sampling, TrainingSample
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
-from dart.rollout.model.prompt import HistoryStep, build_prompt
 from dart.runtime.store import LocalStore
 from dart.train.backend import TorchBackend
 from dart.train.batching import StoreImageSource

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from dart.policy.action_grammar import format_output, parse_action
+from dart.policy.config import PromptConfig
+from dart.policy.formats import DART, PROMPT_FORMATS, UI_TARS_15, UI_TARS_15_COMPUTER_USE
+from dart.policy.models import QWEN_CHAT
+from dart.policy.prompt import HistoryStep, build_prompt, encode_prompt
+from dart.policy.screen import ResizeRule, coordinate_scale
 from dart.protocol.errors import ConfigError
 from dart.protocol.messages import Click, Drag
-from dart.protocol.models import QWEN_CHAT
-from dart.rollout.action_grammar import format_output, parse_action
-from dart.rollout.model.formats import DART, PROMPT_FORMATS, UI_TARS_15, UI_TARS_15_COMPUTER_USE
-from dart.rollout.model.prompt import HistoryStep, build_prompt, encode_prompt
-from dart.rollout.model.screen import ResizeRule, coordinate_scale
-from dart.rollout.service.config import PromptConfig
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """Chat prompts for GUI agents: task prompt, recent screenshots and every previous answer.
 
-The prompt is the model family's chat (:class:`~dart.protocol.models.ChatFormat`; Qwen's ChatML here)
-around a prompt format's messages (:mod:`dart.rollout.model.formats`)::
+The prompt is the model family's chat (:class:`~dart.policy.models.ChatFormat`; Qwen's ChatML here)
+around a prompt format's messages (:mod:`dart.policy.formats`)::
 
     <|im_start|>system\\n{format.system_prompt()}<|im_end|>
     <|im_start|>user\\n{format.task_prompt(instruction, coordinates)}<|im_end|>
@@ -26,10 +26,10 @@ from typing import Any
 
 from PIL import Image
 
+from dart.policy.formats import DART, PromptFormat
+from dart.policy.models import DEFAULT_FAMILY, QWEN_CHAT, ChatFormat, Coordinates
+from dart.policy.screen import ImageSizing, fit
 from dart.protocol.messages import ImageRef, InlineImage
-from dart.protocol.models import DEFAULT_FAMILY, QWEN_CHAT, ChatFormat, Coordinates
-from dart.rollout.model.formats import DART, PromptFormat
-from dart.rollout.model.screen import ImageSizing, fit
 
 IMAGE_PLACEHOLDER = QWEN_CHAT.image
 """The image placeholder of the Qwen families' chat."""
@@ -56,7 +56,7 @@ def prompt_image(png: bytes, size: ImageSizing, screenshot: InlineImage | ImageR
 
     Args:
         png: The screenshot's PNG bytes.
-        size: A side to stretch to, the model's :class:`~dart.rollout.model.screen.ResizeRule`, or None
+        size: A side to stretch to, the model's :class:`~dart.policy.screen.ResizeRule`, or None
             (kept as captured); bicubic either way.
         screenshot: The screenshot ``png`` belongs to: the record when no resize happens.
     """

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dart.protocol.models import QWEN2_5_VL
-from dart.rollout.model.families import (
+from dart.policy.families import (
     QWEN_VOCAB_SIZE,
     check_count,
     rotary_sections,
@@ -22,7 +21,8 @@ from dart.rollout.model.families import (
     tiny_tower,
     vision_token_ids,
 )
-from dart.rollout.model.tiny_spec import TinyModelSpec
+from dart.policy.models import QWEN2_5_VL
+from dart.policy.tiny_spec import TinyModelSpec
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -267,7 +267,7 @@ def _processor(
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
-    from dart.rollout.model.tiny import CHAT_TEMPLATE
+    from dart.policy.tiny import CHAT_TEMPLATE
 
     settings: dict[str, Any] = {"min_pixels": min_pixels, "max_pixels": max_pixels, "patch_size": patch_size}
     if mean is not None and std is not None:

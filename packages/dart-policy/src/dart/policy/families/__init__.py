@@ -1,6 +1,6 @@
 """Each model family's checkpoint writers, one module per family, found through its :class:`ModelFamily`.
 
-A family's :class:`~dart.protocol.models.ModelFamily` names its writer module (``family.writer``); the
+A family's :class:`~dart.policy.models.ModelFamily` names its writer module (``family.writer``); the
 module gives what ``dart model init`` and the tiny writer need to build a checkpoint of that family with
 no download (:class:`FamilyWriter`):
 
@@ -18,9 +18,9 @@ import importlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from dart.protocol.models import ModelFamily
-from dart.rollout.errors import ModelInitError
-from dart.rollout.model.tiny_spec import TinyModelSpec
+from dart.policy.errors import ModelInitError
+from dart.policy.models import ModelFamily
+from dart.policy.tiny_spec import TinyModelSpec
 
 QWEN_VOCAB_SIZE = 151936
 """Embedding rows of every Qwen2.5-VL and Qwen3-VL model (the tokenizer uses 151,665 of them)."""

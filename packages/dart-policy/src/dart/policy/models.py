@@ -18,7 +18,7 @@ rotary positions from ``input_ids``, ``image_grid_thw`` and ``mm_token_type_ids`
 records, and the log-prob equality tests check it per family and engine.
 
 Adding a family is one module (its :class:`ModelFamily` and its writer functions) plus an entry point
-of the group ``dart.model_families`` (see :mod:`dart.protocol.registry`); dart-protocol registers
+of the group ``dart.model_families`` (see :mod:`dart.protocol.registry`); dart-policy registers
 ``qwen2.5-vl`` and ``qwen3-vl``.
 """
 
@@ -62,6 +62,20 @@ QWEN_CHAT = ChatFormat(
 )
 """ChatML with Qwen's vision markers: Qwen2-VL, Qwen2.5-VL and Qwen3-VL write it alike."""
 
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+"""Tokens that end a response (Qwen's chat): the engines stop on them."""
+BANNED_TOKENS = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|im_start|>",
+)
+"""Never sampled: a vision placeholder in a response would break the trainer's forward pass (image tokens
+must match images), and a new turn is not a valid response. They are recorded as the result's
+``SamplingParams.excluded_token_ids``, so the trainer masks them when it recomputes log-probs."""
+
 Coordinates = Literal["grid", "pixels"]
 """Where a model's positions live: ``grid``, a 0..1000 grid of the screen; ``pixels``, pixels of the
 screenshot as the model was shown it (after the image sizing)."""
@@ -80,7 +94,7 @@ class ModelFamily:
         merge_size: Patches merged per side into one language-model token.
         chat: How its chat is written.
         writer: Module with the family's checkpoint writers: ``tiny_config``, ``processor`` and
-            ``ARCHITECTURES`` (see :mod:`dart.rollout.model.families`); imported only by ``dart model init``
+            ``ARCHITECTURES`` (see :mod:`dart.policy.families`); imported only by ``dart model init``
             and the tiny writer.
         megatron: Whether the megatron backend converts its checkpoints.
     """
@@ -120,7 +134,7 @@ QWEN2_5_VL = ModelFamily(
     processor_class="Qwen2_5_VLProcessor",
     patch_size=14,
     merge_size=2,
-    writer="dart.rollout.model.families.qwen2_5_vl",
+    writer="dart.policy.families.qwen2_5_vl",
     megatron=True,
 )
 """Qwen2.5-VL (3B/7B/32B/72B-Instruct, UI-TARS-1.5-7B, the tiny test model): windowed vision attention,
@@ -133,7 +147,7 @@ QWEN3_VL = ModelFamily(
     processor_class="Qwen3VLProcessor",
     patch_size=16,
     merge_size=2,
-    writer="dart.rollout.model.families.qwen3_vl",
+    writer="dart.policy.families.qwen3_vl",
 )
 """Qwen3-VL, dense (2B/4B/8B/32B): deepstack vision features, interleaved 3-D rope, 16 px patches."""
 

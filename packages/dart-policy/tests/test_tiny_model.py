@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from dart.policy.action_grammar import format_output, parse_action
+from dart.policy.loading import load_policy
+from dart.policy.prompt import IMAGE_PLACEHOLDER, HistoryStep, build_prompt, encode_prompt
+from dart.policy.tiny import MANIFEST_NAME, write_tiny_checkpoint
 from dart.protocol.messages import Click, Drag, Finished, Hotkey, Scroll, ScrollDirection, Type, Wait
-from dart.rollout.action_grammar import format_output, parse_action
-from dart.rollout.model.loading import load_policy
-from dart.rollout.model.prompt import IMAGE_PLACEHOLDER, HistoryStep, build_prompt, encode_prompt
-from dart.rollout.model.tiny import MANIFEST_NAME, write_tiny_checkpoint
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ def load_policy(path: str | Path, *, dtype: Any = None, device: str = "cpu") -> 
     """Load ``(model, processor)`` from a local checkpoint directory.
 
     Args:
-        path: Directory written by ``save_pretrained`` (e.g. by :func:`dart.rollout.model.tiny.write_tiny_checkpoint`).
+        path: Directory written by ``save_pretrained`` (e.g. by :func:`dart.policy.tiny.write_tiny_checkpoint`).
         dtype: Torch dtype of the weights; float32 when None (exact log-probs on CPU).
         device: Torch device to place the model on.
 
@@ -48,7 +48,7 @@ def _load(local: Path, dtype: Any, device: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoProcessor
 
-    from dart.protocol.models import family_of
+    from dart.policy.models import family_of
 
     if not (local / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {local}: expected {local / 'config.json'}; write one first")

@@ -1,11 +1,11 @@
-"""The sizes of a tiny checkpoint (:class:`TinyModelSpec`): data that the tiny writer (:mod:`dart.rollout.model.tiny`)
-and each family's writer module (:mod:`dart.rollout.model.families`) read, apart from both."""
+"""The sizes of a tiny checkpoint (:class:`TinyModelSpec`): data that the tiny writer (:mod:`dart.policy.tiny`)
+and each family's writer module (:mod:`dart.policy.families`) read, apart from both."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dart.protocol.models import MODEL_FAMILIES
+from dart.policy.models import MODEL_FAMILIES
 
 IMAGE_SIZE = 224
 """Side of the square screenshot the tiny model sees, pixels (a multiple of 28 and of 32: Qwen2.5-VL's 14 px

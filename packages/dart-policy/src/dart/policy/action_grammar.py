@@ -7,7 +7,7 @@ The policy answers in the UI-TARS format::
 
 Coordinates in the text live in a ``coord_scale`` x ``coord_scale`` grid (UI-TARS uses 1000), or in
 a ``(width, height)`` space (the pixels of the screenshot the model was shown, see
-:mod:`dart.rollout.model.screen`), and become normalized [0, 1] coordinates. Boxes ``(x1,y1,x2,y2)``
+:mod:`dart.policy.screen`), and become normalized [0, 1] coordinates. Boxes ``(x1,y1,x2,y2)``
 resolve to their centre; the ``<|box_start|>``/``<|box_end|>`` wrappers and ``<point>x y</point>`` are accepted too.
 
 :func:`parse_action` never raises: unparseable output yields a :class:`ParsedOutput` whose

@@ -1,8 +1,8 @@
 """A random-weight checkpoint of a published architecture of any registered family, with a local tokenizer.
 
 No hub is reachable from DART's machines, so real-size checkpoints are written locally: the sizes of
-:mod:`dart.rollout.model.architectures` (Qwen2.5-VL and Qwen3-VL, optionally cut to fewer layers / vision
-blocks), random weights in the target dtype, the tokenizer of :mod:`dart.rollout.model.tiny` trained on
+:mod:`dart.policy.architectures` (Qwen2.5-VL and Qwen3-VL, optionally cut to fewer layers / vision
+blocks), random weights in the target dtype, the tokenizer of :mod:`dart.policy.tiny` trained on
 the action grammar but with Qwen's special-token ids (``<|endoftext|>`` 151643 ... ``<|image_pad|>``
 151655, ``<|video_pad|>`` 151656) and the published image processor settings. It loads with its family's
 class and ``AutoProcessor.from_pretrained`` like a downloaded checkpoint.
@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dart.rollout.model.families import FIRST_SPECIAL_ID, RealArchitecture
-from dart.rollout.model.tiny import (
+from dart.policy.families import FIRST_SPECIAL_ID, RealArchitecture
+from dart.policy.tiny import (
     DEFAULT_INSTRUCTIONS,
     SPECIAL_TOKENS,
     build_tokenizer,
     tokenizer_corpus,
 )
-from dart.rollout.model.tiny_spec import TinyModelSpec
+from dart.policy.tiny_spec import TinyModelSpec
 
 MANIFEST_NAME = "dart_init_manifest.json"
 
@@ -91,7 +91,7 @@ def write_checkpoint(
         dtype: Weight dtype; the model is built in it (never in float32 first).
         seed: Seed of the weights and the tokenizer corpus.
         vocab_texts: Instruction texts the tokenizer is trained on besides the action grammar;
-            defaults to :data:`~dart.rollout.model.tiny.DEFAULT_INSTRUCTIONS`.
+            defaults to :data:`~dart.policy.tiny.DEFAULT_INSTRUCTIONS`.
 
     Returns:
         The manifest, also written to ``path/dart_init_manifest.json``.
@@ -99,7 +99,7 @@ def write_checkpoint(
     import torch
     import transformers
 
-    from dart.protocol.models import MODEL_FAMILIES
+    from dart.policy.models import MODEL_FAMILIES
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)

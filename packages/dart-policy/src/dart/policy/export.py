@@ -15,15 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dart.protocol.weights import (
-    AdapterMismatchError,
-    AdapterSpec,
-    adapter_spec_of,
-    set_adapter_state,
-    shard_files,
-    with_adapters,
-)
-from dart.rollout.errors import ModelInitError
+from dart.policy.adapters import AdapterMismatchError, peft_config, set_adapter_state, with_adapters
+from dart.policy.errors import ModelInitError
+from dart.protocol.weights import AdapterSpec, adapter_spec_of, shard_files
 
 
 @dataclass(frozen=True)
@@ -55,7 +49,7 @@ def export_checkpoint(base: Path, weights: Path, out: Path) -> Exported:
     import torch
     from safetensors.torch import load_file
 
-    from dart.rollout.model.loading import load_policy
+    from dart.policy.loading import load_policy
 
     model, processor = load_policy(base)
     state: dict[str, Any] = {}
@@ -80,7 +74,7 @@ def export_checkpoint(base: Path, weights: Path, out: Path) -> Exported:
 
 def _merged(model: Any, spec: AdapterSpec, state: dict[str, Any]) -> Any:
     """``model`` with the adapter ``state`` merged into its weights (peft's wrapper removed)."""
-    wrapped = with_adapters(model, spec.peft_config())
+    wrapped = with_adapters(model, peft_config(spec))
     try:
         set_adapter_state(wrapped, state)
     except AdapterMismatchError as exc:

@@ -3,9 +3,9 @@ answers are shown back, per checkpoint convention.
 
 A format is chosen by name (``rollout.runner.prompt.format``) from :data:`PROMPT_FORMATS` (entry-point
 group ``dart.prompt_formats``); the runners and the warm start build every prompt through it, and the
-model family supplies the chat turns and image placeholder around it (:class:`~dart.protocol.models.ChatFormat`).
+model family supplies the chat turns and image placeholder around it (:class:`~dart.policy.models.ChatFormat`).
 Every format's answers are the same ``Thought: ... / Action: call(...)`` text
-(:mod:`dart.rollout.action_grammar` parses it), so formats differ in what the model is told and in which
+(:mod:`dart.policy.action_grammar` parses it), so formats differ in what the model is told and in which
 coordinate spaces it may be told to use:
 
 - ``dart``: the project's own prompt (a short system message, the action space including ``fail``, a note
@@ -24,9 +24,9 @@ import re
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from dart.protocol.models import Coordinates
+from dart.policy.models import Coordinates
+from dart.policy.screen import GRID, coordinates_note
 from dart.protocol.registry import Registry
-from dart.rollout.model.screen import GRID, coordinates_note
 
 
 class PromptFormat(ABC):
@@ -168,7 +168,7 @@ def _is_format(obj: object) -> None:
 PROMPT_FORMATS: Registry[PromptFormat] = Registry(
     "prompt_formats", what="prompt format", config_field="rollout.runner.prompt.format", check=_is_format
 )
-"""Prompt formats by name; dart-rollout registers ``dart`` and ``ui-tars-1.5``."""
+"""Prompt formats by name; dart-policy registers ``dart`` and ``ui-tars-1.5``."""
 
 DART = DartFormat()
 UI_TARS_15 = UiTars15Format()
