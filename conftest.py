@@ -47,6 +47,26 @@ from dart.embedded.nats import EmbeddedNats
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2.5-VL checkpoint (seed 0), written once per session for every package's tests; tests
+    must not modify it."""
+    from dart.policy.tiny import write_tiny_checkpoint
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = tmp_path_factory.mktemp("tiny")
+    write_tiny_checkpoint(path, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def shot_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A local artifact store (``LocalStore``) for the screenshots of samples made in tests."""
+    from dart.runtime.store import LocalStore
+
+    return LocalStore(tmp_path_factory.mktemp("store"), fsync=False)
+
+
+@pytest.fixture(scope="session")
 def nats_server() -> Iterator[EmbeddedNats]:
     """A running nats-server with JetStream, shared by the session."""
     with EmbeddedNats() as server:

@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from dart.policy.prompt import HistoryStep, build_prompt
-from dart.policy.tiny import write_tiny_checkpoint
 from dart.protocol.messages import Sampling, TrainingSample
 from dart.rollout.engine.hf import HFEngine, HFEngineConfig
 from dart.rollout.engine.interface import GenerationRequest
 from dart.runtime.store import LocalStore
 from dart.train.testing import sample_of, store_png
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen2.5-VL checkpoint directory (seed 0)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = tmp_path_factory.mktemp("tiny")
-    write_tiny_checkpoint(path, seed=0)
-    return path
-
-
-@pytest.fixture(scope="session")
-def shot_store(tmp_path_factory: pytest.TempPathFactory) -> LocalStore:
-    """A local artifact store holding the samples' screenshots."""
-    return LocalStore(tmp_path_factory.mktemp("store"), fsync=False)
 
 
 async def _rollout(checkpoint: Path, store: LocalStore, n: int) -> list[TrainingSample]:

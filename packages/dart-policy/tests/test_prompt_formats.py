@@ -85,10 +85,10 @@ def test_the_format_is_config_and_decides_the_coordinate_space() -> None:
     assert sorted(PROMPT_FORMATS.names()) == ["dart", "ui-tars-1.5"]
 
 
-def test_the_ui_tars_prompt_encodes_with_the_checkpoints_processor(checkpoint: Path) -> None:
+def test_the_ui_tars_prompt_encodes_with_the_checkpoints_processor(tiny_checkpoint: Path) -> None:
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(checkpoint, local_files_only=True)
+    processor = AutoProcessor.from_pretrained(tiny_checkpoint, local_files_only=True)
     older, current = _screens()
     prompt = build_prompt(
         "Open the File menu.",

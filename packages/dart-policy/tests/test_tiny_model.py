@@ -17,18 +17,18 @@ from dart.protocol.messages import Click, Drag, Finished, Hotkey, Scroll, Scroll
 pytestmark = pytest.mark.unit
 
 
-def test_checkpoint_loads_offline_with_manifest(checkpoint: Path) -> None:
-    model, processor = load_policy(checkpoint)
-    manifest = json.loads((checkpoint / MANIFEST_NAME).read_text())
+def test_checkpoint_loads_offline_with_manifest(tiny_checkpoint: Path) -> None:
+    model, processor = load_policy(tiny_checkpoint)
+    manifest = json.loads((tiny_checkpoint / MANIFEST_NAME).read_text())
     assert type(model).__name__ == manifest["architecture"] == "Qwen2_5_VLForConditionalGeneration"
     assert manifest["num_parameters"] == sum(p.numel() for p in model.parameters()) < 2_000_000
     assert model.config.text_config.vocab_size == len(processor.tokenizer) == manifest["vocab_size"]
     assert model.config.image_token_id == processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
 
 
-def test_same_seed_same_weights(checkpoint: Path, tmp_path: Path) -> None:
+def test_same_seed_same_weights(tiny_checkpoint: Path, tmp_path: Path) -> None:
     write_tiny_checkpoint(tmp_path, seed=0)
-    assert (tmp_path / "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+    assert (tmp_path / "model.safetensors").read_bytes() == (tiny_checkpoint / "model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -43,8 +43,8 @@ def test_same_seed_same_weights(checkpoint: Path, tmp_path: Path) -> None:
         Finished(content="done"),
     ],
 )
-def test_tokenizer_round_trips_action_text(checkpoint: Path, action: object) -> None:
-    _, processor = load_policy(checkpoint)
+def test_tokenizer_round_trips_action_text(tiny_checkpoint: Path, action: object) -> None:
+    _, processor = load_policy(tiny_checkpoint)
     text = format_output("Click the OK button at the bottom.", action)  # type: ignore[arg-type]
     ids = processor.tokenizer.encode(text, add_special_tokens=False)
     decoded = processor.tokenizer.decode(ids)
@@ -52,8 +52,8 @@ def test_tokenizer_round_trips_action_text(checkpoint: Path, action: object) -> 
     assert parse_action(decoded).action == action
 
 
-def test_prompt_shows_last_k_screenshots_and_all_actions(checkpoint: Path) -> None:
-    _, processor = load_policy(checkpoint)
+def test_prompt_shows_last_k_screenshots_and_all_actions(tiny_checkpoint: Path) -> None:
+    _, processor = load_policy(tiny_checkpoint)
     screen = Image.new("RGB", (320, 240), (30, 60, 90))
     history = [HistoryStep(f"Action: click(start_box='({i},{i})')", screen) for i in range(3)]
     prompt = build_prompt("Click the OK button.", screen, history, max_images=2)

@@ -16,7 +16,6 @@ import pytest
 from dart.env.interface import ENV_BACKENDS
 from dart.env.service import EnvService, EnvServiceConfig
 from dart.env.sim import LatencyConfig, SimConfig, SimEnv, sim_task
-from dart.policy.tiny import write_tiny_checkpoint
 from dart.protocol.messages import Action, Observation, Sampling, Wait, WorkItem
 from dart.protocol.messages.observation import MetadataValue
 from dart.rollout.engine.vllm_config import VLLMEngineConfig, VLLMLaunchConfig
@@ -51,12 +50,9 @@ def _crash_backend() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen2.5-VL checkpoint, written once per session (tests must not modify it)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = tmp_path_factory.mktemp("tiny")
-    write_tiny_checkpoint(path, seed=0)
-    return path
+def checkpoint(tiny_checkpoint: Path) -> Path:
+    """The session's tiny random Qwen2.5-VL checkpoint (tests must not modify it)."""
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
