@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, Self
 
 from dart.policy.errors import ModelInitError
 from dart.policy.models import ModelFamily
@@ -90,6 +91,65 @@ def writer_of(family: ModelFamily) -> FamilyWriter:
     if missing:
         raise ModelInitError(f"model family {family.name}: writer module {family.writer} lacks {', '.join(missing)}")
     return module
+
+
+@dataclass(frozen=True)
+class TowerSizes:
+    """The widths every Qwen-VL family's vision transformer has (``vision_config``); a family's tower adds its own.
+
+    Attributes:
+        depth: Blocks.
+        hidden_size: Block width.
+        intermediate_size: MLP width.
+        num_heads: Attention heads.
+        out_hidden_size: Width of the merged patch embeddings (the language model's hidden size).
+    """
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+
+    def widths(self) -> dict[str, int]:
+        """These fields as ``vision_config`` names them (the same names)."""
+        return {
+            f: getattr(self, f) for f in ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size")
+        }
+
+
+@dataclass(frozen=True)
+class LanguageSizes:
+    """The sizes every Qwen-VL family's language model has; a family's ``Architecture`` adds its own.
+
+    Attributes:
+        name: The name ``dart model init --arch`` takes.
+        hidden_size: Language model width.
+        intermediate_size: Language model gated MLP width.
+        num_hidden_layers: Decoder layers.
+        num_attention_heads: Query heads.
+        num_key_value_heads: Key/value heads (grouped-query attention).
+        tie_word_embeddings: Whether ``lm_head`` shares the embedding matrix.
+    """
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    tie_word_embeddings: bool
+
+    def with_layers(self, layers: int | None) -> Self:
+        """These sizes with ``layers`` decoder layers (unchanged when None).
+
+        Raises:
+            ModelInitError: A count below 1 or above the published one.
+        """
+        if layers is None:
+            return self
+        check_count("layers", layers, self.num_hidden_layers)
+        return replace(self, num_hidden_layers=layers)
 
 
 def vision_token_ids(special_ids: Mapping[str, int]) -> dict[str, Any]:

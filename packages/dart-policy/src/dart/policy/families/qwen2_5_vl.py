@@ -14,6 +14,8 @@ from typing import Any
 
 from dart.policy.families import (
     QWEN_VOCAB_SIZE,
+    LanguageSizes,
+    TowerSizes,
     check_count,
     rotary_sections,
     text_config,
@@ -29,15 +31,10 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
-class VisionTower:
-    """Qwen2.5-VL's vision transformer (``vision_config``).
+class VisionTower(TowerSizes):
+    """Qwen2.5-VL's vision transformer (``vision_config``; its MLP is gated).
 
     Attributes:
-        depth: Blocks.
-        hidden_size: Block width.
-        intermediate_size: Gated MLP width.
-        num_heads: Attention heads.
-        out_hidden_size: Width of the merged patch embeddings (the language model's hidden size).
         fullatt_block_indexes: Blocks with full attention; the others attend within windows.
         window_size: Window side in pixels.
         patch_size: Patch side in pixels.
@@ -46,11 +43,6 @@ class VisionTower:
         tokens_per_second: Temporal position ids per second of video.
     """
 
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    out_hidden_size: int
     fullatt_block_indexes: tuple[int, ...]
     window_size: int = 112
     patch_size: int = 14
@@ -83,17 +75,10 @@ class ImageProcessing:
 
 
 @dataclass(frozen=True)
-class Architecture:
-    """One Qwen2.5-VL model's sizes.
+class Architecture(LanguageSizes):
+    """One Qwen2.5-VL model's sizes (head dim = hidden_size / heads = 128 in every size).
 
     Attributes:
-        name: The name ``dart model init --arch`` takes.
-        hidden_size: Language model width.
-        intermediate_size: Language model gated MLP width.
-        num_hidden_layers: Decoder layers.
-        num_attention_heads: Query heads (head dim = hidden_size / heads = 128 in every size).
-        num_key_value_heads: Key/value heads (grouped-query attention).
-        tie_word_embeddings: Whether ``lm_head`` shares the embedding matrix.
         vision: The vision tower.
         vocab_size: Embedding rows.
         rope_theta: Rotary base.
@@ -103,13 +88,6 @@ class Architecture:
         processing: Image processor settings.
     """
 
-    name: str
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    tie_word_embeddings: bool
     vision: VisionTower
     vocab_size: int = QWEN_VOCAB_SIZE
     rope_theta: float = 1000000.0
@@ -129,10 +107,7 @@ class Architecture:
         Raises:
             ModelInitError: A count below 1 or above the published one.
         """
-        arch = self
-        if layers is not None:
-            check_count("layers", layers, self.num_hidden_layers)
-            arch = replace(arch, num_hidden_layers=layers)
+        arch = self.with_layers(layers)
         if vision_blocks is not None:
             check_count("vision_blocks", vision_blocks, self.vision.depth)
             kept = [i for i in self.vision.fullatt_block_indexes if i < vision_blocks]
@@ -165,11 +140,7 @@ class Architecture:
         """``vision_config`` of :class:`transformers.Qwen2_5_VLConfig`."""
         v = self.vision
         return {
-            "depth": v.depth,
-            "hidden_size": v.hidden_size,
-            "intermediate_size": v.intermediate_size,
-            "num_heads": v.num_heads,
-            "out_hidden_size": v.out_hidden_size,
+            **v.widths(),
             "patch_size": v.patch_size,
             "spatial_merge_size": v.spatial_merge_size,
             "temporal_patch_size": v.temporal_patch_size,

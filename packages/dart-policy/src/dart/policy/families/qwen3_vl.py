@@ -16,6 +16,8 @@ from typing import Any
 
 from dart.policy.families import (
     QWEN_VOCAB_SIZE,
+    LanguageSizes,
+    TowerSizes,
     check_count,
     rotary_sections,
     text_config,
@@ -35,40 +37,23 @@ IMAGE_STD = (0.5, 0.5, 0.5)
 
 
 @dataclass(frozen=True)
-class VisionTower:
+class VisionTower(TowerSizes):
     """Qwen3-VL's vision transformer (``vision_config``).
 
     Attributes:
-        depth: Blocks.
-        hidden_size: Block width.
-        intermediate_size: MLP width.
-        num_heads: Attention heads.
-        out_hidden_size: Width of the merged patch embeddings (the language model's hidden size).
         deepstack_visual_indexes: Blocks whose features are added to the first decoder layers' outputs.
         num_position_embeddings: Learned position embeddings (a square grid, interpolated to the image).
     """
 
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    out_hidden_size: int
     deepstack_visual_indexes: tuple[int, ...]
     num_position_embeddings: int = 2304
 
 
 @dataclass(frozen=True)
-class Architecture:
+class Architecture(LanguageSizes):
     """One Qwen3-VL (dense) model's sizes.
 
     Attributes:
-        name: The name ``dart model init --arch`` takes.
-        hidden_size: Language model width.
-        intermediate_size: Language model gated MLP width.
-        num_hidden_layers: Decoder layers.
-        num_attention_heads: Query heads.
-        num_key_value_heads: Key/value heads (grouped-query attention).
-        tie_word_embeddings: Whether ``lm_head`` shares the embedding matrix.
         vision: The vision tower.
         head_dim: Attention head width (explicit: ``hidden_size / heads`` is not 128 in every size).
         vocab_size: Embedding rows.
@@ -79,13 +64,6 @@ class Architecture:
         family: The registered family.
     """
 
-    name: str
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    tie_word_embeddings: bool
     vision: VisionTower
     head_dim: int = 128
     vocab_size: int = QWEN_VOCAB_SIZE
@@ -105,10 +83,7 @@ class Architecture:
         Raises:
             ModelInitError: A count below 1 or above the published one.
         """
-        arch = self
-        if layers is not None:
-            check_count("layers", layers, self.num_hidden_layers)
-            arch = replace(arch, num_hidden_layers=layers)
+        arch = self.with_layers(layers)
         if vision_blocks is not None:
             check_count("vision_blocks", vision_blocks, self.vision.depth)
             kept = [i for i in self.vision.deepstack_visual_indexes if i < vision_blocks] or [vision_blocks - 1]
@@ -124,11 +99,7 @@ class Architecture:
         return Qwen3VLConfig(
             text_config=text_config(self, special_ids, head_dim=self.head_dim, mrope_interleaved=True),
             vision_config={
-                "depth": v.depth,
-                "hidden_size": v.hidden_size,
-                "intermediate_size": v.intermediate_size,
-                "num_heads": v.num_heads,
-                "out_hidden_size": v.out_hidden_size,
+                **v.widths(),
                 "patch_size": QWEN3_VL.patch_size,
                 "spatial_merge_size": QWEN3_VL.merge_size,
                 "temporal_patch_size": 2,
