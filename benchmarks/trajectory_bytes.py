@@ -29,7 +29,7 @@ from typing import Any
 
 from dart.cli.stack.config import load_run_config
 from dart.protocol.messages import Image, ImageRef, InlineImage, Trajectory
-from dart.protocol.messages.codec import decode, encode
+from dart.protocol.messages.codec import decode, encode, pack, to_json
 from dart.runtime.store import resolve_uri
 
 BUS_LIMIT_BYTES = 8 * 1024 * 1024
@@ -81,10 +81,10 @@ def forms(trajectory: Trajectory, images: Images, thresholds: tuple[int, int]) -
         return trajectory.model_copy(update={"steps": steps})
 
     screens, prompt = thresholds
-    as_sent = rebuilt(screens, prompt)
+    as_sent = to_json(rebuilt(screens, prompt))
     return {
-        "by_reference": len(encode(as_sent)),
-        "by_reference_json": len(as_sent.model_dump_json().encode()),
+        "by_reference": len(pack(as_sent)),
+        "by_reference_json": len(as_sent),
         "prompt_images_inline": len(encode(rebuilt(screens, UNBOUNDED))),
         "all_inline": len(encode(rebuilt(UNBOUNDED, UNBOUNDED))),
     }
