@@ -4,11 +4,10 @@ processor gives them, encoded as one trajectory message and as the training batc
 JSON and in the wire form the codec sends (xz-compressed above its threshold), with the time to encode and to
 decode.
 
-No engine runs: the answers are either random token ids decoded to text, as a randomly initialized model writes
-them (``--answers random``: each re-tokenizes into hundreds or thousands of tokens, so the history the prompt
-repeats grows fast), or a short UI-TARS answer of about 40 tokens (``--answers short``), as a trained policy
-writes. Screens are references (dart-data stores every image by reference); what is weighed is the tokens,
-log-probs and text.
+No engine runs: the answers are either random token ids decoded to text, as a randomly initialized model writes them
+(``--answers random``: mostly the cut's reserved private-use ids, which re-tokenize to about as many tokens as were
+drawn), or a short UI-TARS answer of about 40 tokens (``--answers short``), as a trained policy writes. Screens are
+references (dart-data stores every image by reference); what is weighed is the tokens, log-probs and text.
 
 Usage::
 

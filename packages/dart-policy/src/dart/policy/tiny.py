@@ -12,6 +12,7 @@ Usage::
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -192,8 +193,8 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, first_special_id: 
         texts: Training text.
         vocab_size: Target size of the BPE vocabulary, before the special tokens.
         first_special_id: Put the special tokens from this id on (Qwen's is 151643), filling the ids between
-            the trained vocabulary and it with reserved tokens (``<|dart_reserved_<id>|>``) that no text
-            encodes to; None puts them right after the trained vocabulary.
+            the trained vocabulary and it with reserved tokens of private-use characters (see
+            :func:`_reserve_ids_until`); None puts them right after the trained vocabulary.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast  # type: ignore[attr-defined]  # lazily exported alias
@@ -224,18 +225,66 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, first_special_id: 
     )
 
 
+PRIVATE_USE_LEAD_BYTE = 0xEE
+"""UTF-8's first byte of U+E000..U+EFFF, private-use characters that no instruction or answer text holds: the
+reserved tokens are made of them, so their merges change how no other text encodes."""
+
+
 def _reserve_ids_until(tok: Any, first_free: int) -> Any:
-    """``tok`` with vocabulary entries added up to id ``first_free - 1``; no merge produces them."""
+    """``tok`` with vocabulary entries added up to id ``first_free - 1``, each with the merge that produces it.
+
+    As in a published tokenizer, every id but a few pieces of characters is text that encodes back to it: the 64
+    two-byte prefixes of U+E000..U+EFFF (the pieces), then those 4,096 characters, then pairs of a character from
+    U+E000..U+E7FF and one from U+E800..U+EFFF (the two halves never merge among themselves, so a run of decoded
+    pairs splits back as it was written). A random policy draws mostly these ids: decoded into its answer and
+    encoded again into the next step's history they keep their number, as a real model's tokens do, where
+    placeholder tokens that no text encodes to came back as about 17 tokens each (the characters of their names).
+
+    Raises:
+        ValueError: The trained vocabulary already reaches ``first_free``.
+    """
     from tokenizers import Tokenizer
 
     data = json.loads(tok.to_str())
     vocab: dict[str, int] = data["model"]["vocab"]
+    merges: list[list[str]] = data["model"]["merges"]
     if len(vocab) > first_free:
         raise ValueError(
             f"the trained vocabulary has {len(vocab)} tokens, more than the {first_free} ids below the first special id"
         )
-    vocab.update({f"<|dart_reserved_{i}|>": i for i in range(len(vocab), first_free)})
+    shown = _byte_level_chars()
+
+    def text(codepoint: int) -> str:
+        return "".join(shown[b] for b in chr(codepoint).encode())
+
+    lead = shown[PRIVATE_USE_LEAD_BYTE]
+    continuation = [shown[b] for b in range(0x80, 0xC0)]
+    candidates = itertools.chain(
+        ((lead, c) for c in continuation),
+        ((lead + c2, c3) for c2 in continuation for c3 in continuation),
+        ((text(a), text(b)) for a in range(0xE000, 0xE800) for b in range(0xE800, 0xF000)),
+    )
+    for left, right in candidates:
+        if len(vocab) >= first_free:
+            break
+        if left + right not in vocab:
+            vocab[left + right] = len(vocab)
+            merges.append([left, right])
+    if len(vocab) < first_free:  # pragma: no cover - 4 million pairs fill any vocabulary below Qwen's ids
+        raise ValueError(f"could not reserve ids up to {first_free}")
     return Tokenizer.from_str(json.dumps(data))
+
+
+def _byte_level_chars() -> dict[int, str]:
+    """The character the byte-level pre-tokenizer shows each byte as (GPT-2's table, as ``tokenizers`` uses)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shown = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in shown:
+            shown[b] = chr(256 + extra)
+            extra += 1
+    return shown
 
 
 def write_tiny_checkpoint(

@@ -1,13 +1,13 @@
 """The one place where messages become bytes and bytes become messages.
 
-The wire form is a message's JSON; above :data:`COMPRESS_ABOVE_BYTES` it travels xz-compressed (an xz
-stream, which its magic bytes tell from JSON). A real-size step sequence is what makes this pay: each step
-records the exact prompt tokens the engine consumed, so a 1920x1080 screen is 2,691 identical image-pad ids
-and every step repeats the earlier steps' history. Such a 20-step episode's 2.6 MB of JSON compresses
-36-fold and its group's training batch 43-fold (``benchmarks/wire_bytes.py``), so trajectories and batches
-stay far inside the bus's message limit without changing what a step records. xz and not zlib: its
-dictionary spans the whole message, so a step's repeat of the step before (hundreds of kilobytes back) is
-found; zlib's 32 KiB window finds only the runs within a step.
+The wire form is a message's JSON; above :data:`COMPRESS_ABOVE_BYTES` it travels xz-compressed (an xz stream, which
+its magic bytes tell from JSON). A real-size step sequence is what makes this pay: each step records the exact
+prompt tokens the engine consumed, so a 1920x1080 screen is 2,691 identical image-pad ids and every step repeats the
+earlier steps' history. Such a 20-step episode of random 128-token answers, 1.4 MB of JSON, compresses 28-fold and
+its group's training batch 35-fold (``benchmarks/wire_bytes.py``), so trajectories and batches stay far inside the
+bus's message limit without changing what a step records. xz and not zlib: its dictionary spans the whole message,
+so a step's repeat of the step before (hundreds of kilobytes back) is found; zlib's 32 KiB window finds only the
+runs within a step.
 
 Every receiver decodes through :func:`decode`, so any malformed input (bad UTF-8, bad JSON, a corrupt or
 truncated xz stream, one that expands beyond :data:`MAX_DECODED_BYTES`, a schema violation, a wrong
