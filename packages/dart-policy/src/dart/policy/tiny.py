@@ -237,8 +237,8 @@ def _reserve_ids_until(tok: Any, first_free: int) -> Any:
     two-byte prefixes of U+E000..U+EFFF (the pieces), then those 4,096 characters, then pairs of a character from
     U+E000..U+E7FF and one from U+E800..U+EFFF (the two halves never merge among themselves, so a run of decoded
     pairs splits back as it was written). A random policy draws mostly these ids: decoded into its answer and
-    encoded again into the next step's history they keep their number, as a real model's tokens do, where
-    placeholder tokens that no text encodes to came back as about 17 tokens each (the characters of their names).
+    encoded again into the next step's history they keep their number, as a real model's tokens do (placeholder
+    tokens that no text encodes to would come back as the characters of their names, about 17 tokens each).
 
     Raises:
         ValueError: The trained vocabulary already reaches ``first_free``.
