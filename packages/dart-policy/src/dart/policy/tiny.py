@@ -225,25 +225,21 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, first_special_id: 
     )
 
 
-PRIVATE_USE_LEAD_BYTE = 0xEE
-"""UTF-8's first byte of U+E000..U+EFFF, private-use characters that no instruction or answer text holds: the
-reserved tokens are made of them, so their merges change how no other text encodes."""
-
-
 def _reserve_ids_until(tok: Any, first_free: int) -> Any:
     """``tok`` with vocabulary entries added up to id ``first_free - 1``, each with the merge that produces it.
 
     As in a published tokenizer, every id but a few pieces of characters is text that encodes back to it: the 64
     two-byte prefixes of U+E000..U+EFFF (the pieces), then those 4,096 characters, then pairs of a character from
     U+E000..U+E7FF and one from U+E800..U+EFFF (the two halves never merge among themselves, so a run of decoded
-    pairs splits back as it was written). A random policy draws mostly these ids: decoded into its answer and
+    pairs splits back as it was written). Every merge starts with byte 0xEE, which only these characters start
+    with, so no other text encodes differently. A random policy draws mostly these ids: decoded into its answer and
     encoded again into the next step's history they keep their number, as a real model's tokens do (placeholder
     tokens that no text encodes to would come back as the characters of their names, about 17 tokens each).
 
     Raises:
         ValueError: The trained vocabulary already reaches ``first_free``.
     """
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer, pre_tokenizers
 
     data = json.loads(tok.to_str())
     vocab: dict[str, int] = data["model"]["vocab"]
@@ -252,17 +248,14 @@ def _reserve_ids_until(tok: Any, first_free: int) -> Any:
         raise ValueError(
             f"the trained vocabulary has {len(vocab)} tokens, more than the {first_free} ids below the first special id"
         )
-    shown = _byte_level_chars()
-
-    def text(codepoint: int) -> str:
-        return "".join(shown[b] for b in chr(codepoint).encode())
-
-    lead = shown[PRIVATE_USE_LEAD_BYTE]
-    continuation = [shown[b] for b in range(0x80, 0xC0)]
+    # Each character as the byte-level pre-tokenizer shows its three UTF-8 bytes (one symbol per byte).
+    shown = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    chars = {cp: shown.pre_tokenize_str(chr(cp))[0][0] for cp in range(0xE000, 0xF000)}
+    prefixes = dict.fromkeys(c[:2] for c in chars.values())
     candidates = itertools.chain(
-        ((lead, c) for c in continuation),
-        ((lead + c2, c3) for c2 in continuation for c3 in continuation),
-        ((text(a), text(b)) for a in range(0xE000, 0xE800) for b in range(0xE800, 0xF000)),
+        ((p[0], p[1]) for p in prefixes),
+        ((c[:2], c[2]) for c in chars.values()),
+        ((chars[a], chars[b]) for a in range(0xE000, 0xE800) for b in range(0xE800, 0xF000)),
     )
     for left, right in candidates:
         if len(vocab) >= first_free:
@@ -273,18 +266,6 @@ def _reserve_ids_until(tok: Any, first_free: int) -> Any:
     if len(vocab) < first_free:  # pragma: no cover - 4 million pairs fill any vocabulary below Qwen's ids
         raise ValueError(f"could not reserve ids up to {first_free}")
     return Tokenizer.from_str(json.dumps(data))
-
-
-def _byte_level_chars() -> dict[int, str]:
-    """The character the byte-level pre-tokenizer shows each byte as (GPT-2's table, as ``tokenizers`` uses)."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    shown = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in shown:
-            shown[b] = chr(256 + extra)
-            extra += 1
-    return shown
 
 
 def write_tiny_checkpoint(
